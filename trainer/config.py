@@ -1,0 +1,413 @@
+"""The RL config: one validated tree, the same TOML that Hosted Training accepts, plus local sections.
+
+Sources: the Hosted Training config reference (top-level fields, [sampling], [[env]], [wandb], [eval], [val],
+[buffer], [checkpoints], [adapters], [infrastructure], [tailscale]) and prime-rl's self-hosted fields ([lora],
+[sampling] temperature/top_p/stop, [[env]] weight, gradient_accumulation_steps, warmup_steps, [difficulty_filter],
+[kl_penalty], `model_name`, `num_gpus`, `tensor_parallel_size`, the single [env] table). Local sections:
+[inference] (which sampler engine) and [trainer] (micro-batching, sequence length, device, loss knobs).
+
+`validate_rl_config(text)` returns every problem at once (see `lab.problems`); nothing here raises on bad input.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from lab.problems import CheckContext, Validation, validate_file, validate_toml
+
+ENV_ID_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
+TAILSCALE_HOSTNAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,29}$")
+
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_default=True)
+
+
+def _num_examples(value: int) -> int:
+    if value == -1 or value >= 1:
+        return value
+    raise ValueError("must be -1 (all examples) or at least 1")
+
+
+def _env_id(value: str) -> str:
+    if not ENV_ID_RE.match(value):
+        raise ValueError(f"'{value}' is not an environment id: use `owner/name` or a bare local name "
+                         "(letters, digits, '.', '_', '-')")
+    return value
+
+
+def _one_table_as_list(value: Any) -> Any:
+    """`[env]` (one table) is the same as a single `[[env]]` entry."""
+    return [value] if isinstance(value, dict) else value
+
+
+class EnvConfig(Section):
+    id: str = Field(description="Environment id: `owner/name` (Environments Hub style) or a bare local name.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Arguments passed to load_environment().")
+    name: str | None = Field(default=None, description="Display name for this environment in metrics.")
+    weight: float | None = Field(default=None, ge=0.0,
+                                 description="Sampling weight (prime-rl); alternative to [buffer].env_ratios.")
+
+    _id = field_validator("id")(_env_id)
+
+
+class SamplingConfig(Section):
+    max_tokens: int = Field(ge=1, description="Maximum tokens the model can generate per response turn.")
+    temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature (>= 0).")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling probability mass.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings.")
+    enable_thinking: bool | None = Field(default=None, description="Thinking mode (chat template kwarg).")
+    reasoning_effort: Literal["low", "medium", "high"] | None = Field(
+        default=None, description="Reasoning effort for GPT-OSS-style models.")
+    seed: int | None = Field(default=None, description="Sampling seed (local).")
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class WandbConfig(Section):
+    project: str | None = Field(default=None, description="W&B project name.")
+    name: str | None = Field(default=None, description="W&B run name.")
+    entity: str | None = Field(default=None, description="W&B team/entity.")
+
+
+class EvalEnvConfig(Section):
+    id: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    name: str | None = None
+    num_examples: int | None = None
+    rollouts_per_example: int | None = Field(default=None, ge=1)
+
+    _id = field_validator("id")(_env_id)
+
+    @field_validator("num_examples")
+    @classmethod
+    def _check_num(cls, value: int | None) -> int | None:
+        return None if value is None else _num_examples(value)
+
+
+class EvalConfig(Section):
+    interval: int = Field(default=100, ge=0, description="Evaluate every N steps (0: only at the end).")
+    num_examples: int = Field(default=-1, description="Eval examples per environment (-1 = all).")
+    rollouts_per_example: int = Field(default=1, ge=1)
+    eval_base_model: bool = Field(default=True, description="Also evaluate the base (untrained) model.")
+    env: list[EvalEnvConfig] = Field(default_factory=list, description="Per-environment overrides.")
+
+    _num = field_validator("num_examples")(_num_examples)
+    _env_list = field_validator("env", mode="before")(_one_table_as_list)
+
+
+class ValConfig(Section):
+    num_examples: int = Field(default=64, description="Validation examples per check (-1 = all).")
+    rollouts_per_example: int = Field(default=1, ge=1)
+    interval: int = Field(default=5, ge=0, description="Validate every N steps (0: never).")
+
+    _num = field_validator("num_examples")(_num_examples)
+
+
+class BufferConfig(Section):
+    online_difficulty_filtering: bool = False
+    easy_threshold: Fraction = 0.8
+    hard_threshold: Fraction = 0.2
+    easy_fraction: Fraction = 0.0
+    hard_fraction: Fraction = 0.0
+    env_ratios: list[Annotated[float, Field(ge=0.0)]] | None = None
+    seed: int = 42
+
+
+class DifficultyFilterConfig(Section):
+    enabled: bool = False
+    min_reward_variance: float = Field(default=0.0, ge=0.0)
+    max_reward: float = 1.0
+    min_reward: float = 0.0
+
+
+class KLPenaltyConfig(Section):
+    enabled: bool = False
+    target_kl: float | None = Field(default=None, gt=0.0)
+    beta: float = Field(default=0.1, ge=0.0)
+
+
+class LoraConfig(Section):
+    enabled: bool = Field(default=True, description="false = full fine-tuning.")
+    r: int = Field(default=16, ge=1, description="LoRA rank.")
+    alpha: float = Field(default=16, gt=0, description="LoRA alpha (same setting as top-level lora_alpha).")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+
+
+class CheckpointsConfig(Section):
+    interval: int | None = Field(default=None, ge=0, description="Checkpoint every N steps (local default 10).")
+    keep_cloud: int = Field(default=5, ge=-1, description="Hosted only: checkpoints kept in cloud storage.")
+
+
+class AdaptersConfig(Section):
+    interval: int = Field(default=0, ge=0, description="Keep an adapter every N steps (0: only the final one).")
+    keep_last: int = Field(default=3, ge=-1, description="Adapters kept (-1 = all).")
+
+
+class InfrastructureConfig(Section):
+    compute_size: Literal["S", "M", "L"] = "M"
+
+
+class TailscaleConfig(Section):
+    enabled: bool = False
+    auth_key: str | None = None
+    hostname_prefix: str = "prime-hosted-training"
+
+    @field_validator("auth_key")
+    @classmethod
+    def _check_key(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("tskey-auth-"):
+            raise ValueError("must start with `tskey-auth-` (a pre-authenticated key; OAuth client secrets are "
+                             "not supported); prefer the TAILSCALE_AUTH_KEY environment variable")
+        return value
+
+    @field_validator("hostname_prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        if not TAILSCALE_HOSTNAME_RE.match(value):
+            raise ValueError("must be 1-30 lowercase letters, digits or hyphens, starting with a letter")
+        return value
+
+
+class InferenceConfig(Section):
+    backend: Literal["auto", "builtin", "vllm", "external"] = Field(
+        default="auto", description="Sampler engine: auto, builtin (transformers), vllm, or external (base_url).")
+    base_url: str | None = Field(default=None, description="OpenAI-compatible URL when backend = external.")
+    api_key_var: str = Field(default="OPENAI_API_KEY", description="Env var holding the external API key.")
+    port: int = Field(default=0, ge=0, le=65535, description="Port on 127.0.0.1 (0: pick a free one).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="Serving dtype (auto: float32 on CPU, bfloat16 on GPU).")
+    max_model_len: int | None = Field(default=None, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    kv_cache_gb: float = Field(default=2.0, gt=0.0, description="vLLM CPU KV-cache space (GiB).")
+    startup_timeout: float = Field(default=600.0, gt=0.0, description="Seconds to wait for the server.")
+
+
+class TrainerConfig(Section):
+    micro_batch_size: int = Field(default=8, ge=1, description="Samples per forward/backward pass.")
+    max_seq_len: int = Field(default=2048, ge=1, description="Longest prompt + completion trained on.")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    max_grad_norm: float = Field(default=1.0, gt=0.0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    ratio_mask_low: float = Field(default=0.125, gt=0.0, description="Mask tokens whose importance ratio < this.")
+    ratio_mask_high: float = Field(default=8.0, gt=0.0, description="Mask tokens whose importance ratio > this.")
+    std_normalize_advantages: bool = False
+    distributed: Literal["ddp", "fsdp"] = "ddp"
+
+
+class RLConfig(Section):
+    # Core (required)
+    model: str = Field(validation_alias=AliasChoices("model", "model_name"),
+                       description="Model: a preset (`prime rl models`), a Hugging Face id or a local path.")
+    max_steps: int = Field(ge=1, description="Total training steps.")
+    batch_size: int = Field(ge=1, description="Rollouts consumed per training step.")
+    rollouts_per_example: int = Field(ge=1, description="Rollouts per example (a group, for advantages).")
+    checkpoint_id: str | None = Field(default=None, description="Warm-start from a checkpoint.")
+    # Training hyperparameters
+    learning_rate: float = Field(default=1e-4, gt=0.0)
+    lora_alpha: float | None = Field(default=None, gt=0, description="Same setting as [lora].alpha (default 16).")
+    oversampling_factor: float = Field(default=2.0, ge=1.0)
+    max_async_level: int = Field(default=2, ge=0)
+    trajectory_strategy: Literal["interleaved", "branching"] = "interleaved"
+    env_file: list[str] = Field(default_factory=list)
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    warmup_steps: int = Field(default=0, ge=0)
+    num_gpus: int | None = Field(default=None, ge=0, description="GPUs to use (prime-rl); default: all visible.")
+    tensor_parallel_size: int | None = Field(default=None, ge=1,
+                                             description="Same setting as [inference].tensor_parallel_size.")
+    # Sections
+    sampling: SamplingConfig
+    env: list[EnvConfig] = Field(min_length=1)
+    wandb: WandbConfig | None = None
+    eval: EvalConfig | None = None
+    val: ValConfig | None = None
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    difficulty_filter: DifficultyFilterConfig = Field(default_factory=DifficultyFilterConfig)
+    kl_penalty: KLPenaltyConfig = Field(default_factory=KLPenaltyConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig)
+    adapters: AdaptersConfig = Field(default_factory=AdaptersConfig)
+    infrastructure: InfrastructureConfig = Field(default_factory=InfrastructureConfig)
+    tailscale: TailscaleConfig = Field(default_factory=TailscaleConfig)
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    _env_list = field_validator("env", mode="before")(_one_table_as_list)
+
+    @model_validator(mode="after")
+    def _merge_spellings(self) -> RLConfig:
+        """Fold the alternative spellings into one place, so the processes read one field each."""
+        if self.lora_alpha is not None:
+            self.lora.alpha = self.lora_alpha
+        if self.tensor_parallel_size is not None:
+            self.inference.tensor_parallel_size = self.tensor_parallel_size
+        return self
+
+    @property
+    def env_weights(self) -> list[float]:
+        """Sampling weight of each environment, from env_ratios, [[env]].weight, or equal."""
+        if self.buffer.env_ratios is not None:
+            return list(self.buffer.env_ratios)
+        if any(e.weight is not None for e in self.env):
+            return [e.weight if e.weight is not None else 1.0 for e in self.env]
+        return [1.0] * len(self.env)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Checks across fields. They read the raw TOML data (so they run even when the schema found type errors) and
+# skip any value of the wrong type, which the schema reports on its own.
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _check_group(ctx: CheckContext) -> None:
+    batch, group = _int(ctx.get(("batch_size",))), _int(ctx.get(("rollouts_per_example",)))
+    if group is not None and group == 1:
+        ctx.problem(("rollouts_per_example",), "must be at least 2 for training: advantages compare the "
+                    "rollouts of one example with each other")
+    if batch is not None and group is not None and group >= 1 and batch >= 1 and batch % group:
+        ctx.problem(("batch_size",), f"batch_size ({batch}) must be divisible by rollouts_per_example ({group}); "
+                    f"try {max(group, batch - batch % group)} or {batch + group - batch % group}")
+
+
+def _check_sampling(ctx: CheckContext) -> None:
+    if ctx.get(("sampling", "enable_thinking")) is not None and ctx.get(("sampling", "reasoning_effort")) is not None:
+        ctx.problem(("sampling", "reasoning_effort"),
+                    "enable_thinking and reasoning_effort cannot both be set: keep the one your model supports")
+    max_tokens = _int(ctx.get(("sampling", "max_tokens")))
+    seq_len = _int(ctx.get(("trainer", "max_seq_len"), TrainerConfig.model_fields["max_seq_len"].default))
+    if max_tokens is not None and seq_len is not None and max_tokens >= seq_len:
+        ctx.problem(("sampling", "max_tokens"), f"max_tokens ({max_tokens}) must be less than [trainer].max_seq_len "
+                    f"({seq_len}), which also holds the prompt")
+
+
+def _envs(ctx: CheckContext) -> list[Any]:
+    envs = ctx.get(("env",))
+    if isinstance(envs, dict):
+        return [envs]
+    return envs if isinstance(envs, list) else []
+
+
+def _check_env_ratios(ctx: CheckContext) -> None:
+    ratios = ctx.get(("buffer", "env_ratios"))
+    envs = _envs(ctx)
+    if ratios is not None and isinstance(ratios, list):
+        numbers = [_num(r) for r in ratios]
+        if len(ratios) != len(envs):
+            ctx.problem(("buffer", "env_ratios"), f"has {len(ratios)} entries but there are {len(envs)} [[env]] "
+                        "sections: give one ratio per environment, in order")
+        elif all(n is not None for n in numbers) and sum(n or 0.0 for n in numbers) <= 0:
+            ctx.problem(("buffer", "env_ratios"), "must sum to more than 0")
+    weighted = [i for i, e in enumerate(envs) if isinstance(e, dict) and "weight" in e]
+    if ratios is not None and weighted:
+        ctx.problem(("buffer", "env_ratios"), "env_ratios and [[env]].weight set the same thing: keep one "
+                    f"(weight is set on env[{weighted[0]}])")
+    elif weighted:
+        weights = [_num(e.get("weight", 1.0)) for e in envs if isinstance(e, dict)]
+        if all(w is not None for w in weights) and sum(w or 0.0 for w in weights) <= 0:
+            ctx.problem(("env", weighted[0], "weight"), "the [[env]] weights must sum to more than 0")
+
+
+def _conflict(ctx: CheckContext, a: tuple[str, ...], b: tuple[str, ...], what: str) -> None:
+    if ctx.has(a) and ctx.has(b):
+        ctx.problem(b, f"{'.'.join(a)} and {'.'.join(b)} both set {what}: keep one")
+
+
+def _check_spellings(ctx: CheckContext) -> None:
+    _conflict(ctx, ("model",), ("model_name",), "the model")
+    _conflict(ctx, ("lora_alpha",), ("lora", "alpha"), "the LoRA alpha")
+    _conflict(ctx, ("tensor_parallel_size",), ("inference", "tensor_parallel_size"), "tensor parallelism")
+    buffer_filter = [k for k in ("online_difficulty_filtering", "easy_threshold", "hard_threshold",
+                                 "easy_fraction", "hard_fraction") if ctx.has(("buffer", k))]
+    if buffer_filter and ctx.has(("difficulty_filter",)):
+        ctx.problem(("difficulty_filter",), f"[buffer] difficulty filtering (buffer.{buffer_filter[0]}) and "
+                    "[difficulty_filter] are two spellings of one setting: keep one")
+
+
+def _check_ranges(ctx: CheckContext) -> None:
+    easy = _num(ctx.get(("buffer", "easy_threshold"), 0.8))
+    hard = _num(ctx.get(("buffer", "hard_threshold"), 0.2))
+    if easy is not None and hard is not None and not easy > hard:
+        key = ("buffer", "easy_threshold") if ctx.has(("buffer", "easy_threshold")) else ("buffer", "hard_threshold")
+        ctx.problem(key, f"easy_threshold ({easy:g}) must be greater than hard_threshold ({hard:g})")
+    low = _num(ctx.get(("difficulty_filter", "min_reward"), 0.0))
+    high = _num(ctx.get(("difficulty_filter", "max_reward"), 1.0))
+    if low is not None and high is not None and not low < high:
+        key = ("difficulty_filter", "min_reward") if ctx.has(("difficulty_filter", "min_reward")) \
+            else ("difficulty_filter", "max_reward")
+        ctx.problem(key, f"min_reward ({low:g}) must be less than max_reward ({high:g})")
+    low_r = _num(ctx.get(("trainer", "ratio_mask_low"), 0.125))
+    high_r = _num(ctx.get(("trainer", "ratio_mask_high"), 8.0))
+    if low_r is not None and high_r is not None and not low_r < 1.0 < high_r:
+        ctx.problem(("trainer", "ratio_mask_low"), "need ratio_mask_low < 1 < ratio_mask_high: a ratio of 1 "
+                    "(sampler and trainer agree) must never be masked")
+    batch = _int(ctx.get(("batch_size",)))
+    accum = _int(ctx.get(("gradient_accumulation_steps",), 1))
+    if batch and accum and accum > batch:
+        ctx.problem(("gradient_accumulation_steps",), f"gradient_accumulation_steps ({accum}) cannot exceed "
+                    f"batch_size ({batch})")
+
+
+def _check_inference(ctx: CheckContext) -> None:
+    backend = ctx.get(("inference", "backend"), "auto")
+    base_url = ctx.get(("inference", "base_url"))
+    if backend == "external" and base_url is None:
+        ctx.problem(("inference", "backend"), 'backend = "external" needs [inference].base_url (an '
+                    "OpenAI-compatible URL, e.g. http://127.0.0.1:8000/v1)")
+    if base_url is not None and backend in ("builtin", "vllm"):
+        ctx.problem(("inference", "base_url"), f'base_url is only used with backend = "external" (backend is '
+                    f'"{backend}")')
+    if isinstance(base_url, str) and not re.match(r"^https?://", base_url):
+        ctx.problem(("inference", "base_url"), "must start with http:// or https://")
+
+
+def _hosted_notes(ctx: CheckContext) -> None:
+    if ctx.get(("tailscale", "enabled")) is True:
+        ctx.problem(("tailscale", "enabled"), "Tailscale sidecars are a Hosted Training feature; locally, "
+                    "environments run on this machine and reach whatever it can reach", severity="note")
+    if ctx.has(("tailscale", "auth_key")):
+        ctx.problem(("tailscale", "auth_key"), "a secret in the config file: prefer the TAILSCALE_AUTH_KEY "
+                    "environment variable", severity="note")
+    if ctx.has(("checkpoints", "keep_cloud")):
+        ctx.problem(("checkpoints", "keep_cloud"), "there is no cloud storage locally: every checkpoint stays in "
+                    "the run directory until the run is deleted", severity="note")
+    if ctx.has(("infrastructure", "compute_size")):
+        ctx.problem(("infrastructure", "compute_size"), "sizes hosted environment containers; locally, "
+                    "environments run in this machine's processes", severity="note")
+    if ctx.has(("checkpoint_id",)):
+        ctx.problem(("checkpoint_id",), "locally, a checkpoint is a run id or a checkpoints/step_N directory "
+                    "on this machine", severity="note")
+
+
+RL_CHECKS = (_check_group, _check_sampling, _check_env_ratios, _check_spellings, _check_ranges, _check_inference,
+             _hosted_notes)
+
+
+def validate_rl_config(text: str, file: str | None = None) -> Validation[RLConfig]:
+    return validate_toml(text, RLConfig, file=file, checks=RL_CHECKS)
+
+
+def validate_rl_file(path: Path) -> Validation[RLConfig]:
+    return validate_file(path, RLConfig, checks=RL_CHECKS)
+
+
+def template_path() -> Path:
+    return Path(__file__).with_name("template.toml")

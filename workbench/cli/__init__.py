@@ -1,0 +1,5 @@
+"""The `prime` command line."""
+
+from workbench.cli.app import main
+
+__all__ = ["main"]
