@@ -1,0 +1,23 @@
+"""Test-wide set-up: every test gets its own PRIME_LAB_HOME, so no test sees a user's runs or another test's.
+
+Shared, expensive things (tiny model folders, running servers) are session fixtures in tests/plugins/, so one
+server serves a whole test session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["tests.plugins.models", "tests.plugins.servers", "tests.plugins.vllm"]
+
+
+@pytest.fixture(autouse=True)
+def lab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty PRIME_LAB_HOME for this test (models materialised once per session live elsewhere)."""
+    home = tmp_path / "prime-lab-home"
+    home.mkdir()
+    monkeypatch.setenv("PRIME_LAB_HOME", str(home))
+    yield home

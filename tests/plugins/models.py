@@ -1,0 +1,1 @@
+"""Session fixtures: models (see the module docstring of each fixture)."""

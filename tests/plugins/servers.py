@@ -1,0 +1,1 @@
+"""Session fixtures: servers (see the module docstring of each fixture)."""

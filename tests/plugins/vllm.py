@@ -1,0 +1,1 @@
+"""Session fixtures: vllm (see the module docstring of each fixture)."""
