@@ -1,0 +1,23 @@
+"""Where prime-lab keeps things on disk.
+
+`PRIME_LAB_HOME` (default `~/.prime-lab`) holds `runs/` and `models/`. `PRIME_LAB_MODELS` moves the models folder
+on its own (tests share one materialised model folder across a session while each test gets an empty home).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def lab_home() -> Path:
+    return Path(os.environ.get("PRIME_LAB_HOME") or Path.home() / ".prime-lab").expanduser()
+
+
+def runs_dir() -> Path:
+    return lab_home() / "runs"
+
+
+def models_dir() -> Path:
+    override = os.environ.get("PRIME_LAB_MODELS")
+    return Path(override).expanduser() if override else lab_home() / "models"
