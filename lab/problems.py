@@ -33,12 +33,12 @@ class Problem:
     suggestion: str | None = None
 
     def format(self) -> str:
+        """`file:line: key: message`, the form editors and terminals turn into links."""
         where = f"{self.file or '<config>'}:{self.line}" if self.line else (self.file or "<config>")
-        text = f"{where}: {self.key}: {self.message}" if self.key else f"{where}: {self.message}"
+        parts = [where] + (["note"] if self.severity == "note" else []) + ([self.key] if self.key else [])
+        text = ": ".join(parts) + ": " + self.message
         if self.suggestion:
             text += f" (did you mean `{self.suggestion}`?)"
-        if self.severity == "note":
-            text = text.replace(": ", ": note: ", 1) if ": " in text else text
         return text
 
     def to_json(self) -> dict[str, Any]:
