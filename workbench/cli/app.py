@@ -7,6 +7,9 @@ import sys
 import typer
 
 import lab
+from lab.runs import RunError
+from workbench.cli.common import UserError, join_at_args
+from workbench.cli.rl import rl_app
 
 app = typer.Typer(
     name="prime",
@@ -30,5 +33,17 @@ def _root(
     """prime-lab: improve LLMs on environments, locally."""
 
 
+app.add_typer(rl_app, name="rl", help="Reinforcement learning: configs and runs (same as `prime train`).")
+app.add_typer(rl_app, name="train", help="Reinforcement learning: configs and runs (same as `prime rl`).")
+
+
 def main(argv: list[str] | None = None) -> None:
-    app(args=argv if argv is not None else sys.argv[1:], prog_name="prime")
+    """Entry point: user errors print as `Error: ...` (exit 1), never as tracebacks."""
+    args = join_at_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        app(args=args, prog_name="prime")  # standalone: click prints usage errors and exits with their code
+    except (UserError, RunError) as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        sys.exit(getattr(exc, "code", 1))
+    except KeyboardInterrupt:
+        sys.exit(130)

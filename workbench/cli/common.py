@@ -1,0 +1,58 @@
+"""What every `prime` command shares: config path arguments, output formats, user-facing errors."""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+
+
+class OutputFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+OUTPUT_OPTION = typer.Option(OutputFormat.table, "-o", "--output", help="table (people) or json (machines).")
+
+
+class UserError(Exception):
+    """A problem the user can fix; printed as `Error: ...` with exit code 1, never as a traceback."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    raise UserError(message, code)
+
+
+def join_at_args(argv: list[str]) -> list[str]:
+    """`@ file` (two words) means the same as `@file`; the shell splits it, we join it back."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "@" and i + 1 < len(argv):
+            out.append("@" + argv[i + 1])
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+def config_path(arg: str) -> Path:
+    """`@file`, `@ file` and a bare path all name a config file."""
+    return Path(arg[1:] if arg.startswith("@") else arg).expanduser()
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def err(message: str) -> None:
+    typer.echo(message, err=True)

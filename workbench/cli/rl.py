@@ -1,0 +1,171 @@
+"""`prime rl` (also `prime train`): RL configs and runs, headless."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from workbench.cli.common import OUTPUT_OPTION, OutputFormat, config_path, err, fail, print_json
+from workbench.cli.render import format_event, runs_table
+
+rl_app = typer.Typer(
+    help="Reinforcement learning: write, validate, run and manage RL configs and runs.",
+    no_args_is_help=True,
+)
+
+
+@rl_app.command("init")
+def init(
+    path: Path | None = typer.Argument(None, help="Write the template here (default: print it to stdout)."),
+    force: bool = typer.Option(False, "-f", "--force", help="Overwrite an existing file."),
+) -> None:
+    """An annotated config template: every field, optional ones commented with their defaults."""
+    from trainer.config import template_path
+
+    text = template_path().read_text()
+    if path is None:
+        sys.stdout.write(text)
+        return
+    if path.exists() and not force:
+        fail(f"{path} exists: pass -f/--force to overwrite it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    err(f"Wrote {path}. Check it with `prime rl validate @{path}`.")
+
+
+@rl_app.command("validate")
+def validate(
+    configs: list[str] = typer.Argument(..., help="Config files (@file, @ file or a path).", metavar="CONFIG..."),
+    output: OutputFormat = OUTPUT_OPTION,
+) -> None:
+    """Check configs; prints every problem as `file:line: key: message` and exits 1 if any is an error."""
+    from trainer.config import validate_rl_file
+
+    results = [validate_rl_file(config_path(c)) for c in configs]
+    if output is OutputFormat.json:
+        print_json([{"file": r.file, "ok": r.ok, "problems": [p.to_json() for p in r.problems]} for r in results])
+    else:
+        for result in results:
+            for problem in result.problems:
+                typer.echo(problem.format())
+            if result.ok:
+                notes = f" ({len(result.notes)} note{'s' * (len(result.notes) != 1)})" if result.notes else ""
+                err(f"{result.file}: ok{notes}")
+        bad = sum(len(r.errors) for r in results)
+        if bad:
+            err(f"{bad} problem{'s' * (bad != 1)} in {sum(not r.ok for r in results)} of {len(results)} "
+                "file(s)")
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+
+
+@rl_app.command("list")
+def list_runs(
+    output: OutputFormat = OUTPUT_OPTION,
+    num: int = typer.Option(20, "-n", "--num", min=1, help="How many runs (newest first)."),
+    all_kinds: bool = typer.Option(False, "-a", "--all", help="Also list GEPA and eval runs."),
+) -> None:
+    """Local runs, newest first."""
+    from lab.runs import RunRegistry
+
+    runs = [r for r in RunRegistry().runs() if all_kinds or r.read_status().get("kind") == "rl"][:num]
+    statuses = [r.status() for r in runs]
+    if output is OutputFormat.json:
+        print_json(statuses)
+        return
+    if not statuses:
+        err("No runs yet. Start one with `prime rl run @configs/rl/reverse-text.toml`.")
+        return
+    runs_table(statuses)
+
+
+@rl_app.command("logs")
+def logs(
+    run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new events until the run ends."),
+    tail: int | None = typer.Option(None, "-n", "--tail", min=0, help="Only the last N events."),
+    component: list[str] = typer.Option(
+        [], "-c", "--component", help="Only these sources: orchestrator, trainer, inference, eval, gepa, launcher."),
+    level: str | None = typer.Option(None, "--level", help="Only log lines at this level or above."),
+    raw: bool = typer.Option(False, "-r", "--raw", help="Print the events as JSON lines."),
+) -> None:
+    """A run's events: logs, metrics, status changes, alerts."""
+    from lab.events import LEVELS, SOURCES, Event, level_rank
+    from lab.runs import FINAL_STATES, RunRegistry
+
+    for c in component:
+        if c not in SOURCES:
+            fail(f"unknown component '{c}': use one of {', '.join(SOURCES)}")
+    if level is not None and level.upper() not in LEVELS:
+        fail(f"unknown level '{level}': use one of {', '.join(LEVELS)}")
+    min_level = LEVELS.index(level.upper()) if level else 0
+    run = RunRegistry().get(run_id)
+    log = run.event_log()
+
+    def keep(event: Event) -> bool:
+        if component and event.source not in component:
+            return False
+        return level is None or (event.kind == "log" and level_rank(event) >= min_level)
+
+    def show(event: Event) -> None:
+        typer.echo(json.dumps(event.to_json(), separators=(",", ":")) if raw else format_event(event))
+
+    events = [e for e in log.tail(0, on_bad_line=lambda b: err(f"(skipped a corrupt event line at byte "
+                                                                 f"{b.offset})")) if keep(e)]
+    for event in events[-tail:] if tail is not None else events:
+        show(event)
+    if not follow:
+        return
+    offset = _end_offset(run.events_path)
+    done_at: list[float] = []
+
+    def finished() -> bool:
+        # Keep reading for a moment after the final status, so the last events are not cut off.
+        if run.state in FINAL_STATES:
+            done_at.append(time.monotonic())
+            return done_at[-1] - done_at[0] > 0.5
+        return False
+
+    try:
+        for event in log.tail(offset, follow=True, poll=0.2, stop=finished):
+            if keep(event):
+                show(event)
+    except KeyboardInterrupt:
+        pass
+
+
+def _end_offset(path: Path) -> int:
+    """Offset just past the last complete line (where a follow continues after printing the history)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    return data.rfind(b"\n") + 1
+
+
+@rl_app.command("stop")
+def stop(
+    run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
+    grace: float = typer.Option(30.0, "--grace", min=0.0, help="Seconds to wait for a clean exit before killing."),
+) -> None:
+    """Stop a run gracefully (it checkpoints and exits); stopping a finished run does nothing."""
+    from lab.runs import RunRegistry
+
+    result = RunRegistry().stop(run_id, grace=grace)
+    err(result.message)
+
+
+@rl_app.command("delete")
+def delete(
+    run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
+    force: bool = typer.Option(False, "-f", "--force", help="Delete even a running run (it is stopped first)."),
+) -> None:
+    """Delete a run and everything it wrote."""
+    from lab.runs import RunRegistry
+
+    run = RunRegistry().delete(run_id, force=force)
+    err(f"Deleted {run.id}")
