@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 import typer
 
 
-class OutputFormat(str, enum.Enum):
+class OutputFormat(enum.StrEnum):
     table = "table"
     json = "json"
 

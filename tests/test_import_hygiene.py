@@ -1,0 +1,44 @@
+"""The CLI and the headless packages start without torch or textual (checked in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+CHECK = """
+import sys
+{body}
+heavy = sorted(m for m in ("torch", "textual", "transformers", "vllm") if m in sys.modules)
+print(",".join(heavy))
+"""
+
+
+def loaded_after(body: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", CHECK.format(body=body)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [m for m in out.stdout.strip().split(",") if m]
+
+
+def test_prime_help_imports_neither_torch_nor_textual() -> None:
+    body = ("from workbench.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "try:\n    main(['rl', 'list'])\nexcept SystemExit:\n    pass")
+    assert loaded_after(body) == []
+
+
+@pytest.mark.parametrize("module", ["lab", "lab.runs", "lab.events", "lab.problems", "trainer.config", "gepa",
+                                    "lab.models", "lab.inference"])
+def test_headless_modules_import_neither_torch_nor_textual(module: str) -> None:
+    assert loaded_after(f"import {module}") == []
+
+
+def test_import_linter_contracts_hold() -> None:
+    from pathlib import Path
+
+    lint = Path(sys.executable).parent / "lint-imports"
+    out = subprocess.run([str(lint)], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stdout + out.stderr
