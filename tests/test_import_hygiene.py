@@ -11,7 +11,7 @@ CHECK = """
 import sys
 {body}
 heavy = sorted(m for m in ("torch", "textual", "transformers", "vllm") if m in sys.modules)
-print(",".join(heavy))
+print("HEAVY:" + ",".join(heavy))
 """
 
 
@@ -19,7 +19,8 @@ def loaded_after(body: str) -> list[str]:
     out = subprocess.run([sys.executable, "-c", CHECK.format(body=body)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    return [m for m in out.stdout.strip().split(",") if m]
+    marker = [line for line in out.stdout.splitlines() if line.startswith("HEAVY:")][-1]
+    return [m for m in marker.removeprefix("HEAVY:").split(",") if m]
 
 
 def test_prime_help_imports_neither_torch_nor_textual() -> None:
