@@ -1,1 +1,19 @@
+"""Models: presets (`prime rl models`), resolving a model name to a local folder, tiny test models.
 
+Importing `lab.models` does not import torch or transformers; building or materialising a model does, lazily.
+"""
+
+from lab.models.presets import PRESETS, Availability, ModelPreset, list_presets
+from lab.models.resolve import ModelNotFoundError, resolve_model
+from lab.models.tiny import TinyModelShape, build_tiny_model
+
+__all__ = [
+    "PRESETS",
+    "Availability",
+    "ModelNotFoundError",
+    "ModelPreset",
+    "TinyModelShape",
+    "build_tiny_model",
+    "list_presets",
+    "resolve_model",
+]

@@ -1,0 +1,74 @@
+"""Turn what a user wrote for a model (a preset, a folder, a Hugging Face id) into a local model folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lab.models.presets import PRESETS, Availability, ModelPreset
+from lab.models.store import is_model_folder, materialise
+
+
+class ModelNotFoundError(LookupError):
+    """The model is not a preset, not a folder on disk, and not in the local Hugging Face cache."""
+
+
+def resolve_model(spec: str) -> Path:
+    """A local Hugging Face model folder for `spec`.
+
+    - a preset name (`prime rl models`): its folder under `lab.paths.models_dir()`, materialised on first use;
+    - a path to a folder with a `config.json`;
+    - a Hugging Face id (`owner/name`) already downloaded into the local Hugging Face cache.
+    Anything else raises ModelNotFoundError saying what to do.
+    """
+    preset = PRESETS.get(spec)
+    if preset is not None:
+        return materialise_preset(preset)
+    path = Path(spec).expanduser()
+    if path.exists():
+        if is_model_folder(path):
+            return path.resolve()
+        raise ModelNotFoundError(
+            f"{spec!r} exists but is not a Hugging Face model folder (it has no config.json). Point at the "
+            "folder that holds config.json, the weights (*.safetensors) and the tokenizer files."
+        )
+    cached = hugging_face_cache_folder(spec)
+    if cached is not None:
+        return cached
+    raise ModelNotFoundError(not_found_message(spec))
+
+
+def materialise_preset(preset: ModelPreset) -> Path:
+    if preset.availability() is Availability.MISSING:
+        raise ModelNotFoundError(f"model preset {preset.name!r} cannot be built here: {preset.missing_hint}")
+    return materialise(preset.folder(), preset.build)
+
+
+def hugging_face_cache_folder(repo_id: str) -> Path | None:
+    """The snapshot folder of `repo_id` in the local Hugging Face cache, without touching the network."""
+    if repo_id.count("/") != 1 or repo_id.startswith(("/", ".", "~")):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    except ImportError:
+        return None
+    try:
+        # The cache location is read now, not when huggingface_hub was imported, so HF_HUB_CACHE set later counts.
+        cache_dir = os.environ.get("HF_HUB_CACHE") or None
+        folder = Path(snapshot_download(repo_id, local_files_only=True, cache_dir=cache_dir))
+    except (LocalEntryNotFoundError, HFValidationError, OSError, ValueError):
+        return None
+    return folder if is_model_folder(folder) else None
+
+
+def not_found_message(spec: str) -> str:
+    presets = ", ".join(PRESETS)
+    return (
+        f"model {spec!r} is not a preset, not a folder on this machine, and not in the local Hugging Face cache. "
+        f"Use one of:\n"
+        f"  - a preset ({presets}; `prime rl models` lists them),\n"
+        f"  - a local folder holding a Hugging Face model (config.json, *.safetensors, tokenizer files),\n"
+        f"  - a Hugging Face id: download it first on a machine with hub access "
+        f"(`hf download {spec if '/' in spec else 'OWNER/NAME'}`), then copy the cache or the folder here."
+    )
