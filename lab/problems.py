@@ -57,88 +57,229 @@ def dotted(path: KeyPath) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Where each key sits in the TOML text. tomllib gives no positions, so a small scanner walks the lines, tracking
-# the current table header ([a.b], [[a.b]] with per-array counters) and `key = value` assignments, skipping the
-# insides of multi-line strings and arrays. Keys inside inline tables map to the line of the inline table.
+# Where each key sits in the TOML text. tomllib gives no positions, so a small tolerant scanner walks the text
+# character by character: table headers ([a.b], [[a.b]] with per-array counters), `key = value` assignments
+# (dotted keys too), and inside values: strings of all four kinds, arrays (each element gets its index) and inline
+# tables (each key gets its own path, nested ones too). It never fails: on text tomllib rejects it skips to the next
+# line and records where a string, array or inline table was opened and never closed.
 
-_BARE = r"[A-Za-z0-9_-]+"
-_KEY_PART = rf'(?:{_BARE}|"(?:[^"\\]|\\.)*"|\'[^\']*\')'
-_DOTTED_KEY = rf"{_KEY_PART}(?:\s*\.\s*{_KEY_PART})*"
-_HEADER_RE = re.compile(rf"^\s*(\[\[|\[)\s*({_DOTTED_KEY})\s*(\]\]|\])")
-_ASSIGN_RE = re.compile(rf"^\s*({_DOTTED_KEY})\s*=")
-_INLINE_KEY_RE = re.compile(rf"(?:^|[{{,])\s*({_DOTTED_KEY})\s*=")
-
-
-def _split_key(text: str) -> list[str]:
-    parts = re.findall(_KEY_PART, text)
-    return [p[1:-1] if p[:1] in "\"'" else p for p in parts]
+_BARE_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_KEY_PART_RE = r"""(?:[A-Za-z0-9_-]+|"[^"\n]*"|'[^'\n]*')"""
+_KEY_START_RE = re.compile(rf"[ \t]*{_KEY_PART_RE}(?:[ \t]*\.[ \t]*{_KEY_PART_RE})*[ \t]*=")
 
 
-class KeyLocator:
-    """Maps key paths of a TOML document to 1-based line numbers."""
-
+class _Scanner:
     def __init__(self, text: str) -> None:
+        self.s = text
+        self.i = 0
+        self.line = 1
         self.lines: dict[KeyPath, int] = {}
-        self._scan(text)
+        self.unclosed: list[tuple[str, int]] = []  # (what, line it was opened on)
+        self.repeated: dict[int, tuple[KeyPath, int]] = {}  # line -> (path set again there, line first set)
+        self.array_counts: dict[tuple[str, ...], int] = {}
 
-    def _scan(self, text: str) -> None:
-        array_counts: dict[tuple[str, ...], int] = {}
+    # -- low-level reading ---------------------------------------------------------------------------------
+    def _at(self, token: str) -> bool:
+        return self.s.startswith(token, self.i)
+
+    def _char(self) -> str:
+        return self.s[self.i] if self.i < len(self.s) else ""
+
+    def _advance(self, n: int = 1) -> None:
+        self.line += self.s.count("\n", self.i, self.i + n)
+        self.i = min(self.i + n, len(self.s))
+
+    def _skip_blank(self, newlines: bool = False) -> None:
+        while self.i < len(self.s):
+            char = self.s[self.i]
+            if char in " \t\r" or (newlines and char == "\n"):
+                self._advance()
+            elif char == "#":
+                end = self.s.find("\n", self.i)
+                self.i = len(self.s) if end < 0 else end
+            else:
+                return
+
+    def _skip_line(self) -> None:
+        end = self.s.find("\n", self.i)
+        self._advance(len(self.s) - self.i if end < 0 else end + 1 - self.i)
+
+    def _record(self, path: KeyPath, line: int, final: bool = False) -> None:
+        first = self.lines.setdefault(path, line)
+        if final and first != line:
+            self.repeated.setdefault(line, (path, first))
+
+    # -- grammar -------------------------------------------------------------------------------------------
+    def _key(self) -> list[str] | None:
+        """A dotted key (`a."b c".d`), or None when there is none here."""
+        parts: list[str] = []
+        while True:
+            self._skip_blank()
+            char = self._char()
+            if char in ('"', "'"):
+                end = self.s.find(char, self.i + 1)
+                newline = self.s.find("\n", self.i + 1)
+                if end < 0 or (0 <= newline < end):
+                    return None
+                parts.append(self.s[self.i + 1:end])
+                self._advance(end + 1 - self.i)
+            else:
+                start = self.i
+                while self.i < len(self.s) and self.s[self.i] in _BARE_KEY_CHARS:
+                    self.i += 1
+                if self.i == start:
+                    return None
+                parts.append(self.s[start:self.i])
+            self._skip_blank()
+            if not self._at("."):
+                return parts
+            self._advance()
+
+    def run(self) -> None:
         table: KeyPath = ()
-        in_multiline: str | None = None  # the closing delimiter we wait for: ''' or \"\"\" or ]
-        depth = 0
-        for lineno, raw in enumerate(text.splitlines(), start=1):
-            line = raw
-            if in_multiline in ('"""', "'''"):
-                if in_multiline in line:
-                    in_multiline = None
+        while True:
+            self._skip_blank(newlines=True)
+            if self.i >= len(self.s):
+                return
+            line = self.line
+            if self._at("["):
+                double = self._at("[[")
+                self._advance(2 if double else 1)
+                names = self._key()
+                if names is not None:
+                    table = self._resolve(tuple(names))
+                    if double:
+                        index = self.array_counts.get(tuple(names), 0)
+                        self.array_counts[tuple(names)] = index + 1
+                        table += (index,)
+                    self._record(table, line, final=not double)
+                self._skip_line()
                 continue
-            if in_multiline == "]":
-                depth += _bracket_delta(line)
-                if depth <= 0:
-                    in_multiline, depth = None, 0
+            names = self._key()
+            self._skip_blank()
+            if names is None or not self._at("="):
+                self._skip_line()
                 continue
-            stripped = line.strip()
-            if not stripped or stripped.startswith("#"):
-                continue
-            header = _HEADER_RE.match(line)
-            if header and not _ASSIGN_RE.match(line):
-                names = tuple(_split_key(header.group(2)))
-                if header.group(1) == "[[":
-                    index = array_counts.get(names, 0)
-                    array_counts[names] = index + 1
-                    # Arrays nested under an array-of-tables element resolve against the parent's last element.
-                    table = self._resolve_prefix(names, array_counts) + (index,)
-                else:
-                    table = self._resolve_prefix(names, array_counts)
-                self.lines.setdefault(table, lineno)
-                continue
-            assign = _ASSIGN_RE.match(line)
-            if not assign:
-                continue
-            key = tuple(_split_key(assign.group(1)))
-            path = table + key
-            self.lines.setdefault(path, lineno)
-            value = line[assign.end():]
-            for delim in ('"""', "'''"):
-                if value.count(delim) == 1:
-                    in_multiline = delim
-            if value.lstrip().startswith("{"):
-                for inner in _INLINE_KEY_RE.finditer(value):
-                    self.lines.setdefault(path + tuple(_split_key(inner.group(1))), lineno)
-            if value.lstrip().startswith("["):
-                d = _bracket_delta(value)
-                if d > 0:
-                    in_multiline, depth = "]", d
+            self._advance()
+            path = table + tuple(names)
+            for end in range(len(table) + 1, len(path) + 1):
+                self._record(path[:end], line, final=end == len(path))
+            self._value(path)
+            self._skip_line()
 
-    @staticmethod
-    def _resolve_prefix(names: tuple[str, ...], array_counts: dict[tuple[str, ...], int]) -> KeyPath:
+    def _resolve(self, names: tuple[str, ...]) -> KeyPath:
+        """A header's path: names under an array of tables resolve against its last element."""
         out: list[str | int] = []
         for i, name in enumerate(names):
             out.append(name)
-            count = array_counts.get(names[: i + 1])
+            count = self.array_counts.get(names[: i + 1])
             if count and i < len(names) - 1:
                 out.append(count - 1)
         return tuple(out)
+
+    def _value(self, path: KeyPath) -> None:
+        self._skip_blank()
+        line = self.line
+        for quote in ('"""', "'''"):
+            if self._at(quote):
+                self._string(quote, line, multiline=True)
+                return
+        char = self._char()
+        if char in ('"', "'"):
+            self._string(char, line, multiline=False)
+        elif char == "[":
+            self._array(path, line)
+        elif char == "{":
+            self._inline_table(path, line)
+        else:
+            while self.i < len(self.s) and self.s[self.i] not in ",]}#\n \t\r":
+                self.i += 1
+
+    def _string(self, quote: str, line: int, multiline: bool) -> None:
+        self._advance(len(quote))
+        while self.i < len(self.s):
+            char = self.s[self.i]
+            if char == "\\" and quote[0] == '"':
+                self._advance(2)
+            elif self._at(quote):
+                # A multi-line string may end in up to two extra quotes (""""" closes after two quotes).
+                self._advance(len(quote))
+                while multiline and self._at(quote[0]):
+                    self._advance()
+                return
+            elif char == "\n" and not multiline:
+                self.unclosed.append(("string", line))
+                return
+            else:
+                self._advance()
+        self.unclosed.append(("string", line))
+
+    def _array(self, path: KeyPath, line: int) -> None:
+        self._advance()
+        index = 0
+        while True:
+            before = self.line
+            self._skip_blank(newlines=True)
+            if self.i >= len(self.s):
+                self.unclosed.append(("array", line))
+                return
+            if self.line != before and _KEY_START_RE.match(self.s, self.s.rfind("\n", 0, self.i) + 1) \
+                    and not self._at("{"):
+                # A new `key = ...` line: the array was never closed.
+                self.unclosed.append(("array", line))
+                return
+            if self._at("]"):
+                self._advance()
+                return
+            if self._at(","):
+                self._advance()
+                continue
+            start = self.i
+            self._record(path + (index,), self.line)
+            self._value(path + (index,))
+            index += 1
+            if self.i == start:
+                self._advance()
+
+    def _inline_table(self, path: KeyPath, line: int) -> None:
+        self._advance()
+        while True:
+            self._skip_blank()
+            if self.i >= len(self.s) or self._at("\n"):
+                self.unclosed.append(("inline table", line))
+                return
+            if self._at("}"):
+                self._advance()
+                return
+            if self._at(","):
+                self._advance()
+                continue
+            names = self._key()
+            self._skip_blank()
+            if names is None or not self._at("="):
+                self.unclosed.append(("inline table", line))
+                return
+            self._advance()
+            key_path = path + tuple(names)
+            for end in range(len(path) + 1, len(key_path) + 1):
+                self._record(key_path[:end], self.line)
+            self._value(key_path)
+
+
+class KeyLocator:
+    """Maps key paths of a TOML document to 1-based line numbers.
+
+    Paths are as tomllib nests the data: `("env", 1, "args", "split")` for `split` in the inline `args` table of
+    the second `[[env]]`; `("buffer", "env_ratios", 2)` for the third element of an array. `unclosed` lists the
+    strings, arrays and inline tables that were opened and never closed, with the line each was opened on.
+    """
+
+    def __init__(self, text: str) -> None:
+        scanner = _Scanner(text)
+        scanner.run()
+        self.lines: dict[KeyPath, int] = scanner.lines
+        self.unclosed: list[tuple[str, int]] = scanner.unclosed
+        self.repeated: dict[int, tuple[KeyPath, int]] = scanner.repeated
 
     def line_of(self, path: KeyPath) -> int | None:
         """The line of the deepest known prefix of `path` (a missing key points at its table)."""
@@ -149,33 +290,66 @@ class KeyLocator:
         return None
 
 
-def _bracket_delta(text: str) -> int:
-    # Strip strings and comments before counting brackets.
-    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'[^\']*\'', "", text)
-    text = text.split("#", 1)[0]
-    return text.count("[") - text.count("]")
-
-
 # ----------------------------------------------------------------------------------------------------------
 
 _TOML_POS_RE = re.compile(r"\(at line (\d+), column (\d+)\)")
 _TOML_EOF_RE = re.compile(r"\(at end of document\)")
 
+# tomllib's words -> what to do about it. `{key}` and `{first}` are filled in when the scanner knows them.
+_SYNTAX_HINTS: list[tuple[str, str]] = [
+    ("Cannot overwrite a value", "`{key}` is set twice{first}: remove one of them"),
+    ("Cannot declare", "table [{key}] is declared twice{first}: merge the two sections into one"),
+    ("Duplicate inline table key", "a key is set twice in this inline table: remove one of them"),
+    ("Expected ']' at the end of a table declaration", "table header is not closed: write it as [name]"),
+    ("Expected ']]' at the end of an array declaration", "array-of-tables header is not closed: write it as [[name]]"),
+    ("Expected '=' after a key", "expected `=` after the key: write `key = value`"),
+    ("Unclosed array", "this array is never closed: add the closing `]`"),
+    ("Unclosed inline table", "this inline table is not closed on its line: add the closing `}}` (inline tables "
+     "must fit on one line)"),
+    ("Unterminated string", "this string is never closed: add the closing quote(s)"),
+    ("Illegal character '\\n'", "this string is not closed on its line: add the closing quote, or use \"\"\" for "
+     "a multi-line string"),
+    ("Invalid value", "invalid value: put strings in quotes (\"...\"), write booleans as true/false"),
+    ("Expected newline or end of document after a statement", "unexpected text after the value: one `key = value` "
+     "per line (strings need quotes)"),
+    ("Invalid statement", "not a `key = value` line or a [table] header"),
+]
+
 
 def toml_syntax_problem(exc: tomllib.TOMLDecodeError, text: str, file: str | None) -> Problem:
-    message = str(exc)
-    match = _TOML_POS_RE.search(message)
+    """A TOML syntax error as a problem on the line to fix, with a message that says how to fix it."""
+    raw = str(exc)
+    match = _TOML_POS_RE.search(raw)
     line = int(match.group(1)) if match else (len(text.splitlines()) or 1)
-    message = _TOML_EOF_RE.sub("", _TOML_POS_RE.sub("", message)).strip()
+    detail = _TOML_EOF_RE.sub("", _TOML_POS_RE.sub("", raw)).strip()
+    locator = KeyLocator(text)
+    # An unclosed construct is reported where tomllib gave up; the line to fix is where it was opened.
+    for what, kind in (("array", "Unclosed array"), ("string", "Unterminated string"),
+                       ("inline table", "Unclosed inline table")):
+        if detail.startswith(kind):
+            opened = [at for w, at in locator.unclosed if w == what and at <= line]
+            if opened:
+                line = opened[-1]
+    message = detail
+    for prefix, hint in _SYNTAX_HINTS:
+        if detail.startswith(prefix):
+            path, first = locator.repeated.get(line, ((), 0))
+            key = dotted(path) or (re.findall(r"'([^']*)'", detail) or ["?"])[0]
+            message = hint.format(key=key, first=f" (first on line {first})" if first else "")
+            break
     return Problem(key="", message=f"invalid TOML: {message}", line=line, file=file)
 
+
+# ----------------------------------------------------------------------------------------------------------
+# From pydantic's errors to problems: the key as the user wrote it, its line, and a message that says what to write.
 
 def _field_names(model: type[BaseModel]) -> list[str]:
     names: list[str] = []
     for name, info in model.model_fields.items():
         names.append(info.alias or name)
         for alias in _validation_aliases(info):
-            names.append(alias)
+            if alias not in names:
+                names.append(alias)
     return names
 
 
@@ -221,52 +395,200 @@ def _model_in_annotation(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _is_list(annotation: Any) -> bool:
+    if getattr(annotation, "__origin__", None) is list:
+        return True
+    return any(_is_list(arg) for arg in getattr(annotation, "__args__", ()) or ())
+
+
+def field_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every key path the schema accepts (sections and their fields; list items share their list's path)."""
+    out: list[tuple[str, ...]] = []
+    for name, info in model.model_fields.items():
+        path = prefix + (info.alias or name,)
+        out.append(path)
+        sub = _model_in_annotation(info.annotation)
+        if sub is not None:
+            out += field_paths(sub, path)
+    return out
+
+
+def _normal(name: str) -> str:
+    return name.lower().replace("-", "_")
+
+
 def nearest_name(key: str, candidates: Iterable[str]) -> str | None:
-    matches = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
-    return matches[0] if matches else None
+    """The candidate `key` most likely misspells (case and `-`/`_` do not count), or None."""
+    by_normal = {_normal(c): c for c in candidates}
+    matches = difflib.get_close_matches(_normal(key), list(by_normal), n=1, cutoff=0.6)
+    return by_normal[matches[0]] if matches else None
 
 
-_MESSAGE_REWRITES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"^Input should be a valid integer, got a number with a fractional part$"),
-     "must be a whole number"),
-    (re.compile(r"^Input should be a valid (integer|number|string|boolean|list|dictionary)(,.*)?$"),
-     "must be a {kind}"),
-    (re.compile(r"^Field required$"), "is required"),
-    (re.compile(r"^Extra inputs are not permitted$"), "unknown key"),
-]
-_KIND_WORDS = {"integer": "whole number", "number": "number", "string": "string", "boolean": "boolean (true/false)",
-               "list": "list (an array)", "dictionary": "table"}
+def suggest_key(model: type[BaseModel], loc: KeyPath) -> tuple[str | None, str | None]:
+    """For an unknown key at `loc`: (the name to use instead, a hint when it belongs in another section)."""
+    key = loc[-1]
+    if not isinstance(key, str):
+        return None, None
+    owner = _submodel_at(model, loc[:-1])
+    if owner is not None:
+        near = nearest_name(key, _field_names(owner))
+        if near is not None:
+            return near, None
+    here = tuple(p for p in loc[:-1] if isinstance(p, str))
+    elsewhere = [p for p in field_paths(model) if p[:-1] != here and _normal(p[-1]) == _normal(key)]
+    if not elsewhere:
+        return None, None
+    path = elsewhere[0]
+    if len(path) == 1:
+        return path[0], "it is a top-level setting: put it above the first [section]"
+    return ".".join(path), f"it belongs in [{'.'.join(path[:-1])}]"
 
 
-def _friendly(message: str) -> str:
-    for pattern, replacement in _MESSAGE_REWRITES:
-        match = pattern.match(message)
-        if match:
-            if "{kind}" in replacement:
-                return replacement.format(kind=_KIND_WORDS.get(match.group(1), match.group(1)))
-            return replacement
-    message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+def _render(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"' if len(value) <= 40 else f'"{value[:37]}..."'
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+def _number_text(value: Any) -> str | None:
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return None
+        return value.strip()
+    return None
+
+
+def _type_message(kind: str, value: Any) -> str:
+    got = f"got {_render(value)}"
+    if kind == "int":
+        if _number_text(value) is not None:
+            return f"must be a whole number, not a string: write {_number_text(value)} without quotes"
+        if isinstance(value, float) and value.is_integer():
+            return f"must be a whole number: write {int(value)}, not {value!r}"
+        return f"must be a whole number ({got})"
+    if kind == "float":
+        if _number_text(value) is not None:
+            return f"must be a number, not a string: write {_number_text(value)} without quotes"
+        return f"must be a number ({got})"
+    if kind == "bool":
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return f"must be true or false without quotes: write {value.lower()}"
+        return f"must be true or false ({got})"
+    if kind == "str":
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return f'must be a string: write "{value}" in quotes'
+        return f'must be a string in quotes ({got})'
+    if kind == "list":
+        return f"must be a list, e.g. [...] ({got})"
+    return f"must be a table: a [section] or an inline {{ key = value }} ({got})"
+
+
+_TYPE_ERRORS = {
+    "int_type": "int", "int_parsing": "int", "int_from_float": "int",
+    "float_type": "float", "float_parsing": "float",
+    "bool_type": "bool", "bool_parsing": "bool",
+    "string_type": "str",
+    "list_type": "list", "tuple_type": "list",
+    "dict_type": "table", "model_type": "table", "model_attributes_type": "table",
+}
+_PLACEHOLDERS = {int: "<whole number>", float: "<number>", str: '"..."', bool: "true", list: "[...]"}
+
+
+def _missing_message(model: type[BaseModel], loc: KeyPath) -> str:
+    owner = _submodel_at(model, loc[:-1])
+    info = _find_field(owner, str(loc[-1])) if owner is not None and isinstance(loc[-1], str) else None
+    section = ".".join(p for p in loc[:-1] if isinstance(p, str))
+    where = (f"to the [[{section}]] section" if loc[:-1] and isinstance(loc[-2], int) else f"to [{section}]") \
+        if section else "at the top of the file, above the first [section]"
+    if info is None:
+        return "is required"
+    name = str(loc[-1])
+    full = ".".join(p for p in loc if isinstance(p, str))
+    if _model_in_annotation(info.annotation) is not None:
+        if _is_list(info.annotation):
+            return f"is required: add at least one [[{full}]] section"
+        return f"is required: add a [{full}] section"
+    annotation = info.annotation
+    placeholder = next((text for kind, text in _PLACEHOLDERS.items()
+                        if annotation is kind or kind in (getattr(annotation, "__args__", ()) or ())), "...")
+    hint = f" ({info.description.rstrip('.')})" if info.description else ""
+    return f"is required: add `{name} = {placeholder}` {where}{hint}"
+
+
+def normalise_loc(loc: KeyPath, data: Any) -> KeyPath:
+    """Drop list indices the user never wrote: a single `[env]` table is validated as a one-element list."""
+    out: list[str | int] = []
+    node = data
+    for part in loc:
+        if isinstance(part, int):
+            if isinstance(node, dict):
+                continue
+            node = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
+        else:
+            node = node.get(part) if isinstance(node, dict) else None
+        out.append(part)
+    return tuple(out)
+
+
+def _message(error: Any, model: type[BaseModel], loc: KeyPath, data: Any) -> tuple[str, str | None]:
+    """(message, suggestion) for one pydantic error."""
+    kind = error["type"]
+    value = error.get("input")
+    if kind == "missing":
+        return _missing_message(model, loc), None
+    if kind == "extra_forbidden":
+        owner = _submodel_at(model, loc[:-1])
+        info = _find_field(owner, str(loc[-1])) if owner is not None else None
+        if info is not None and owner is not None:
+            # Another spelling of a field that is also set (AliasChoices keeps the first and rejects the rest).
+            parent = normalise_loc(loc[:-1], data)
+            node: Any = data
+            for part in parent:
+                node = node[part] if isinstance(node, dict | list) else None
+            names = [n for n in _field_names(owner) if _find_field(owner, n) is info and n != loc[-1]]
+            other = next((n for n in names if isinstance(node, dict) and n in node), names[0] if names else "?")
+            return f"`{other}` and `{loc[-1]}` are two spellings of one setting: keep one", None
+        suggestion, hint = suggest_key(model, loc)
+        return ("unknown key" + (f": {hint}" if hint else "")), suggestion
+    if kind in _TYPE_ERRORS:
+        return _type_message(_TYPE_ERRORS[kind], value), None
+    if kind == "literal_error":
+        expected = error.get("ctx", {}).get("expected", "")
+        choices = re.findall(r"'([^']*)'", expected)
+        suggestion = nearest_name(value, choices) if isinstance(value, str) else None
+        return f"must be one of {expected} (got {_render(value)})", suggestion
+    if kind == "too_short":
+        minimum = error.get("ctx", {}).get("min_length", 1)
+        return f"must have at least {minimum} entr{'y' if minimum == 1 else 'ies'}", None
+    message = str(error["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
     message = message.replace("Input should be", "must be")
-    return message
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "multiple_of") or (
+            kind == "value_error" and str(value) not in message):
+        message += f" (got {_render(value)})"
+    return message, None
 
 
 def problems_from_validation_error(
-    exc: ValidationError, model: type[BaseModel], locator: KeyLocator, file: str | None
+    exc: ValidationError, model: type[BaseModel], locator: KeyLocator, file: str | None, data: Any = None
 ) -> list[Problem]:
     problems: list[Problem] = []
     for error in exc.errors():
         loc: KeyPath = tuple(error["loc"])
         # pydantic adds the tag of a union member to the loc; keep only keys that exist in the document.
         loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith("function-")))
-        suggestion = None
-        message = _friendly(error["msg"])
-        if error["type"] == "extra_forbidden" and loc and isinstance(loc[-1], str):
-            owner = _submodel_at(model, loc[:-1])
-            if owner is not None:
-                suggestion = nearest_name(loc[-1], _field_names(owner))
-        elif error["type"] == "missing":
-            message = "is required"
-        problems.append(Problem(key=dotted(loc), message=message, line=locator.line_of(loc), file=file,
+        message, suggestion = _message(error, model, loc, data)
+        where = normalise_loc(loc, data)
+        problems.append(Problem(key=dotted(where), message=message, line=locator.line_of(where), file=file,
                                 suggestion=suggestion))
     return problems
 
@@ -323,6 +645,7 @@ class CheckContext:
         return self.get(path, sentinel) is not sentinel
 
     def problem(self, path: KeyPath, message: str, severity: Severity = "error") -> None:
+        path = normalise_loc(path, self.data)
         self.problems.append(Problem(key=dotted(path), message=message, line=self.locator.line_of(path),
                                      file=self.file, severity=severity))
 
@@ -345,13 +668,17 @@ def validate_toml(
     locator = KeyLocator(text)
     ctx = CheckContext(data, locator, file)
     for check in checks:
-        check(ctx)
+        try:
+            check(ctx)
+        except Exception as exc:  # a bug in a check must not hide the other problems behind a traceback
+            ctx.problems.append(Problem("", f"internal error in check {getattr(check, '__name__', check)}: "
+                                        f"{type(exc).__name__}: {exc} (please report it)", file=file))
     config: M | None = None
     problems: list[Problem] = []
     try:
         config = model.model_validate(data)
     except ValidationError as exc:
-        problems = problems_from_validation_error(exc, model, locator, file)
+        problems = problems_from_validation_error(exc, model, locator, file, data)
     seen = {(p.key, p.message) for p in problems}
     problems += [p for p in ctx.problems if (p.key, p.message) not in seen]
     problems.sort(key=lambda p: (p.severity != "error", p.line or 0))

@@ -26,7 +26,9 @@ Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_default=True)
+    # strict: TOML has real types, so "16" for an int, 1.5 for an int or true for a number is a mistake to report,
+    # not something to coerce (ints are still accepted where a float is expected).
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_default=True, strict=True)
 
 
 def _num_examples(value: int) -> int:
@@ -284,8 +286,9 @@ def _check_group(ctx: CheckContext) -> None:
         ctx.problem(("rollouts_per_example",), "must be at least 2 for training: advantages compare the "
                     "rollouts of one example with each other")
     if batch is not None and group is not None and group >= 1 and batch >= 1 and batch % group:
+        options = sorted({max(group, batch - batch % group), batch + group - batch % group})
         ctx.problem(("batch_size",), f"batch_size ({batch}) must be divisible by rollouts_per_example ({group}); "
-                    f"try {max(group, batch - batch % group)} or {batch + group - batch % group}")
+                    f"try {' or '.join(map(str, options))}")
 
 
 def _check_sampling(ctx: CheckContext) -> None:
@@ -314,7 +317,7 @@ def _check_env_ratios(ctx: CheckContext) -> None:
         if len(ratios) != len(envs):
             ctx.problem(("buffer", "env_ratios"), f"has {len(ratios)} entries but there are {len(envs)} [[env]] "
                         "sections: give one ratio per environment, in order")
-        elif all(n is not None for n in numbers) and sum(n or 0.0 for n in numbers) <= 0:
+        elif all(n is not None and n >= 0 for n in numbers) and sum(n or 0.0 for n in numbers) <= 0:
             ctx.problem(("buffer", "env_ratios"), "must sum to more than 0")
     weighted = [i for i, e in enumerate(envs) if isinstance(e, dict) and "weight" in e]
     if ratios is not None and weighted:
@@ -322,7 +325,7 @@ def _check_env_ratios(ctx: CheckContext) -> None:
                     f"(weight is set on env[{weighted[0]}])")
     elif weighted:
         weights = [_num(e.get("weight", 1.0)) for e in envs if isinstance(e, dict)]
-        if all(w is not None for w in weights) and sum(w or 0.0 for w in weights) <= 0:
+        if all(w is not None and w >= 0 for w in weights) and sum(w or 0.0 for w in weights) <= 0:
             ctx.problem(("env", weighted[0], "weight"), "the [[env]] weights must sum to more than 0")
 
 
@@ -332,7 +335,6 @@ def _conflict(ctx: CheckContext, a: tuple[str, ...], b: tuple[str, ...], what: s
 
 
 def _check_spellings(ctx: CheckContext) -> None:
-    _conflict(ctx, ("model",), ("model_name",), "the model")
     _conflict(ctx, ("lora_alpha",), ("lora", "alpha"), "the LoRA alpha")
     _conflict(ctx, ("tensor_parallel_size",), ("inference", "tensor_parallel_size"), "tensor parallelism")
     buffer_filter = [k for k in ("online_difficulty_filtering", "easy_threshold", "hard_threshold",
@@ -380,9 +382,9 @@ def _check_inference(ctx: CheckContext) -> None:
 
 
 def _hosted_notes(ctx: CheckContext) -> None:
-    if ctx.get(("tailscale", "enabled")) is True:
-        ctx.problem(("tailscale", "enabled"), "Tailscale sidecars are a Hosted Training feature; locally, "
-                    "environments run on this machine and reach whatever it can reach", severity="note")
+    if ctx.has(("tailscale",)):
+        ctx.problem(("tailscale",), "Tailscale sidecars are a Hosted Training feature and do nothing here: "
+                    "locally, environments run on this machine and reach whatever it can reach", severity="note")
     if ctx.has(("tailscale", "auth_key")):
         ctx.problem(("tailscale", "auth_key"), "a secret in the config file: prefer the TAILSCALE_AUTH_KEY "
                     "environment variable", severity="note")
