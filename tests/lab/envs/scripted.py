@@ -1,0 +1,62 @@
+"""A scripted OpenAI-compatible endpoint for unit tests of environment logic (not of any model server).
+
+Each request pops the next reply from a queue: a string (the assistant's content), `None` (an empty reply), or
+the string "!malformed" (a 200 answer without choices). It records the messages it was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class ScriptedEndpoint:
+    def __init__(self, replies: list[str | None]) -> None:
+        self.replies = list(replies)
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.base_url = ""
+
+    def next_reply(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            self.requests.append(request)
+            content = self.replies.pop(0) if self.replies else "(no more replies)"
+        if content == "!malformed":
+            return {"id": "x", "object": "chat.completion", "created": 0, "model": request.get("model"),
+                    "choices": []}
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": request.get("model"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+
+
+@contextmanager
+def scripted_endpoint(replies: list[str | None]) -> Iterator[ScriptedEndpoint]:
+    endpoint = ScriptedEndpoint(replies)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            payload = json.dumps(endpoint.next_reply(body)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        yield endpoint
+    finally:
+        server.shutdown()
+        server.server_close()
