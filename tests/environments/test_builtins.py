@@ -6,6 +6,7 @@ Multi-turn flows are driven by a scripted endpoint that plays a perfect or a wro
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -96,7 +97,8 @@ def test_wordle_feedback_and_rewards() -> None:
 def test_math_python_calls_the_tool_and_returns_tool_errors() -> None:
     row = first_row("primeintellect/math-python")
     expression = row["prompt"][-1]["content"].removeprefix("What is ").rstrip("?")
-    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "%s"}}</tool_call>' % expression
+    arguments = json.dumps({"name": "calculate", "arguments": {"expression": expression}})
+    call = f"<tool_call>{arguments}</tool_call>"
     perfect, _, ep = play("primeintellect/math-python", [call, f"<answer>{row['answer']}</answer>"])
     assert perfect.reward == 1.0 and perfect.state["tool_calls"] == 1
     tool_message = ep.requests[1]["messages"][-1]
