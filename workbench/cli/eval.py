@@ -1,0 +1,202 @@
+"""`prime eval run`: evaluate a model on an environment (vf-eval's flags), as a run in the registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from workbench.cli.common import config_path, err, fail
+
+eval_app = typer.Typer(help="Evaluate models on environments.", no_args_is_help=True)
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def _json_arg(value: str | None, flag: str) -> dict[str, Any]:
+    if not value:
+        return {}
+    try:
+        data = json.loads(value)
+    except ValueError as exc:
+        fail(f"{flag} must be a JSON object, e.g. '{{\"max_turns\": 3}}': {exc}")
+    if not isinstance(data, dict):
+        fail(f"{flag} must be a JSON object, not {type(data).__name__}")
+    return data
+
+
+def _sampling(sampling_json: dict[str, Any], max_tokens: int | None, temperature: float | None) -> Any:
+    from lab.envs import SamplingArgs
+
+    known = {"max_tokens", "temperature", "top_p", "stop", "seed"}
+    args = SamplingArgs(**{k: v for k, v in sampling_json.items() if k in known})
+    args.extra_body = {k: v for k, v in sampling_json.items() if k not in known}
+    if max_tokens is not None:
+        args.max_tokens = max_tokens
+    if temperature is not None:
+        args.temperature = temperature
+    return args
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise _Stopped()
+
+
+@eval_app.command("run")
+def run(
+    env: str = typer.Argument(..., help="Environment id (owner/name or a built-in name), or @eval.toml."),
+    model: str | None = typer.Option(None, "-m", "--model", help=f"Model (default: {DEFAULT_MODEL}, served locally)."),
+    num_examples: int = typer.Option(5, "-n", "--num-examples", help="Examples (-1 = all)."),
+    rollouts: int = typer.Option(3, "-r", "--rollouts-per-example", min=1, help="Rollouts per example."),
+    env_args: str | None = typer.Option(None, "-a", "--env-args", help="load_environment() args as JSON."),
+    sampling_args: str | None = typer.Option(None, "-S", "--sampling-args", help="Sampling args as JSON."),
+    concurrency: int = typer.Option(32, "-c", "--max-concurrent", min=1, help="Rollouts in flight at once."),
+    base_url: str | None = typer.Option(None, "-b", "--api-base-url", help="Use this OpenAI-compatible endpoint."),
+    api_key_var: str = typer.Option("OPENAI_API_KEY", "-k", "--api-key-var", help="Env var with the API key."),
+    max_tokens: int | None = typer.Option(None, "-t", "--max-tokens", min=1, help="Max tokens per turn."),
+    temperature: float | None = typer.Option(None, "-T", "--temperature", min=0.0, help="Sampling temperature."),
+    seed: int | None = typer.Option(None, "--seed", help="Shuffle the eval examples with this seed."),
+    output_dir: Path | None = typer.Option(None, "-o", "--output-dir",
+                                           help="Where results go (default outputs/evals/<env>--<model>/<run>)."),
+    backend: str = typer.Option("builtin", "--backend", help="Local sampler when no -b: builtin or vllm."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Print each rollout's reward as it finishes."),
+) -> None:
+    """Evaluate MODEL on ENV: results.jsonl, metadata.json, and a difficulty report for RL."""
+    from lab.envs import EnvironmentLoadError, MissingKeyError, load_environment
+
+    settings: dict[str, Any] = {"env": env, "model": model, "num_examples": num_examples, "rollouts": rollouts,
+                                "env_args": _json_arg(env_args, "-a/--env-args"),
+                                "sampling": _json_arg(sampling_args, "-S/--sampling-args"),
+                                "base_url": base_url}
+    if env.startswith("@") or env.endswith(".toml"):
+        settings.update(_from_toml(config_path(env)))
+    env_id = settings["env"]
+    if num_examples == 0 or num_examples < -1:
+        fail("-n/--num-examples must be -1 (all) or at least 1")
+    if backend not in ("builtin", "vllm"):
+        fail("--backend must be builtin or vllm")
+    try:
+        environment = load_environment(env_id, **settings["env_args"])
+    except (EnvironmentLoadError, MissingKeyError) as exc:
+        fail(str(exc))
+    model_name = settings["model"] or DEFAULT_MODEL
+    _evaluate(environment, env_id, model_name, settings, concurrency=concurrency, api_key_var=api_key_var,
+              sampling=_sampling(settings["sampling"], max_tokens, temperature), seed=seed, output_dir=output_dir,
+              backend=backend, verbose=verbose)
+
+
+def _from_toml(path: Path) -> dict[str, Any]:
+    from lab.evaluation import EvalFileConfig, validate_eval_file
+
+    result = validate_eval_file(path)
+    for problem in result.problems:
+        err(problem.format())
+    if not result.ok or result.config is None:
+        fail(f"invalid eval config {path}")
+    cfg: EvalFileConfig = result.config
+    return {"env": cfg.env.id, "env_args": cfg.env.args, "model": cfg.model, "num_examples": cfg.num_examples,
+            "rollouts": cfg.rollouts_per_example, "sampling": cfg.sampling, "base_url": cfg.base_url}
+
+
+def _evaluate(environment: Any, env_id: str, model_name: str, settings: dict[str, Any], *, concurrency: int,
+              api_key_var: str, sampling: Any, seed: int | None, output_dir: Path | None, backend: str,
+              verbose: bool) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from lab.evaluation import EvalSpec, default_output_dir, run_evaluation
+    from lab.inference.process import ServerStartError
+    from lab.runs import RunRegistry
+
+    run = RunRegistry().create("eval", config_text=json.dumps(settings, indent=2), resolved=settings,
+                               name=f"eval {env_id}", model=model_name, envs=[env_id])
+    run.register_process("eval", os.getpid(), pgid=os.getpgid(0))
+    run.set_state("starting", source="eval")
+    out = output_dir or default_output_dir(env_id, model_name, run.id)
+    run.update_status(output_dir=str(out.resolve()))
+    err(f"Evaluation {run.id}: {env_id} on {model_name} -> {out}")
+    sampler = None
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        base_url = settings["base_url"]
+        served = model_name
+        if base_url is None:
+            sampler = _start_local(model_name, run, backend)
+            base_url, served = sampler.base_url, sampler.model_name
+        spec = EvalSpec(env_id=env_id, model=served, base_url=base_url, env_args=settings["env_args"],
+                        num_examples=settings["num_examples"], rollouts_per_example=settings["rollouts"],
+                        sampling=sampling, max_concurrent=concurrency,
+                        api_key_var=api_key_var if settings["base_url"] else None, seed=seed)
+        run.set_state("running", source="eval")
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("avg reward {task.fields[avg]:.3f}"), TimeElapsedColumn())
+        with Progress(*columns, transient=False, disable=not sys.stderr.isatty()) as progress:
+            task = progress.add_task("rollouts", total=None, avg=0.0)
+            rewards: list[float] = []
+
+            def on_progress(done: int, total: int, rollout: Any) -> None:
+                rewards.append(rollout.reward)
+                progress.update(task, completed=done, total=total, avg=sum(rewards) / len(rewards))
+                if verbose:
+                    err(f"[{done}/{total}] example {rollout.example_id}: reward {rollout.reward:.3f}"
+                        + (f"  error: {rollout.error.splitlines()[0]}" if rollout.error else ""))
+
+            result = run_evaluation(spec, out, run=run, env=environment, on_progress=on_progress)
+    except _Stopped:
+        run.set_state("stopped", source="eval", reason="stopped by the user")
+        err(f"{run.id} stopped; results so far are in {out}")
+        raise typer.Exit(1) from None
+    except ServerStartError as exc:
+        run.set_state("failed", source="eval", reason=f"the sampler did not start: {exc}")
+        fail(f"the local sampler did not start:\n{exc}")
+    except KeyboardInterrupt:
+        run.set_state("stopped", source="eval", reason="interrupted")
+        err(f"{run.id} interrupted; results so far are in {out}")
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if sampler is not None:
+            sampler.stop()
+    if result.rollouts and result.failed == len(result.rollouts):
+        first = next(r.error for r in result.rollouts if r.error)
+        reason = f"every rollout failed; the first error: {(first or '').splitlines()[0]}"
+        run.set_state("failed", source="eval", reason=reason)
+        fail(f"{reason}\n(is the endpoint {spec.base_url} up and serving model '{spec.model}'?)")
+    _summarise(result)
+    run.set_state("completed", source="eval")
+
+
+def _start_local(model_name: str, run: Any, backend: str) -> Any:
+    from lab.inference.launch import start_sampler
+    from lab.models import ModelNotFoundError, resolve_model
+
+    try:
+        path = resolve_model(model_name)
+    except ModelNotFoundError as exc:
+        run.set_state("failed", source="eval", reason=str(exc))
+        fail(str(exc))
+    err(f"Starting the {backend} sampler on {path} ...")
+    sampler = start_sampler(backend, path, run.log_path("inference"))
+    run.register_process("inference", sampler.pid or 0)
+    return sampler
+
+
+def _summarise(result: Any) -> None:
+    report = result.report
+    meta = result.metadata
+    typer.echo(f"env {meta['env_id']}  model {meta['model']}  examples {meta['num_examples']} x "
+               f"{meta['rollouts_per_example']} rollouts  {meta['time_ms'] / 1000:.1f} s")
+    typer.echo(f"avg reward {report.avg_reward:.3f}" + "".join(f"  {k} {v:.3f}"
+                                                             for k, v in meta["avg_metrics"].items()))
+    typer.echo(f"per-example reward std {report.mean_example_std:.3f}; zero-variance examples "
+               f"{report.zero_variance_share:.0%}; errors {result.failed}")
+    typer.echo(("ready for RL: " if report.ok else "not ready for RL: ") + "; ".join(report.verdict))
+    typer.echo(f"results: {result.output_dir / 'results.jsonl'}")
