@@ -165,7 +165,8 @@ class _Scanner:
             for end in range(len(table) + 1, len(path) + 1):
                 self._record(path[:end], line, final=end == len(path))
             self._value(path)
-            self._skip_line()
+            if self.i > 0 and self.s[self.i - 1] != "\n":
+                self._skip_line()
 
     def _resolve(self, names: tuple[str, ...]) -> KeyPath:
         """A header's path: names under an array of tables resolve against its last element."""
@@ -223,10 +224,11 @@ class _Scanner:
             if self.i >= len(self.s):
                 self.unclosed.append(("array", line))
                 return
-            if self.line != before and _KEY_START_RE.match(self.s, self.s.rfind("\n", 0, self.i) + 1) \
-                    and not self._at("{"):
-                # A new `key = ...` line: the array was never closed.
+            line_start = self.s.rfind("\n", 0, self.i) + 1
+            if self.line != before and _KEY_START_RE.match(self.s, line_start) and not self._at("{"):
+                # A new `key = ...` line: the array was never closed. Leave that line for the caller to read.
                 self.unclosed.append(("array", line))
+                self.i = line_start
                 return
             if self._at("]"):
                 self._advance()
@@ -280,6 +282,7 @@ class KeyLocator:
         self.lines: dict[KeyPath, int] = scanner.lines
         self.unclosed: list[tuple[str, int]] = scanner.unclosed
         self.repeated: dict[int, tuple[KeyPath, int]] = scanner.repeated
+        self.arrays: set[tuple[str, ...]] = set(scanner.array_counts)  # names of [[arrays of tables]]
 
     def line_of(self, path: KeyPath) -> int | None:
         """The line of the deepest known prefix of `path` (a missing key points at its table)."""
@@ -323,20 +326,27 @@ def toml_syntax_problem(exc: tomllib.TOMLDecodeError, text: str, file: str | Non
     line = int(match.group(1)) if match else (len(text.splitlines()) or 1)
     detail = _TOML_EOF_RE.sub("", _TOML_POS_RE.sub("", raw)).strip()
     locator = KeyLocator(text)
-    # An unclosed construct is reported where tomllib gave up; the line to fix is where it was opened.
-    for what, kind in (("array", "Unclosed array"), ("string", "Unterminated string"),
-                       ("inline table", "Unclosed inline table")):
-        if detail.startswith(kind):
-            opened = [at for w, at in locator.unclosed if w == what and at <= line]
-            if opened:
-                line = opened[-1]
+    # An unclosed array or string is reported where tomllib gave up (often as "Invalid value" on a later line);
+    # the line to fix is where it was opened.
+    opened = [(what, at) for what, at in locator.unclosed if at <= line]
+    if opened:
+        what, at = opened[-1]
+        if (what == "array" and (at < line or detail.startswith("Unclosed array"))) or (
+                what == "string" and detail.startswith("Unterminated string")):
+            detail = "Unclosed array" if what == "array" else detail
+            line = at
     message = detail
-    for prefix, hint in _SYNTAX_HINTS:
-        if detail.startswith(prefix):
-            path, first = locator.repeated.get(line, ((), 0))
-            key = dotted(path) or (re.findall(r"'([^']*)'", detail) or ["?"])[0]
-            message = hint.format(key=key, first=f" (first on line {first})" if first else "")
-            break
+    names = tuple(re.findall(r"'([^']*)'", detail))
+    if detail.startswith("Cannot declare") and names in locator.arrays:
+        message = f"[{'.'.join(names)}] clashes with the [[{'.'.join(names)}]] sections above: write " \
+                  f"[[{'.'.join(names)}]] for each entry"
+    else:
+        for prefix, hint in _SYNTAX_HINTS:
+            if detail.startswith(prefix):
+                path, first = locator.repeated.get(line, ((), 0))
+                key = dotted(path) or ".".join(names) or "?"
+                message = hint.format(key=key, first=f" (first on line {first})" if first else "")
+                break
     return Problem(key="", message=f"invalid TOML: {message}", line=line, file=file)
 
 
@@ -425,23 +435,23 @@ def nearest_name(key: str, candidates: Iterable[str]) -> str | None:
 
 
 def suggest_key(model: type[BaseModel], loc: KeyPath) -> tuple[str | None, str | None]:
-    """For an unknown key at `loc`: (the name to use instead, a hint when it belongs in another section)."""
+    """For an unknown key at `loc`: (the name to use instead, a hint when it belongs in another section).
+
+    A key that is exactly a field of another section (`temperature` at the top level) is most likely misplaced,
+    which beats a near-miss here (`max_steps` under [sampling] is not a typo of `max_tokens`).
+    """
     key = loc[-1]
     if not isinstance(key, str):
         return None, None
-    owner = _submodel_at(model, loc[:-1])
-    if owner is not None:
-        near = nearest_name(key, _field_names(owner))
-        if near is not None:
-            return near, None
     here = tuple(p for p in loc[:-1] if isinstance(p, str))
     elsewhere = [p for p in field_paths(model) if p[:-1] != here and _normal(p[-1]) == _normal(key)]
-    if not elsewhere:
-        return None, None
-    path = elsewhere[0]
-    if len(path) == 1:
-        return path[0], "it is a top-level setting: put it above the first [section]"
-    return ".".join(path), f"it belongs in [{'.'.join(path[:-1])}]"
+    if elsewhere:
+        path = elsewhere[0]
+        if len(path) == 1:
+            return path[0], "it is a top-level setting: put it above the first [section]"
+        return ".".join(path), f"it belongs in [{'.'.join(path[:-1])}]"
+    owner = _submodel_at(model, loc[:-1])
+    return (nearest_name(key, _field_names(owner)) if owner is not None else None), None
 
 
 def _render(value: Any) -> str:
@@ -525,6 +535,21 @@ def _missing_message(model: type[BaseModel], loc: KeyPath) -> str:
     return f"is required: add `{name} = {placeholder}` {where}{hint}"
 
 
+def value_at(data: Any, path: KeyPath, default: Any = None) -> Any:
+    """The raw value at `path`, or `default` where the data has no such key (or a value of another shape)."""
+    node = data
+    for part in path:
+        if isinstance(part, int):
+            if not isinstance(node, list) or not 0 <= part < len(node):
+                return default
+            node = node[part]
+        else:
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+    return node
+
+
 def normalise_loc(loc: KeyPath, data: Any) -> KeyPath:
     """Drop list indices the user never wrote: a single `[env]` table is validated as a one-element list."""
     out: list[str | int] = []
@@ -551,10 +576,7 @@ def _message(error: Any, model: type[BaseModel], loc: KeyPath, data: Any) -> tup
         info = _find_field(owner, str(loc[-1])) if owner is not None else None
         if info is not None and owner is not None:
             # Another spelling of a field that is also set (AliasChoices keeps the first and rejects the rest).
-            parent = normalise_loc(loc[:-1], data)
-            node: Any = data
-            for part in parent:
-                node = node[part] if isinstance(node, dict | list) else None
+            node = value_at(data, loc[:-1])
             names = [n for n in _field_names(owner) if _find_field(owner, n) is info and n != loc[-1]]
             other = next((n for n in names if isinstance(node, dict) and n in node), names[0] if names else "?")
             return f"`{other}` and `{loc[-1]}` are two spellings of one setting: keep one", None
@@ -569,6 +591,10 @@ def _message(error: Any, model: type[BaseModel], loc: KeyPath, data: Any) -> tup
         return f"must be one of {expected} (got {_render(value)})", suggestion
     if kind == "too_short":
         minimum = error.get("ctx", {}).get("min_length", 1)
+        owner = _submodel_at(model, loc[:-1])
+        info = _find_field(owner, str(loc[-1])) if owner is not None else None
+        if info is not None and _model_in_annotation(info.annotation) is not None:
+            return f"must have at least {minimum}: add a [[{'.'.join(map(str, loc))}]] section", None
         return f"must have at least {minimum} entr{'y' if minimum == 1 else 'ies'}", None
     message = str(error["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
     message = message.replace("Input should be", "must be")
@@ -586,8 +612,8 @@ def problems_from_validation_error(
         loc: KeyPath = tuple(error["loc"])
         # pydantic adds the tag of a union member to the loc; keep only keys that exist in the document.
         loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith("function-")))
-        message, suggestion = _message(error, model, loc, data)
         where = normalise_loc(loc, data)
+        message, suggestion = _message(error, model, where, data)
         problems.append(Problem(key=dotted(where), message=message, line=locator.line_of(where), file=file,
                                 suggestion=suggestion))
     return problems
@@ -628,17 +654,7 @@ class CheckContext:
         self.problems: list[Problem] = []
 
     def get(self, path: KeyPath, default: Any = None) -> Any:
-        node: Any = self.data
-        for part in path:
-            if isinstance(part, int):
-                if not isinstance(node, list) or part >= len(node):
-                    return default
-                node = node[part]
-            else:
-                if not isinstance(node, dict) or part not in node:
-                    return default
-                node = node[part]
-        return node
+        return value_at(self.data, path, default)
 
     def has(self, path: KeyPath) -> bool:
         sentinel = object()
