@@ -1,0 +1,114 @@
+"""The models a server serves: its base model and LoRA adapters, each adapter merged into its own weights.
+
+A LoRA adapter is merged (peft `merge_and_unload(safe_merge=True)`) into a clone of the base model whose
+parameters share the base's storage; the safe merge gives each adapted layer a new weight tensor and leaves the
+others shared. Generation through an adapter then costs what generation through the base costs, and memory
+grows only by the adapted layers. A replaced adapter gets a new `ServedModel` (new `key`): batches already
+running keep the weights they started with, new requests get the new ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from lab.inference.builtin.errors import APIError, ModelNotServedError
+
+_keys = itertools.count()
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A name a request can ask for, and the torch module that answers it."""
+
+    name: str
+    module: Any
+    root: str
+    parent: str | None = None
+    key: int = field(default_factory=lambda: next(_keys))
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.parent is not None
+
+
+def merged_adapter_model(base_module: Any, adapter_path: Path) -> Any:
+    """A copy of `base_module` with the LoRA adapter at `adapter_path` merged into it (base left untouched)."""
+    import copy
+
+    import torch
+    from peft import PeftModel
+
+    shared: dict[int, Any] = {
+        id(p): torch.nn.Parameter(p.detach(), requires_grad=False) for p in base_module.parameters()
+    }
+    shared.update({id(b): b for b in base_module.buffers()})
+    clone = copy.deepcopy(base_module, shared)
+    with torch.no_grad():
+        merged = PeftModel.from_pretrained(clone, str(adapter_path), is_trainable=False).merge_and_unload(
+            safe_merge=True
+        )
+    return merged.eval()
+
+
+class ModelRegistry:
+    """Base model and adapters by name; safe to use from the HTTP thread and the engine thread."""
+
+    def __init__(self, base: ServedModel) -> None:
+        self.base = base
+        self._adapters: dict[str, ServedModel] = {}
+        self._lock = threading.Lock()
+        self._load_lock = threading.Lock()
+
+    def get(self, name: str | None) -> ServedModel:
+        if name is None or name == self.base.name:
+            return self.base
+        with self._lock:
+            adapter = self._adapters.get(name)
+        if adapter is None:
+            raise ModelNotServedError(name)
+        return adapter
+
+    def served(self) -> list[ServedModel]:
+        with self._lock:
+            return [self.base, *self._adapters.values()]
+
+    def load_adapter(self, name: str, path: str, load_inplace: bool = False) -> str:
+        """Merge and register an adapter (slow: run it off the event loop). Returns vLLM's success message."""
+        if not name or not path:
+            raise APIError("Both 'lora_name' and 'lora_path' must be provided.", type="InvalidUserInput")
+        if name == self.base.name:
+            raise APIError(f"The lora adapter '{name}' conflicts with a served base model.", type="InvalidUserInput")
+        with self._load_lock:
+            with self._lock:
+                exists = name in self._adapters
+            if exists and not load_inplace:
+                raise APIError(
+                    f"The lora adapter '{name}' has already been loaded. "
+                    "If you want to load the adapter in place, set 'load_inplace' to True.",
+                    type="InvalidUserInput",
+                )
+            adapter_dir = Path(path).expanduser()
+            if not (adapter_dir / "adapter_config.json").is_file():
+                raise APIError(f"Loading lora {name} failed: No adapter found for {path}", HTTPStatus.NOT_FOUND)
+            try:
+                module = merged_adapter_model(self.base.module, adapter_dir)
+            except Exception as error:  # peft raises many kinds for a bad adapter; the client needs the message
+                raise APIError(f"Loading lora {name} failed: {type(error).__name__}: {error}") from error
+            with self._lock:
+                self._adapters[name] = ServedModel(name=name, module=module, root=path, parent=self.base.name)
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    def unload_adapter(self, name: str) -> str:
+        if not name:
+            raise APIError("'lora_name' needs to be provided to unload a LoRA adapter.", type="InvalidUserInput")
+        with self._lock:
+            if self._adapters.pop(name, None) is None:
+                raise APIError(f"The lora adapter '{name}' cannot be found.", HTTPStatus.NOT_FOUND)
+        return f"Success: LoRA adapter '{name}' removed successfully."

@@ -1,0 +1,249 @@
+"""The generation engine: a request queue feeding one batched decode loop on its own thread.
+
+Requests from the HTTP handlers go into a queue. The engine thread admits waiting requests for the model of the
+running batch (prefilling their prompts together, once per prompt: the `n` choices of a request share it), joins
+them to the batch, and decodes one token for every row per forward pass. Finished rows leave after each step and
+their requests are answered. A batch serves one model (the base or one adapter); requests for another model wait
+until the running batch drains, and are then served in arrival order.
+
+Importing this module imports torch; `server.py` does so when a server is built.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from lab.inference.builtin.adapters import ServedModel
+from lab.inference.builtin.decode_batch import DecodeBatch
+from lab.inference.builtin.errors import EngineStoppedError
+from lab.inference.builtin.kv_cache import BatchKVCache
+from lab.inference.builtin.prompts import PromptCodec
+from lab.inference.builtin.sampling import SampledTokens, sample
+from lab.inference.builtin.sequences import Choice, GenerationRequest, PendingRequest, Sequence
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class GenerationEngine:
+    """Batched generation for one base model and its adapters; thread-safe `submit`."""
+
+    def __init__(
+        self,
+        codec: PromptCodec,
+        eos_token_ids: frozenset[int],
+        vocab_size: int,
+        device: torch.device,
+        *,
+        max_batch_rows: int = 64,
+        max_prefill_tokens: int = 8192,
+    ) -> None:
+        self.codec = codec
+        self.eos_token_ids = eos_token_ids
+        self.vocab_size = vocab_size
+        self.device = device
+        self.max_batch_rows = max_batch_rows
+        self.max_prefill_tokens = max_prefill_tokens
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._waiting: deque[PendingRequest] = deque()
+        self._batch: DecodeBatch | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="generation-engine", daemon=True)
+
+    def start(self) -> GenerationEngine:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._inbox.put(_STOP)
+        self._thread.join(timeout)
+
+    def submit(self, request: GenerationRequest) -> Future[list[Choice]]:
+        """Queue a request; the future resolves to its `n` choices (or to the error that ended it)."""
+        future: Future[list[Choice]] = Future()
+        if self._stopped.is_set():
+            future.set_exception(EngineStoppedError("the server is shutting down"))
+            return future
+        generator = None
+        if request.params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(request.params.seed)
+        self._inbox.put(PendingRequest(request, future, generator))
+        return future
+
+    # --- the engine thread ---------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while self._collect(block=self._batch is None and not self._waiting):
+                try:
+                    self._admit()
+                    if self._batch is not None:
+                        self._decode_step(self._batch)
+                except Exception as error:  # a failed forward pass must not take the server down
+                    log.exception("generation failed")
+                    self._fail_batch(error)
+        self._stopped.set()
+        self._fail_all(EngineStoppedError("the server is shutting down"))
+
+    def _collect(self, block: bool) -> bool:
+        """Move what arrived into the waiting line; False once asked to stop."""
+        item = self._inbox.get() if block else self._next_nowait()
+        while item is not None:
+            if item is _STOP:
+                return False
+            self._waiting.append(item)
+            item = self._next_nowait()
+        return True
+
+    def _next_nowait(self) -> Any:
+        try:
+            return self._inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _admit(self) -> None:
+        """Prefill waiting requests for the running batch's model (or the oldest one's) and join them."""
+        while self._waiting and self._waiting[0].abandoned:
+            self._waiting.popleft()
+        if not self._waiting:
+            return
+        batch = self._batch
+        model = batch.model if batch is not None else self._waiting[0].request.model
+        if batch is not None and any(p.request.model.key != model.key for p in self._waiting):
+            return  # another model is waiting: let this batch drain, then switch
+        room = self.max_batch_rows - (len(batch) if batch is not None else 0)
+        admitted: list[PendingRequest] = []
+        for pending in list(self._waiting):
+            if pending.request.model.key != model.key:
+                continue
+            if pending.request.n > room and (admitted or batch is not None):
+                break
+            self._waiting.remove(pending)
+            if not pending.abandoned:
+                admitted.append(pending)
+                room -= pending.request.n
+        for chunk in self._prefill_chunks(admitted):
+            try:
+                joined = self._prefill(model, chunk)
+            except Exception as error:
+                log.exception("prefill failed")
+                for pending in chunk:
+                    if not pending.future.done():
+                        pending.future.set_exception(error)
+                continue
+            if joined is None:
+                continue
+            if self._batch is None:
+                self._batch = joined
+            else:
+                self._batch.join(joined)
+
+    def _prefill_chunks(self, pendings: list[PendingRequest]) -> list[list[PendingRequest]]:
+        chunks: list[list[PendingRequest]] = []
+        current: list[PendingRequest] = []
+        longest = 0
+        for pending in pendings:
+            length = max(longest, len(pending.request.prompt_ids))
+            if current and length * (len(current) + 1) > self.max_prefill_tokens:
+                chunks.append(current)
+                current, length = [], len(pending.request.prompt_ids)
+            current.append(pending)
+            longest = length
+        if current:
+            chunks.append(current)
+        return chunks
+
+    def _prefill(self, model: ServedModel, pendings: list[PendingRequest]) -> DecodeBatch | None:
+        """One forward pass over the prompts (left-padded); the first token of every choice is sampled here."""
+        prompts = [p.request.prompt_ids for p in pendings]
+        length = max(len(p) for p in prompts)
+        input_ids = torch.zeros((len(prompts), length), dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), length), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, length - len(prompt) :] = torch.tensor(prompt)
+            attention_mask[row, length - len(prompt) :] = 1
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = BatchKVCache()
+        output = model.module(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        counts = torch.tensor([p.request.n for p in pendings], device=self.device)
+        rows = torch.repeat_interleave(torch.arange(len(pendings), device=self.device), counts)
+        cache.select_rows(rows)
+        sequences = [Sequence(pending, index, self.codec) for pending in pendings for index in range(pending.request.n)]
+        batch = DecodeBatch(
+            model=model,
+            sequences=sequences,
+            cache=cache,
+            attention_mask=attention_mask[rows],
+            next_positions=attention_mask[rows].sum(dim=1),
+            last_tokens=torch.zeros(len(sequences), dtype=torch.long, device=self.device),
+            sampling=DecodeBatch.row_sampling(sequences, self.device),
+        )
+        logits = output.logits[:, -1].float()[rows]
+        self._take_tokens(batch, sample(logits, batch.sampling, batch.banned_tokens(self.vocab_size)))
+        return batch if batch.drop_finished() else None
+
+    def _decode_step(self, batch: DecodeBatch) -> None:
+        ones = batch.attention_mask.new_ones((len(batch), 1))
+        attention_mask = torch.cat([batch.attention_mask, ones], dim=1)
+        output = batch.model.module(
+            input_ids=batch.last_tokens.unsqueeze(1),
+            attention_mask=attention_mask,
+            position_ids=batch.next_positions.unsqueeze(1),
+            past_key_values=batch.cache,
+            use_cache=True,
+        )
+        batch.attention_mask = attention_mask
+        batch.next_positions = batch.next_positions + 1
+        logits = output.logits[:, -1].float()
+        self._take_tokens(batch, sample(logits, batch.sampling, batch.banned_tokens(self.vocab_size)))
+        if not batch.drop_finished():
+            self._batch = None
+
+    def _take_tokens(self, batch: DecodeBatch, sampled: SampledTokens) -> None:
+        batch.last_tokens = sampled.tokens
+        tokens = sampled.tokens.tolist()
+        logprobs = sampled.logprobs.tolist()
+        tops: list[list[tuple[int, float]]] | None = None
+        if sampled.top_ids is not None and sampled.top_logprobs is not None:
+            tops = [
+                list(zip(ids, values, strict=True))
+                for ids, values in zip(sampled.top_ids.tolist(), sampled.top_logprobs.tolist(), strict=True)
+            ]
+        for row, sequence in enumerate(batch.sequences):
+            sequence.append(tokens[row], logprobs[row], tops[row] if tops is not None else None)
+
+    def _fail_batch(self, error: BaseException) -> None:
+        if self._batch is not None:
+            for sequence in self._batch.sequences:
+                if not sequence.pending.future.done():
+                    sequence.pending.future.set_exception(error)
+        self._batch = None
+
+    def _fail_all(self, error: BaseException) -> None:
+        self._fail_batch(error)
+        while True:
+            item = self._next_nowait()
+            if item is None:
+                break
+            if item is not _STOP:
+                self._waiting.append(item)
+        for pending in self._waiting:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+        self._waiting.clear()

@@ -1,0 +1,130 @@
+"""Batched sampling in torch: one call per decode step for the whole batch.
+
+Reported logprobs are vLLM's default (`logprobs_mode="raw_logprobs"`): the log-softmax of the model's raw logits,
+before temperature, top-k/top-p and banned tokens. Sampling itself uses the processed distribution. Tokens are
+drawn with the exponential race (argmax of p / E, E ~ Exp(1)), which lets rows with a request seed draw their
+noise from that request's own generator while the rest of the batch shares one call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples; all choices (`n`) of a request share it."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    eos_token_ids: frozenset[int] = frozenset()  # empty with ignore_eos
+    min_tokens: int = 0
+    logprobs: bool = False
+    top_logprobs: int = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class RowSampling:
+    """Per-row sampling settings of a batch as tensors; rebuilt only when the batch's rows change."""
+
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    top_k: torch.Tensor
+    greedy: torch.Tensor
+    generators: list[torch.Generator | None]
+    all_greedy: bool
+    any_top_p: bool
+    any_top_k: bool
+    max_top_logprobs: int
+    seeded_rows: list[int] = field(default_factory=list)
+
+    @classmethod
+    def build(
+        cls, params: list[SamplingParams], generators: list[torch.Generator | None], device: torch.device
+    ) -> RowSampling:
+        import torch
+
+        return cls(
+            temperature=torch.tensor([p.temperature or 1.0 for p in params], device=device).unsqueeze(1),
+            top_p=torch.tensor([p.top_p for p in params], device=device).unsqueeze(1),
+            top_k=torch.tensor([max(p.top_k, 0) for p in params], device=device),
+            greedy=torch.tensor([p.greedy for p in params], device=device),
+            generators=generators,
+            all_greedy=all(p.greedy for p in params),
+            any_top_p=any(p.top_p < 1.0 and not p.greedy for p in params),
+            any_top_k=any(p.top_k > 0 and not p.greedy for p in params),
+            max_top_logprobs=max((p.top_logprobs for p in params if p.logprobs), default=0),
+            seeded_rows=[i for i, g in enumerate(generators) if g is not None],
+        )
+
+
+@dataclass
+class SampledTokens:
+    tokens: torch.Tensor  # [B] token ids
+    logprobs: torch.Tensor  # [B] raw logprob of each sampled token
+    top_ids: torch.Tensor | None  # [B, k]
+    top_logprobs: torch.Tensor | None  # [B, k]
+
+
+def sample(logits: torch.Tensor, rows: RowSampling, banned: torch.Tensor | None = None) -> SampledTokens:
+    """Sample one token per row from `logits` [B, V] (float32). `banned` [B, V] marks tokens not to sample."""
+    import torch
+
+    raw_logprobs = torch.log_softmax(logits, dim=-1)
+    if banned is not None:
+        logits = logits.masked_fill(banned, float("-inf"))
+    greedy_tokens = logits.argmax(dim=-1)
+    if rows.all_greedy:
+        tokens = greedy_tokens
+    else:
+        scaled = logits / rows.temperature
+        if rows.any_top_k:
+            scaled = _keep_top_k(scaled, rows.top_k)
+        if rows.any_top_p:
+            scaled = _keep_top_p(scaled, rows.top_p)
+        probs = torch.softmax(scaled, dim=-1)
+        noise = torch.empty_like(probs).exponential_()
+        for row in rows.seeded_rows:
+            noise[row].exponential_(generator=rows.generators[row])
+        tokens = torch.where(rows.greedy, greedy_tokens, (probs / noise).argmax(dim=-1))
+    chosen = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    top_ids = top_values = None
+    if rows.max_top_logprobs > 0:
+        top_values, top_ids = raw_logprobs.topk(rows.max_top_logprobs, dim=-1)
+    return SampledTokens(tokens, chosen, top_ids, top_values)
+
+
+def _keep_top_k(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    k_max = int(top_k.max())
+    kth = scaled.topk(min(k_max, scaled.shape[-1]), dim=-1).values
+    index = (top_k.clamp(min=1, max=kth.shape[-1]) - 1).unsqueeze(1)
+    threshold = kth.gather(1, index)
+    threshold = torch.where(top_k.unsqueeze(1) > 0, threshold, torch.full_like(threshold, float("-inf")))
+    return scaled.masked_fill(scaled < threshold, float("-inf"))
+
+
+def _keep_top_p(scaled: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_logits = sorted_logits.masked_fill(mass_before > top_p, float("-inf"))
+    return torch.empty_like(scaled).scatter_(1, order, sorted_logits)
