@@ -1,0 +1,89 @@
+"""`prime eval run` against a scripted endpoint (the files, the registry run, the report, the failure paths).
+
+The real model servers are exercised in tests/e2e/test_eval_builtin.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from lab.runs import RunRegistry
+from tests.lab.envs.scripted import scripted_endpoint
+
+PRIME = str(Path(sys.executable).parent / "prime")
+
+
+def prime(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def test_eval_writes_results_metadata_events_and_a_report(tmp_path: Path, lab_home: Path) -> None:
+    from lab.envs import load_environment
+
+    rows = load_environment("gsm8k", difficulty="easy").get_eval_dataset(3)
+    right = [f"<answer>{r['answer']}</answer>" for r in rows]
+    # One rollout at a time (-c 1): each example gets one right and one wrong reply, so rewards vary within it.
+    replies: list[str | None] = [x for r in right for x in (r, "<answer>-1</answer>")]
+    with scripted_endpoint(replies) as ep:
+        proc = prime("eval", "run", "gsm8k", "-b", ep.base_url, "-m", "scripted", "-n", "3", "-r", "2", "-c", "1",
+                     "-a", '{"difficulty": "easy"}', "-S", '{"top_p": 0.9}', "-t", "32", "-T", "0.5",
+                     cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    request = ep.requests[0]
+    assert request["model"] == "scripted" and request["max_tokens"] == 32 and request["temperature"] == 0.5
+    assert request["top_p"] == 0.9
+    [run] = RunRegistry().runs()
+    status = run.status()
+    assert status["kind"] == "eval" and status["state"] == "completed" and status["step"] == 6
+    out = Path(status["output_dir"])
+    assert out == (tmp_path / "outputs" / "evals" / "gsm8k--scripted" / run.id).resolve()
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(results) == 6
+    for key in ("example_id", "prompt", "completion", "answer", "task", "reward", "metrics", "timing",
+                "is_truncated", "stop_condition", "error", "token_usage"):
+        assert key in results[0]
+    metadata = json.loads((out / "metadata.json").read_text())
+    for key in ("env_id", "env_args", "model", "base_url", "num_examples", "rollouts_per_example", "sampling_args",
+                "date", "time_ms", "avg_reward", "avg_metrics"):
+        assert key in metadata
+    assert metadata["env_args"] == {"difficulty": "easy"} and metadata["avg_reward"] == 0.5
+    assert metadata["difficulty"]["zero_variance_share"] == 0.0
+    assert "ready for RL" in proc.stdout and "avg reward 0.500" in proc.stdout
+    kinds = [e.kind for e in run.event_log().events()]
+    assert kinds.count("eval") == 6 and "sample" in kinds
+
+
+def test_eval_toml_form(tmp_path: Path, lab_home: Path) -> None:
+    config = tmp_path / "eval.toml"
+    with scripted_endpoint(["<reversed_text>x</reversed_text>"] * 4) as ep:
+        config.write_text(f'model = "m"\nnum_examples = 2\nrollouts_per_example = 2\nbase_url = "{ep.base_url}"\n'
+                          '[env]\nid = "primeintellect/reverse-text"\nargs = {max_words = 2}\n')
+        proc = prime("eval", "run", f"@{config}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(ep.requests) == 4
+    config.write_text('model = "m"\nnum_exmaples = 2\n[env]\nid = "reverse-text"\n')
+    bad = prime("eval", "run", f"@{config}", cwd=tmp_path)
+    assert bad.returncode == 1 and f"{config}:2: num_exmaples: unknown key (did you mean `num_examples`?)" in bad.stderr
+
+
+def test_refused_endpoint_fails_fast_with_a_clear_message(tmp_path: Path, lab_home: Path) -> None:
+    from lab.inference.process import free_port
+
+    proc = prime("eval", "run", "reverse-text", "-b", f"http://127.0.0.1:{free_port()}/v1", "-m", "m", "-n", "2",
+                 cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "every rollout failed" in proc.stderr and "Connection error" in proc.stderr
+    [run] = RunRegistry().runs()
+    assert run.status()["state"] == "failed"
+
+
+def test_bad_arguments_are_clear(tmp_path: Path) -> None:
+    bad_json = prime("eval", "run", "reverse-text", "-a", "{max_turns: 3}", cwd=tmp_path)
+    assert bad_json.returncode == 1 and "-a/--env-args must be a JSON object" in bad_json.stderr
+    unknown_model = prime("eval", "run", "reverse-text", "-m", "no-such-model-anywhere", cwd=tmp_path)
+    assert unknown_model.returncode == 1 and "no-such-model-anywhere" in unknown_model.stderr
