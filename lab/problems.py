@@ -707,7 +707,7 @@ def validate_file(path: Path, model: type[M], *, checks: Iterable[ExtraCheck] = 
     """Like `validate_toml` for a file on disk; an unreadable file is a problem, not an exception."""
     name = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (some Windows editors) is not an error
     except FileNotFoundError:
         return Validation(file=name, config=None, problems=[Problem("", "no such file", file=name)])
     except IsADirectoryError:

@@ -82,11 +82,11 @@ class WandbConfig(Section):
 
 
 class EvalEnvConfig(Section):
-    id: str
-    args: dict[str, Any] = Field(default_factory=dict)
-    name: str | None = None
-    num_examples: int | None = None
-    rollouts_per_example: int | None = Field(default=None, ge=1)
+    id: str = Field(description="Environment id to evaluate: `owner/name` or a bare local name.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Arguments passed to load_environment().")
+    name: str | None = Field(default=None, description="Display name in eval metrics.")
+    num_examples: int | None = Field(default=None, description="Overrides [eval].num_examples (-1 = all).")
+    rollouts_per_example: int | None = Field(default=None, ge=1, description="Overrides [eval].rollouts_per_example.")
 
     _id = field_validator("id")(_env_id)
 
