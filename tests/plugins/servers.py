@@ -1,1 +1,78 @@
-"""Session fixtures: servers (see the module docstring of each fixture)."""
+"""Session fixtures: the built-in server.
+
+- `builtin_server`: ONE built-in OpenAI-compatible server per test session, on the tiny model (`tiny_model_dir`),
+  served as `tiny-qwen3`, float32. It yields a `lab.inference.builtin.launcher.BuiltinServer`: `base_url` (for
+  `openai.OpenAI(base_url=...)`), `root_url`, `model_path`, `model_name`, `adapters` (load/replace/unload LoRA
+  adapters) and `log_path`. It starts in a few seconds. Tests that load adapters use their own adapter names.
+- `tiny_lora_adapters`: two LoRA adapters (rank 8, random non-zero A and B, different seeds) for the tiny model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lab.inference.builtin.launcher import BuiltinServer, start_builtin_server
+from lab.inference.builtin.server import BuiltinServerSettings
+from lab.models.random_lora import build_random_lora_adapter
+
+TINY_SERVED_NAME = "tiny-qwen3"
+
+
+@pytest.fixture(scope="session")
+def builtin_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltinServer]:
+    settings = BuiltinServerSettings(model=tiny_model_dir, served_model_name=TINY_SERVED_NAME, max_model_len=2048)
+    server = start_builtin_server(settings, log_path=tmp_path_factory.mktemp("builtin") / "server.log", timeout=120)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("adapters")
+    return (
+        build_random_lora_adapter(tiny_model_dir, root / "first", seed=1, b_std=0.05),
+        build_random_lora_adapter(tiny_model_dir, root / "second", seed=2, b_std=0.05),
+    )
+
+
+class ReferenceForward:
+    """Float32 transformers forward passes of the tiny model (optionally with a LoRA adapter, unmerged, via peft):
+    the log-softmax at each position of `prompt + completion`, i.e. what a server's logprobs must match."""
+
+    def __init__(self, model_dir: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_dir = model_dir
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self._adapted: dict[Path, object] = {}
+
+    def logprobs(self, prompt_ids: list[int], token_ids: list[int], adapter: Path | None = None) -> list[float]:
+        """The logprob of each of `token_ids` given the prompt and the tokens before it."""
+        import torch
+
+        model = self.base if adapter is None else self._adapter_model(adapter)
+        ids = torch.tensor([prompt_ids + token_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0].float()  # type: ignore[operator]
+        logprobs = torch.log_softmax(logits, dim=-1)[len(prompt_ids) - 1 : -1]
+        return logprobs.gather(1, torch.tensor(token_ids).unsqueeze(1)).squeeze(1).tolist()
+
+    def _adapter_model(self, adapter: Path) -> object:
+        if adapter not in self._adapted:
+            import torch
+            from peft import PeftModel
+            from transformers import AutoModelForCausalLM
+
+            base = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+            self._adapted[adapter] = PeftModel.from_pretrained(base, str(adapter)).eval()
+        return self._adapted[adapter]
+
+
+@pytest.fixture(scope="session")
+def reference_forward(tiny_model_dir: Path) -> ReferenceForward:
+    return ReferenceForward(tiny_model_dir)

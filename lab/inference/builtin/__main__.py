@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         run_server(settings, host=args.host, port=args.port)
     except KeyboardInterrupt:
         pass
+    except Exception as error:  # startup failures: a model that does not load, a bad adapter
+        logging.getLogger("lab.inference.builtin").debug("startup failed", exc_info=True)
+        print(f"Error: the built-in server could not start: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

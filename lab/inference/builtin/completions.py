@@ -6,15 +6,17 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab.inference.builtin.adapters import ModelRegistry, ServedModel
-from lab.inference.builtin.engine import GenerationEngine
 from lab.inference.builtin.errors import APIError
 from lab.inference.builtin.prompts import PromptCodec
 from lab.inference.builtin.sampling import SamplingParams
 from lab.inference.builtin.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from lab.inference.builtin.sequences import Choice, GenerationRequest
+
+if TYPE_CHECKING:
+    from lab.inference.builtin.engine import GenerationEngine
 
 
 @dataclass(frozen=True)

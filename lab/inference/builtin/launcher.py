@@ -1,0 +1,111 @@
+"""Start the built-in server as its own process (what the RL launcher, `prime eval` and the tests call).
+
+No torch here: the server process imports it, this one does not.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from lab.inference.builtin.server import BuiltinServerSettings
+from lab.inference.process import ServerProcess, free_port
+from lab.inference.vllm import RuntimeAdapters
+from lab.paths import lab_home
+
+DEFAULT_STARTUP_TIMEOUT_S = 180.0
+
+
+def builtin_argv(settings: BuiltinServerSettings, port: int, host: str = "127.0.0.1") -> list[str]:
+    argv = [
+        sys.executable, "-m", "lab.inference.builtin",
+        "--model", str(settings.model),
+        "--served-model-name", settings.model_name,
+        "--host", host,
+        "--port", str(port),
+        "--dtype", settings.dtype,
+        "--max-batch-rows", str(settings.max_batch_rows),
+    ]  # fmt: skip
+    if settings.device:
+        argv += ["--device", settings.device]
+    if settings.max_model_len:
+        argv += ["--max-model-len", str(settings.max_model_len)]
+    for name, path in settings.adapters.items():
+        argv += ["--adapter", f"{name}={path}"]
+    return argv
+
+
+@dataclass
+class BuiltinServer:
+    """A running built-in server. `adapters` loads/replaces/unloads LoRA adapters through the HTTP routes."""
+
+    process: ServerProcess
+    model_path: Path
+    model_name: str
+    settings: BuiltinServerSettings
+    adapters: RuntimeAdapters = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.adapters = RuntimeAdapters(self.root_url)
+
+    @property
+    def base_url(self) -> str:
+        return self.process.base_url
+
+    @property
+    def root_url(self) -> str:
+        return self.process.root_url
+
+    @property
+    def port(self) -> int:
+        return self.process.port
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
+
+    def stop(self) -> int | None:
+        code = self.process.stop(grace=10.0)
+        self.adapters.discard_copies()
+        return code
+
+    def __enter__(self) -> BuiltinServer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def start_builtin_server(
+    settings: BuiltinServerSettings,
+    *,
+    port: int | None = None,
+    log_path: Path | None = None,
+    timeout: float = DEFAULT_STARTUP_TIMEOUT_S,
+) -> BuiltinServer:
+    """Start the built-in server for `settings` and wait until `/health` answers.
+
+    Raises lab.inference.process.ServerStartError (with the tail of the server's log) when it exits or is not
+    ready within `timeout` seconds.
+    """
+    model = Path(settings.model)
+    if not (model / "config.json").is_file():
+        raise FileNotFoundError(f"{model} is not a model folder (no config.json); resolve the model first")
+    port = port or free_port()
+    process = ServerProcess(
+        builtin_argv(settings, port),
+        port=port,
+        log_path=log_path or lab_home() / "logs" / f"builtin-{port}.log",
+        name="built-in server",
+    )
+    process.start()
+    try:
+        process.wait_ready(timeout=timeout)
+    except BaseException:
+        process.stop()
+        raise
+    return BuiltinServer(process=process, model_path=model, model_name=settings.model_name, settings=settings)
