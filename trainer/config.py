@@ -199,7 +199,10 @@ class InferenceConfig(Section):
 
 class TrainerConfig(Section):
     micro_batch_size: int = Field(default=8, ge=1, description="Samples per forward/backward pass.")
-    max_seq_len: int = Field(default=2048, ge=1, description="Longest prompt + completion trained on.")
+    max_seq_len: int | None = Field(
+        default=None, ge=1,
+        description="Longest prompt + completion trained on (default: the model's context length; Hosted sets it "
+                    "per cluster, so configs from there run unchanged).")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     max_grad_norm: float = Field(default=1.0, gt=0.0)
@@ -296,7 +299,7 @@ def _check_sampling(ctx: CheckContext) -> None:
         ctx.problem(("sampling", "reasoning_effort"),
                     "enable_thinking and reasoning_effort cannot both be set: keep the one your model supports")
     max_tokens = _int(ctx.get(("sampling", "max_tokens")))
-    seq_len = _int(ctx.get(("trainer", "max_seq_len"), TrainerConfig.model_fields["max_seq_len"].default))
+    seq_len = _int(ctx.get(("trainer", "max_seq_len")))  # checked only when set: Hosted configs never set it
     if max_tokens is not None and seq_len is not None and max_tokens >= seq_len:
         ctx.problem(("sampling", "max_tokens"), f"max_tokens ({max_tokens}) must be less than [trainer].max_seq_len "
                     f"({seq_len}), which also holds the prompt")
