@@ -15,8 +15,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 LOG_TAIL_LINES = 40
 
@@ -157,5 +159,41 @@ class ServerProcess:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+@dataclass
+class RunningServer:
+    """A started OpenAI-compatible server: where it answers and what it serves. Engines' handles extend it."""
+
+    process: ServerProcess
+    model_path: Path
+    model_name: str
+
+    @property
+    def base_url(self) -> str:
+        return self.process.base_url
+
+    @property
+    def root_url(self) -> str:
+        return self.process.root_url
+
+    @property
+    def port(self) -> int:
+        return self.process.port
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
+
+    def stop(self) -> int | None:
+        return self.process.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.stop()

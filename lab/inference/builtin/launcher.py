@@ -8,10 +8,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 from lab.inference.builtin.server import BuiltinServerSettings
-from lab.inference.process import ServerProcess, free_port
+from lab.inference.process import RunningServer, ServerProcess, free_port
 from lab.inference.vllm import RuntimeAdapters
 from lab.paths import lab_home
 
@@ -38,46 +37,19 @@ def builtin_argv(settings: BuiltinServerSettings, port: int, host: str = "127.0.
 
 
 @dataclass
-class BuiltinServer:
+class BuiltinServer(RunningServer):
     """A running built-in server. `adapters` loads/replaces/unloads LoRA adapters through the HTTP routes."""
 
-    process: ServerProcess
-    model_path: Path
-    model_name: str
     settings: BuiltinServerSettings
     adapters: RuntimeAdapters = field(init=False)
 
     def __post_init__(self) -> None:
         self.adapters = RuntimeAdapters(self.root_url)
 
-    @property
-    def base_url(self) -> str:
-        return self.process.base_url
-
-    @property
-    def root_url(self) -> str:
-        return self.process.root_url
-
-    @property
-    def port(self) -> int:
-        return self.process.port
-
-    @property
-    def log_path(self) -> Path:
-        return self.process.log_path
-
     def stop(self) -> int | None:
         code = self.process.stop(grace=10.0)
         self.adapters.discard_copies()
         return code
-
-    def __enter__(self) -> BuiltinServer:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 def start_builtin_server(
