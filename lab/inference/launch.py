@@ -1,70 +1,33 @@
-"""Start a sampler for a job (evaluation, RL, GEPA): the built-in server or vLLM, as its own process.
+"""Start a sampler for a job (evaluation, RL, GEPA): the built-in server or vLLM, each as its own process.
 
-Both engines answer the same protocol; `SamplerHandle` carries what a client needs (base URL, the served model
-name) and stops the process. The served name is read back from `/v1/models`, so callers never guess it.
+Both engines answer the same protocol and return a `RunningServer` (base URL, served model name, stop()).
 """
 
 from __future__ import annotations
 
-import json
-import sys
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
-from lab.inference.process import ServerProcess, free_port
+from lab.inference.process import RunningServer
 
-
-class _Stoppable(Protocol):
-    def stop(self) -> Any: ...
+LOCAL_BACKENDS = ("builtin", "vllm")
 
 
-@dataclass
-class SamplerHandle:
-    backend: str
-    base_url: str
-    model_name: str
-    process: _Stoppable
-    pid: int | None = None
+def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name: str | None = None,
+                  timeout: float = 600.0, max_lora_rank: int = 16) -> RunningServer:
+    """Start `backend` on `model_path` and wait until it is ready.
 
-    def stop(self) -> None:
-        self.process.stop()
-
-
-def served_models(base_url: str, timeout: float = 10.0) -> list[str]:
-    with urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=timeout) as response:
-        data = json.loads(response.read())
-    return [m["id"] for m in data.get("data", [])]
-
-
-def builtin_argv(model_path: Path, port: int, dtype: str = "float32", extra: list[str] | None = None) -> list[str]:
-    return [sys.executable, "-m", "lab.inference.builtin", "--model", str(model_path), "--port", str(port),
-            "--dtype", dtype, *(extra or [])]
-
-
-def start_sampler(backend: str, model_path: Path, log_path: Path, *, timeout: float = 600.0,
-                  dtype: str = "float32", max_lora_rank: int = 16) -> SamplerHandle:
-    """Start `backend` ("builtin" or "vllm") on `model_path`, wait until ready, return its handle.
-
-    Raises lab.inference.process.ServerStartError (with the log tail) when it does not come up.
+    Raises lab.inference.process.ServerStartError (with the server log's tail) when it does not come up, and
+    lab.inference.vllm.VLLMNotInstalledError for vLLM where it is not installed.
     """
     if backend == "vllm":
         from lab.inference.vllm import VLLMSettings, start_vllm
 
-        server = start_vllm(VLLMSettings(model=model_path, max_lora_rank=max_lora_rank), log_path=log_path,
-                            timeout=timeout)
-        return SamplerHandle("vllm", server.base_url, served_models(server.base_url)[0], server,
-                             server.process.pid)
-    if backend != "builtin":
-        raise ValueError(f"cannot start backend {backend!r} (use builtin or vllm)")
-    port = free_port()
-    process = ServerProcess(builtin_argv(model_path, port, dtype), port=port, log_path=log_path,
-                            name="built-in server")
-    process.start()
-    try:
-        process.wait_ready(timeout=timeout)
-    except BaseException:
-        process.stop()
-        raise
-    return SamplerHandle("builtin", process.base_url, served_models(process.base_url)[0], process, process.pid)
+        return start_vllm(VLLMSettings(model=model_path, served_model_name=served_name, max_lora_rank=max_lora_rank),
+                          log_path=log_path, timeout=timeout)
+    if backend == "builtin":
+        from lab.inference.builtin.launcher import start_builtin_server
+        from lab.inference.builtin.server import BuiltinServerSettings
+
+        return start_builtin_server(BuiltinServerSettings(model=model_path, served_model_name=served_name),
+                                    log_path=log_path, timeout=timeout)
+    raise ValueError(f"cannot start backend {backend!r}: use one of {', '.join(LOCAL_BACKENDS)}")

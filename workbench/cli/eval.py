@@ -114,6 +114,7 @@ def _evaluate(environment: Any, env_id: str, model_name: str, settings: dict[str
 
     from lab.evaluation import EvalSpec, default_output_dir, run_evaluation
     from lab.inference.process import ServerStartError
+    from lab.inference.vllm import VLLMNotInstalledError
     from lab.runs import RunRegistry
 
     run = RunRegistry().create("eval", config_text=json.dumps(settings, indent=2), resolved=settings,
@@ -154,7 +155,7 @@ def _evaluate(environment: Any, env_id: str, model_name: str, settings: dict[str
         run.set_state("stopped", source="eval", reason="stopped by the user")
         err(f"{run.id} stopped; results so far are in {out}")
         raise typer.Exit(1) from None
-    except ServerStartError as exc:
+    except (ServerStartError, VLLMNotInstalledError) as exc:
         run.set_state("failed", source="eval", reason=f"the sampler did not start: {exc}")
         fail(f"the local sampler did not start:\n{exc}")
     except KeyboardInterrupt:
@@ -184,8 +185,10 @@ def _start_local(model_name: str, run: Any, backend: str) -> Any:
         run.set_state("failed", source="eval", reason=str(exc))
         fail(str(exc))
     err(f"Starting the {backend} sampler on {path} ...")
-    sampler = start_sampler(backend, path, run.log_path("inference"))
-    run.register_process("inference", sampler.pid or 0)
+    sampler = start_sampler(backend, path, run.log_path("inference"),
+                            served_name=None if Path(model_name).exists() else model_name)
+    if sampler.process.pid:
+        run.register_process("inference", sampler.process.pid)
     return sampler
 
 
