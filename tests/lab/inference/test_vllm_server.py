@@ -26,10 +26,12 @@ def client(server: VLLMServer) -> openai.OpenAI:
 
 def greedy_logprobs(server: VLLMServer, model: str, messages: list[dict[str, str]] = PROMPT) -> list[float]:
     response = client(server).chat.completions.create(
-        model=model, messages=messages,  # type: ignore[arg-type] max_tokens=6, temperature=0, logprobs=True, extra_body={"ignore_eos": True}
+        model=model, messages=messages,  # type: ignore[arg-type]
+        max_tokens=6, temperature=0, logprobs=True, extra_body={"ignore_eos": True},
     )
-    content = response.choices[0].logprobs.content  # type: ignore[union-attr]
-    return [entry.logprob for entry in content or []]
+    logprobs = response.choices[0].logprobs
+    assert logprobs is not None and logprobs.content, "logprobs were requested"
+    return [entry.logprob for entry in logprobs.content]
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,13 @@ def process_group_members(pgid: int) -> list[int]:
 
 
 def port_is_free(port: int) -> bool:
+    """Nothing listens on the port, and a new server can bind it (as servers do, with SO_REUSEADDR, since the
+    closed connections may linger in TIME_WAIT)."""
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            return False
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
