@@ -11,6 +11,7 @@ from lab.runs import RunError
 from workbench.cli.common import UserError, join_at_args
 from workbench.cli.eval import eval_app
 from workbench.cli.rl import rl_app
+from workbench.cli.serve import serve
 
 app = typer.Typer(
     name="prime",
@@ -37,6 +38,7 @@ def _root(
 app.add_typer(rl_app, name="rl", help="Reinforcement learning: configs and runs (same as `prime train`).")
 app.add_typer(rl_app, name="train", help="Reinforcement learning: configs and runs (same as `prime rl`).")
 app.add_typer(eval_app, name="eval", help="Evaluate models on environments (vf-eval's flags).")
+app.command("serve")(serve)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -58,9 +58,15 @@ def first_error_field(error: ValidationError) -> str | None:
     return ".".join(str(part) for part in problems[0]["loc"]) if problems and problems[0]["loc"] else None
 
 
-def create_app(service: CompletionService, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+def create_app(
+    service: CompletionService,
+    on_startup: Callable[[], None] | None = None,
+    on_shutdown: Callable[[], None] | None = None,
+) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if on_startup is not None:
+            on_startup()
         yield
         if on_shutdown is not None:
             on_shutdown()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,13 +100,18 @@ def build_service(settings: BuiltinServerSettings) -> CompletionService:
     )
 
 
-def run_server(settings: BuiltinServerSettings, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Serve until interrupted (SIGINT/SIGTERM stop uvicorn, then the engine)."""
+def run_server(
+    settings: BuiltinServerSettings,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM stop uvicorn, then the engine). `on_ready` runs once it serves."""
     import uvicorn
 
     from lab.inference.builtin.app import create_app
 
     service = build_service(settings)
-    app = create_app(service, on_shutdown=service.engine.stop)
+    app = create_app(service, on_startup=on_ready, on_shutdown=service.engine.stop)
     log.info("serving %s on http://%s:%d/v1", settings.model_name, host, port)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)

@@ -224,3 +224,26 @@ def test_server_process_stops_its_process_group(tmp_path: Path) -> None:
             sleeper.wait_ready(timeout=1)
     assert sleeper.poll() is not None
     assert sleeper.stop() == sleeper.poll()
+
+
+def test_prime_serve_runs_the_builtin_server_in_the_foreground(tiny_model_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    prime = [sys.executable, "-c", "from workbench.cli.app import main; main()"]
+    serve = ServerProcess([*prime, "serve", str(tiny_model_dir), "--port", str(port)], port=port,
+                          log_path=tmp_path / "serve.log", name="prime serve")  # fmt: skip
+    with serve.start():
+        serve.wait_ready(timeout=120)
+        models = openai.OpenAI(base_url=serve.base_url, api_key="unused").models.list()
+        assert [m.id for m in models.data] == [tiny_model_dir.name]
+    assert f"http://127.0.0.1:{port}/v1" in (tmp_path / "serve.log").read_text()
+
+
+def test_prime_serve_explains_a_missing_model_without_a_traceback(tmp_path: Path) -> None:
+    import subprocess
+
+    prime = [sys.executable, "-c", "from workbench.cli.app import main; main()"]
+    result = subprocess.run([*prime, "serve", "no-such-model-anywhere", "--port", str(free_port())],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.startswith("Error: model 'no-such-model-anywhere' is not a preset")
+    assert "Traceback" not in result.stderr
