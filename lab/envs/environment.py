@@ -267,9 +267,8 @@ class MultiTurnEnv(Environment):
                 messages.append(assistant)
                 rollout.completion.append(assistant)
                 state["turn"] += 1
-                if turn.finish_reason == "length":
-                    rollout.is_truncated, rollout.stop_condition = True, "truncated"
-                    break
+                if turn.finish_reason == "length":  # this turn hit max_tokens; later turns still happen
+                    rollout.is_truncated = True
                 if await self.is_completed(messages, state):
                     rollout.stop_condition = state.get("stop_condition", "completed")
                     break

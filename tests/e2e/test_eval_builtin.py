@@ -64,3 +64,30 @@ def test_default_model_smollm2_evaluates_reverse_text(smollm2_dir: Path, tmp_pat
     rows = results(run.id)
     assert len(rows) == 4 and all(r["error"] is None for r in rows)
     assert any(r["reward"] > 0 for r in rows)  # the real model reverses at least a little
+
+
+def test_rollouts_keep_the_rl_fields_per_turn(builtin_server: Any) -> None:
+    """Multi-turn rollouts through the real server keep each turn's token ids and the sampler's logprobs."""
+    import asyncio
+
+    from openai import AsyncOpenAI
+
+    from lab.envs import EnvGroup, SamplingArgs, load_environment
+
+    group = EnvGroup([load_environment("alphabet-sort", min_turns=2, max_turns=2),
+                      load_environment("reverse-text")])
+    rows = group.get_eval_dataset()
+    picked = [next(r for r in rows if r["task"] == task) for task in ("alphabet-sort", "reverse-text")]
+    client = AsyncOpenAI(base_url=builtin_server.base_url, api_key="x", max_retries=0)
+    sampling = SamplingArgs(max_tokens=6, temperature=1.0, rl_fields=True)
+    multi, single = asyncio.run(group.run_rollouts(client, builtin_server.model_name, picked, sampling))
+    assert multi.task == "alphabet-sort" and len(multi.turns) == 2
+    assert single.task == "reverse-text" and len(single.turns) == 1
+    for turn in multi.turns + single.turns:
+        assert turn.prompt_token_ids and turn.completion_token_ids and turn.completion_logprobs
+        assert len(turn.completion_token_ids) == len(turn.completion_logprobs) <= 6
+        assert all(lp <= 0.0 for lp in turn.completion_logprobs)
+    # The second turn's prompt holds the first turn's prompt and completion, then the environment's message.
+    first, second = multi.turns
+    assert second.prompt_token_ids[: len(first.prompt_token_ids)] == first.prompt_token_ids
+    assert len(second.prompt_token_ids) > len(first.prompt_token_ids) + len(first.completion_token_ids)

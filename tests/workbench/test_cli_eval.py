@@ -87,3 +87,34 @@ def test_bad_arguments_are_clear(tmp_path: Path) -> None:
     assert bad_json.returncode == 1 and "-a/--env-args must be a JSON object" in bad_json.stderr
     unknown_model = prime("eval", "run", "reverse-text", "-m", "no-such-model-anywhere", cwd=tmp_path)
     assert unknown_model.returncode == 1 and "no-such-model-anywhere" in unknown_model.stderr
+
+
+def test_env_file_secrets_reach_the_environment_and_never_the_outputs(tmp_path: Path, lab_home: Path) -> None:
+    """A user environment that needs a key: missing -> clear error; given by --env-file -> works, value redacted."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "keyed_env.py").write_text(
+        "from lab.envs import Rubric, SingleTurnEnv, ensure_keys\n"
+        "import os\n"
+        "def load_environment():\n"
+        "    ensure_keys(['KEYED_ENV_API_KEY'])\n"
+        "    key = os.environ['KEYED_ENV_API_KEY']\n"
+        "    return SingleTurnEnv(dataset=[{'question': 'token ' + key, 'answer': key}],\n"
+        "                         rubric=Rubric([lambda completion, answer: 1.0]))\n")
+    (tmp_path / "secrets.env").write_text("KEYED_ENV_API_KEY=sk-keyed-0123456789\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(pkg)}
+    env.pop("KEYED_ENV_API_KEY", None)
+    missing = subprocess.run([PRIME, "eval", "run", "me/keyed-env", "-b", "http://127.0.0.1:9/v1", "-m", "m"],
+                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert missing.returncode == 1 and "KEYED_ENV_API_KEY" in missing.stderr and "Traceback" not in missing.stderr
+    with scripted_endpoint(["sure"] * 4) as ep:
+        proc = subprocess.run([PRIME, "eval", "run", "me/keyed-env", "-b", ep.base_url, "-m", "m", "-n", "1", "-r",
+                               "2", "--env-file", "secrets.env"], capture_output=True, text=True, cwd=tmp_path,
+                              env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert ep.requests[0]["messages"][-1]["content"] == "token sk-keyed-0123456789"  # the environment had it
+    [run] = RunRegistry().runs()
+    out = Path(run.status()["output_dir"])
+    for path in (out / "results.jsonl", out / "metadata.json", run.events_path):
+        assert "sk-keyed-0123456789" not in path.read_text(), path
+    assert "token ***" in (out / "results.jsonl").read_text()

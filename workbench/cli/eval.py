@@ -68,10 +68,11 @@ def run(
     output_dir: Path | None = typer.Option(None, "-o", "--output-dir",
                                            help="Where results go (default outputs/evals/<env>--<model>/<run>)."),
     backend: str = typer.Option("builtin", "--backend", help="Local sampler when no -b: builtin or vllm."),
+    env_file: list[Path] = typer.Option([], "--env-file", help="KEY=VALUE secrets for the environment (repeatable)."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Print each rollout's reward as it finishes."),
 ) -> None:
     """Evaluate MODEL on ENV: results.jsonl, metadata.json, and a difficulty report for RL."""
-    from lab.envs import EnvironmentLoadError, MissingKeyError, load_environment
+    from lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
 
     settings: dict[str, Any] = {"env": env, "model": model, "num_examples": num_examples, "rollouts": rollouts,
                                 "env_args": _json_arg(env_args, "-a/--env-args"),
@@ -85,6 +86,7 @@ def run(
     if backend not in ("builtin", "vllm"):
         fail("--backend must be builtin or vllm")
     try:
+        load_env_files(env_file)
         environment = load_environment(env_id, **settings["env_args"])
     except (EnvironmentLoadError, MissingKeyError) as exc:
         fail(str(exc))
