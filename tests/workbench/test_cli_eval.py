@@ -118,3 +118,11 @@ def test_env_file_secrets_reach_the_environment_and_never_the_outputs(tmp_path: 
     for path in (out / "results.jsonl", out / "metadata.json", run.events_path):
         assert "sk-keyed-0123456789" not in path.read_text(), path
     assert "token ***" in (out / "results.jsonl").read_text()
+
+
+def test_env_list_shows_builtins_with_args(tmp_path: Path) -> None:
+    proc = prime("env", "list", "-o", "json", cwd=tmp_path)
+    envs = {e["id"]: e for e in json.loads(proc.stdout)}
+    assert "primeintellect/wordle" in envs
+    args = {a["name"]: a["default"] for a in envs["primeintellect/alphabet-sort"]["args"]}
+    assert args["min_turns"] == 1 and args["max_turns"] == 3

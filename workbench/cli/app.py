@@ -9,6 +9,7 @@ import typer
 import lab
 from lab.runs import RunError
 from workbench.cli.common import UserError, join_at_args
+from workbench.cli.env import env_app
 from workbench.cli.eval import eval_app
 from workbench.cli.rl import rl_app
 from workbench.cli.serve import serve
@@ -38,6 +39,7 @@ def _root(
 app.add_typer(rl_app, name="rl", help="Reinforcement learning: configs and runs (same as `prime train`).")
 app.add_typer(rl_app, name="train", help="Reinforcement learning: configs and runs (same as `prime rl`).")
 app.add_typer(eval_app, name="eval", help="Evaluate models on environments (vf-eval's flags).")
+app.add_typer(env_app, name="env", help="Environments: the built-in ones and their arguments.")
 app.command("serve")(serve)
 
 
