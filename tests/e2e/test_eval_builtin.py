@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +55,37 @@ def test_eval_starts_and_stops_its_own_sampler(tiny_model_dir: Path, tmp_path: P
     assert len(results(run.id)) == 4
 
 
+@pytest.fixture(scope="module")
+def smollm2_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from lab.inference.launch import start_sampler
+
+    server = start_sampler("builtin", smollm2_dir, tmp_path_factory.mktemp("smollm2") / "server.log",
+                           served_name="smollm2-135m")
+    yield server
+    server.stop()
+
+
 @pytest.mark.slow
-def test_default_model_smollm2_evaluates_reverse_text(smollm2_dir: Path, tmp_path: Path, lab_home: Path) -> None:
-    proc = prime("eval", "run", "primeintellect/reverse-text", "-n", "2", "-r", "2", "-t", "24", cwd=tmp_path,
+@pytest.mark.parametrize("env", ENVS)
+def test_every_builtin_env_with_smollm2(env: str, smollm2_server: Any, tmp_path: Path, lab_home: Path) -> None:
+    proc = prime("eval", "run", env, "-b", smollm2_server.base_url, "-m", "smollm2-135m", "-n", "1", "-r", "2",
+                 "-t", "24", cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    [run] = RunRegistry().runs()
+    rows = results(run.id)
+    assert len(rows) == 2 and all(r["error"] is None for r in rows)
+    assert all(r["completion"][0]["content"].strip() for r in rows)  # the real model says something
+
+
+@pytest.mark.slow
+def test_default_model_is_smollm2_served_locally(smollm2_dir: Path, tmp_path: Path, lab_home: Path) -> None:
+    proc = prime("eval", "run", "primeintellect/reverse-text", "-n", "1", "-r", "2", "-t", "24", cwd=tmp_path,
                  timeout=900)
     assert proc.returncode == 0, proc.stderr
     [run] = RunRegistry().runs()
     assert run.status()["model"] == "smollm2-135m"
     rows = results(run.id)
-    assert len(rows) == 4 and all(r["error"] is None for r in rows)
+    assert len(rows) == 2 and all(r["error"] is None for r in rows)
     assert any(r["reward"] > 0 for r in rows)  # the real model reverses at least a little
 
 

@@ -54,6 +54,10 @@ def test_eval_writes_results_metadata_events_and_a_report(tmp_path: Path, lab_ho
     assert metadata["env_args"] == {"difficulty": "easy"} and metadata["avg_reward"] == 0.5
     assert metadata["difficulty"]["zero_variance_share"] == 0.0
     assert "ready for RL" in proc.stdout and "avg reward 0.500" in proc.stdout
+    listed = json.loads(prime("rl", "list", "-o", "json", cwd=tmp_path).stdout)
+    assert [(r["id"], r["kind"]) for r in listed] == [(run.id, "eval")]
+    assert "eval" in prime("rl", "list", cwd=tmp_path).stdout
+    assert json.loads(prime("rl", "list", "-k", "rl", "-o", "json", cwd=tmp_path).stdout) == []
     kinds = [e.kind for e in run.event_log().events()]
     assert kinds.count("eval") == 6 and "sample" in kinds
 

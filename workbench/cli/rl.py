@@ -69,18 +69,21 @@ def validate(
 def list_runs(
     output: OutputFormat = OUTPUT_OPTION,
     num: int = typer.Option(20, "-n", "--num", min=1, help="How many runs (newest first)."),
-    all_kinds: bool = typer.Option(False, "-a", "--all", help="Also list GEPA and eval runs."),
+    kind: str | None = typer.Option(None, "-k", "--kind", help="Only runs of this kind: rl, eval or gepa."),
 ) -> None:
-    """Local runs, newest first."""
-    from lab.runs import RunRegistry
+    """Local runs of every kind (RL, evaluations, GEPA), newest first."""
+    from lab.runs import KINDS, RunRegistry
 
-    runs = [r for r in RunRegistry().runs() if all_kinds or r.read_status().get("kind") == "rl"][:num]
+    if kind is not None and kind not in KINDS:
+        fail(f"unknown kind '{kind}': use one of {', '.join(KINDS)}")
+    runs = [r for r in RunRegistry().runs() if kind is None or r.read_status().get("kind") == kind][:num]
     statuses = [r.status() for r in runs]
     if output is OutputFormat.json:
         print_json(statuses)
         return
     if not statuses:
-        err("No runs yet. Start one with `prime rl run @configs/rl/reverse-text.toml`.")
+        err("No runs yet. Evaluate with `prime eval run reverse-text`, or validate an RL config with "
+            "`prime rl validate @configs/rl/reverse-text.toml`.")
         return
     runs_table(statuses)
 
