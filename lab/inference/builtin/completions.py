@@ -60,7 +60,10 @@ class CompletionService:
             "usage": usage(len(prompt_ids), choices),
             "prompt_logprobs": None,
             "prompt_token_ids": prompt_ids if body.return_token_ids else None,
+            "prompt_text": None,
             "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
 
     async def complete(self, body: CompletionRequest) -> dict[str, Any]:
@@ -104,6 +107,8 @@ class CompletionService:
             "system_fingerprint": None,
             "usage": usage(sum(len(ids) for ids in prompt_ids), completion_choices),
             "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
 
     def sampling_params(
@@ -182,6 +187,7 @@ class CompletionService:
             "finish_reason": choice.finish_reason,
             "stop_reason": choice.stop_reason,
             "token_ids": choice.token_ids if body.return_token_ids else None,
+            "routed_experts": None,
         }
 
     def _text_choice(
@@ -215,6 +221,7 @@ class CompletionService:
             "token_ids": choice.token_ids if body.return_token_ids else None,
             "prompt_logprobs": None,
             "prompt_token_ids": prompt_ids if body.return_token_ids else None,
+            "routed_experts": None,
         }
 
 
@@ -231,6 +238,7 @@ def usage(prompt_tokens: int, choices: list[Choice]) -> dict[str, Any]:
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
 
 
@@ -244,4 +252,5 @@ def model_card(model: ServedModel, max_model_len: int) -> dict[str, Any]:
         "root": model.root,
         "parent": model.parent,
         "max_model_len": max_model_len,
+        "permission": [],
     }
