@@ -55,10 +55,14 @@ def rl_chat(server: RunningServer, model: str | None = None, **fields: Any) -> d
     return client_for(server).chat.completions.create(model=model or server.model_name, **request).model_dump()
 
 
+# Dicts keyed by data (token texts), not by field names.
+DATA_KEYED = {"choices[].logprobs.top_logprobs[]"}
+
+
 def key_paths(value: Any, prefix: str = "") -> set[str]:
     """Dotted paths of every key in a JSON value (list items merged as `[]`)."""
     paths: set[str] = set()
-    if isinstance(value, dict):
+    if isinstance(value, dict) and prefix not in DATA_KEYED:
         for key, item in value.items():
             path = f"{prefix}.{key}" if prefix else key
             paths |= {path} | key_paths(item, path)
