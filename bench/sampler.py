@@ -5,11 +5,13 @@
 For each engine, one after the other (so they never share the cores): start the server and time it until
 `/health` answers; send one warm-up request to the base model and one through the adapter; then for 1, 4 and 16
 concurrent chat requests of `--tokens` completion tokens each (`ignore_eos`, temperature 1, a different prompt per
-request), measure aggregate completion tokens/s (tokens from `usage`, wall time of the whole batch, `--rounds`
-batches each), first on the base model and then through a rank-8 LoRA adapter with random non-zero weights,
-loaded at runtime with vLLM's `/v1/load_lora_adapter`. Prints a table and the two ratios the goals need:
-built-in@16 via adapter / vLLM@16 via adapter (goal >= 1.5) and built-in@16 / built-in@1 (goal >= 5).
-Both servers serve float32 (what RL needs for its importance ratios).
+request), measure aggregate completion tokens/s (tokens from `usage`, wall time of the whole batch, one untimed
+batch and then `--rounds` timed batches each), first on the base model and then through a rank-8 LoRA adapter
+with random non-zero weights, loaded at runtime with vLLM's `/v1/load_lora_adapter`. Prints a table and the two
+ratios the goals need: built-in@16 via adapter / vLLM@16 via adapter (goal >= 1.5) and built-in@16 /
+built-in@1 (goal >= 5).
+Both servers serve float32 (what RL needs for its importance ratios). Other work on the machine skews the figures:
+the 1-minute load average while measuring is printed with them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -52,6 +55,7 @@ class EngineResult:
     engine: str
     seconds_to_ready: float
     first_request_s: float = 0.0
+    load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute load average before and after measuring
     tokens_per_s: dict[str, dict[int, float]] = field(default_factory=dict)  # model kind -> concurrency -> tok/s
 
 
@@ -74,9 +78,11 @@ async def one_batch(client: openai.AsyncOpenAI, model: str, concurrency: int, to
 
 
 async def measure(base_url: str, model: str, rounds: int, tokens: int) -> dict[int, float]:
+    """Tokens/s per concurrency level; one untimed batch first at each level (engines warm up per batch shape)."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", timeout=600, max_retries=0)
     rates: dict[int, float] = {}
     for concurrency in CONCURRENCY:
+        await one_batch(client, model, concurrency, tokens)
         total_tokens, total_seconds = 0, 0.0
         for _ in range(rounds):
             count, seconds = await one_batch(client, model, concurrency, tokens)
@@ -100,8 +106,10 @@ def bench_server(engine: str, base_url: str, root_url: str, model_name: str, rea
     result.first_request_s = warm_up(base_url, model_name)
     RuntimeAdapters(root_url).load(ADAPTER, adapter)
     warm_up(base_url, ADAPTER)
+    before = os.getloadavg()[0]
     result.tokens_per_s["base"] = asyncio.run(measure(base_url, model_name, rounds, tokens))
     result.tokens_per_s["adapter"] = asyncio.run(measure(base_url, ADAPTER, rounds, tokens))
+    result.load_average = (before, os.getloadavg()[0])
     return result
 
 
@@ -136,6 +144,9 @@ def print_table(results: list[EngineResult]) -> None:
         for kind, rates in result.tokens_per_s.items():
             print(f"{result.engine:<8} {kind:<8} {result.seconds_to_ready:>8.1f} {result.first_request_s:>9.1f} "
                   + " ".join(f"{rates[c]:>10.1f}" for c in CONCURRENCY))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    loads = ", ".join(f"{r.engine} {r.load_average[0]:.1f} -> {r.load_average[1]:.1f}" for r in results)
+    print(f"1-min load average while measuring ({cores} cores; each server alone loads them fully): {loads}")
     by_engine = {r.engine: r.tokens_per_s for r in results}
     if "builtin" in by_engine and "vllm" in by_engine:
         ratio = by_engine["builtin"]["adapter"][16] / by_engine["vllm"]["adapter"][16]

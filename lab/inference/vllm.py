@@ -22,11 +22,10 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 import httpx
 
-from lab.inference.process import ServerProcess, free_port
+from lab.inference.process import RunningServer, ServerProcess, free_port
 from lab.paths import lab_home
 
 VLLM_MODULE = "vllm"
@@ -134,46 +133,20 @@ def vllm_env(settings: VLLMSettings, *, on_gpu: bool) -> dict[str, str]:
 
 
 @dataclass
-class VLLMServer:
-    """A running vLLM server: where it answers and what it serves. Stop it with `stop()` or a `with` block."""
+class VLLMServer(RunningServer):
+    """A running vLLM server (`base_url`, `model_path`, `model_name`, `stop()`). `adapters` loads, replaces in
+    place and unloads LoRA adapters, each from a path the server has not seen under that name."""
 
-    process: ServerProcess
-    model_path: Path
-    model_name: str
     settings: VLLMSettings
     adapters: RuntimeAdapters = field(init=False)
 
     def __post_init__(self) -> None:
         self.adapters = RuntimeAdapters(self.root_url)
 
-    @property
-    def base_url(self) -> str:
-        return self.process.base_url
-
-    @property
-    def root_url(self) -> str:
-        return self.process.root_url
-
-    @property
-    def port(self) -> int:
-        return self.process.port
-
-    @property
-    def log_path(self) -> Path:
-        return self.process.log_path
-
     def stop(self) -> int | None:
-        code = self.process.stop(grace=30.0)
+        code = self.process.stop(grace=30.0)  # vLLM shuts its engine process down on SIGTERM; give it time
         self.adapters.discard_copies()
         return code
-
-    def __enter__(self) -> VLLMServer:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 def start_vllm(

@@ -37,5 +37,5 @@ def build_random_lora_adapter(
             elif "lora_A" in name:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) / parameter.shape[1] ** 0.5)
     dest.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(dest)
+    model.save_pretrained(str(dest))
     return dest

@@ -48,7 +48,7 @@ def build_smollm2(dest: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model remembers its quantizer; saving it as plain weights needs both references gone.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tokenizer.model_max_length = model.config.max_position_embeddings

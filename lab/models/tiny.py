@@ -102,7 +102,7 @@ def build_tiny_model(dest: Path, *, seed: int = 0, shape: TinyModelShape | None 
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config).to(torch.float32)
+        model = Qwen3ForCausalLM(config)  # float32: the config says so
     finally:
         torch.random.set_rng_state(generator_state)
     model.generation_config = GenerationConfig(
