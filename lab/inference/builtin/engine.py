@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from typing import Any
@@ -45,6 +46,7 @@ class GenerationEngine:
         *,
         max_batch_rows: int = 64,
         max_prefill_tokens: int = 8192,
+        gather_window_s: float = 0.02,
     ) -> None:
         self.codec = codec
         self.eos_token_ids = eos_token_ids
@@ -52,6 +54,7 @@ class GenerationEngine:
         self.device = device
         self.max_batch_rows = max_batch_rows
         self.max_prefill_tokens = max_prefill_tokens
+        self.gather_window_s = gather_window_s
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._waiting: deque[PendingRequest] = deque()
         self._batch: DecodeBatch | None = None
@@ -94,14 +97,27 @@ class GenerationEngine:
         self._fail_all(EngineStoppedError("the server is shutting down"))
 
     def _collect(self, block: bool) -> bool:
-        """Move what arrived into the waiting line; False once asked to stop."""
+        """Move what arrived into the waiting line; False once asked to stop.
+
+        When idle, wait for the first request, then a moment (`gather_window_s`) for the ones sent with it, so
+        that concurrent requests start in one prefill instead of one by one.
+        """
         item = self._inbox.get() if block else self._next_nowait()
+        deadline = time.monotonic() + self.gather_window_s if block else 0.0
         while item is not None:
             if item is _STOP:
                 return False
             self._waiting.append(item)
             item = self._next_nowait()
+            if item is None and time.monotonic() < deadline:
+                item = self._next_until(deadline)
         return True
+
+    def _next_until(self, deadline: float) -> Any:
+        try:
+            return self._inbox.get(timeout=max(deadline - time.monotonic(), 0.0))
+        except queue.Empty:
+            return None
 
     def _next_nowait(self) -> Any:
         try:

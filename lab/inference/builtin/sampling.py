@@ -2,8 +2,8 @@
 
 Reported logprobs are vLLM's default (`logprobs_mode="raw_logprobs"`): the log-softmax of the model's raw logits,
 before temperature, top-k/top-p and banned tokens. Sampling itself uses the processed distribution. Tokens are
-drawn with the exponential race (argmax of p / E, E ~ Exp(1)), which lets rows with a request seed draw their
-noise from that request's own generator while the rest of the batch shares one call.
+drawn by inverting each row's CDF at one uniform number: one random draw per row (not per vocabulary entry), so
+rows with a request seed draw theirs from that request's own generator at no cost to the rest.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ class RowSampling:
     greedy: torch.Tensor
     generators: list[torch.Generator | None]
     all_greedy: bool
+    any_greedy: bool
+    all_unit_temperature: bool
     any_top_p: bool
     any_top_k: bool
     max_top_logprobs: int
@@ -66,6 +68,8 @@ class RowSampling:
             greedy=torch.tensor([p.greedy for p in params], device=device),
             generators=generators,
             all_greedy=all(p.greedy for p in params),
+            any_greedy=any(p.greedy for p in params),
+            all_unit_temperature=all(p.temperature == 1.0 for p in params),
             any_top_p=any(p.top_p < 1.0 and not p.greedy for p in params),
             any_top_k=any(p.top_k > 0 and not p.greedy for p in params),
             max_top_logprobs=max((p.top_logprobs for p in params if p.logprobs), default=0),
@@ -88,25 +92,34 @@ def sample(logits: torch.Tensor, rows: RowSampling, banned: torch.Tensor | None 
     raw_logprobs = torch.log_softmax(logits, dim=-1)
     if banned is not None:
         logits = logits.masked_fill(banned, float("-inf"))
-    greedy_tokens = logits.argmax(dim=-1)
     if rows.all_greedy:
-        tokens = greedy_tokens
+        tokens = logits.argmax(dim=-1)
     else:
-        scaled = logits / rows.temperature
+        scaled = logits if rows.all_unit_temperature else logits / rows.temperature
         if rows.any_top_k:
             scaled = _keep_top_k(scaled, rows.top_k)
         if rows.any_top_p:
             scaled = _keep_top_p(scaled, rows.top_p)
-        probs = torch.softmax(scaled, dim=-1)
-        noise = torch.empty_like(probs).exponential_()
-        for row in rows.seeded_rows:
-            noise[row].exponential_(generator=rows.generators[row])
-        tokens = torch.where(rows.greedy, greedy_tokens, (probs / noise).argmax(dim=-1))
+        tokens = _inverse_cdf_draw(torch.softmax(scaled, dim=-1), rows)
+        if rows.any_greedy:
+            tokens = torch.where(rows.greedy, logits.argmax(dim=-1), tokens)
     chosen = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
     top_ids = top_values = None
     if rows.max_top_logprobs > 0:
         top_values, top_ids = raw_logprobs.topk(rows.max_top_logprobs, dim=-1)
     return SampledTokens(tokens, chosen, top_ids, top_values)
+
+
+def _inverse_cdf_draw(probs: torch.Tensor, rows: RowSampling) -> torch.Tensor:
+    """One token per row: the first whose cumulative probability exceeds u * total, u ~ U[0, 1)."""
+    import torch
+
+    uniform = torch.rand((probs.shape[0], 1), device=probs.device)
+    for row in rows.seeded_rows:
+        uniform[row] = torch.rand(1, generator=rows.generators[row], device=probs.device)
+    cdf = probs.cumsum(dim=-1)
+    tokens = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).squeeze(1)
+    return tokens.clamp_(max=probs.shape[-1] - 1)
 
 
 def _keep_top_k(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:

@@ -74,8 +74,8 @@ def build_service(settings: BuiltinServerSettings) -> CompletionService:
 
     device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(settings.model)
-    module = AutoModelForCausalLM.from_pretrained(settings.model, dtype=torch_dtype(settings.dtype, device))
-    module = module.to(device).eval()
+    loaded: Any = AutoModelForCausalLM.from_pretrained(settings.model, dtype=torch_dtype(settings.dtype, device))
+    module = loaded.to(device).eval()
     module.requires_grad_(False)
     max_model_len = settings.max_model_len or min(
         int(getattr(module.config, "max_position_embeddings", DEFAULT_MAX_MODEL_LEN)), DEFAULT_MAX_MODEL_LEN
