@@ -1,17 +1,18 @@
 """Sampler throughput: the built-in server against vLLM, on smollm2-135m, base model and through a LoRA adapter.
 
-    .venv/bin/python bench/sampler.py [--engines builtin,vllm] [--rounds 2] [--tokens 64] [--json out.json]
+    .venv/bin/python bench/sampler.py [--engines builtin,vllm] [--rounds 3] [--tokens 64] [--json out.json]
 
-For each engine, one after the other (so they never share the cores): start the server and time it until
-`/health` answers; send one warm-up request to the base model and one through the adapter; then for 1, 4 and 16
-concurrent chat requests of `--tokens` completion tokens each (`ignore_eos`, temperature 1, a different prompt per
-request), measure aggregate completion tokens/s (tokens from `usage`, wall time of the whole batch, one untimed
-batch and then `--rounds` timed batches each), first on the base model and then through a rank-8 LoRA adapter
-with random non-zero weights, loaded at runtime with vLLM's `/v1/load_lora_adapter`. Prints a table and the two
-ratios the goals need: built-in@16 via adapter / vLLM@16 via adapter (goal >= 1.5) and built-in@16 /
-built-in@1 (goal >= 5).
-Both servers serve float32 (what RL needs for its importance ratios). Other work on the machine skews the figures:
-the 1-minute load average while measuring is printed with them.
+Starts each engine in turn and times it until `/health` answers (the first request's time is shown too), loads a
+rank-8 LoRA adapter with random non-zero weights into each through vLLM's `/v1/load_lora_adapter`, then for 1, 4
+and 16 concurrent chat requests of `--tokens` completion tokens each (`ignore_eos`, temperature 1, a different
+prompt per request) measures aggregate completion tokens/s: tokens from `usage` over the wall time of the whole
+batch, one untimed batch per engine and level first, then `--rounds` timed batches, base model and then through
+the adapter. Both servers stay up and the engines take turns batch by batch (only one generates at any moment),
+so other work on a shared machine slows both alike; the 1-minute load average is printed with the figures.
+Both serve float32 (what RL needs for its importance ratios).
+
+Prints a table and the two ratios the goals need: built-in@16 via adapter / vLLM@16 via adapter (goal >= 1.5)
+and built-in@16 / built-in@1 (goal >= 5).
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 import openai  # noqa: E402
 
-from lab.inference.process import ServerProcess, ServerStartError, free_port  # noqa: E402
+from lab.inference.builtin.launcher import BuiltinServer, start_builtin_server  # noqa: E402
+from lab.inference.builtin.server import BuiltinServerSettings  # noqa: E402
+from lab.inference.process import RunningServer, ServerStartError  # noqa: E402
 from lab.inference.vllm import (  # noqa: E402
     AdapterLoadError,
-    RuntimeAdapters,
     VLLMNotInstalledError,
+    VLLMServer,
     VLLMSettings,
     start_vllm,
 )
@@ -55,8 +58,19 @@ class EngineResult:
     engine: str
     seconds_to_ready: float
     first_request_s: float = 0.0
-    load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute load average before and after measuring
     tokens_per_s: dict[str, dict[int, float]] = field(default_factory=dict)  # model kind -> concurrency -> tok/s
+
+
+@dataclass
+class Engine:
+    """A started server under test, what it serves, and its running totals."""
+
+    server: RunningServer
+    result: EngineResult
+    totals: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)  # (kind, level) -> tokens, s
+
+    def model(self, kind: str) -> str:
+        return self.server.model_name if kind == "base" else ADAPTER
 
 
 async def one_batch(client: openai.AsyncOpenAI, model: str, concurrency: int, tokens: int) -> tuple[int, float]:
@@ -77,20 +91,25 @@ async def one_batch(client: openai.AsyncOpenAI, model: str, concurrency: int, to
     return sum(counts), time.perf_counter() - start
 
 
-async def measure(base_url: str, model: str, rounds: int, tokens: int) -> dict[int, float]:
-    """Tokens/s per concurrency level; one untimed batch first at each level (engines warm up per batch shape)."""
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", timeout=600, max_retries=0)
-    rates: dict[int, float] = {}
-    for concurrency in CONCURRENCY:
-        await one_batch(client, model, concurrency, tokens)
-        total_tokens, total_seconds = 0, 0.0
-        for _ in range(rounds):
-            count, seconds = await one_batch(client, model, concurrency, tokens)
-            total_tokens, total_seconds = total_tokens + count, total_seconds + seconds
-        rates[concurrency] = total_tokens / total_seconds
-        print(f"  {model} x{concurrency}: {rates[concurrency]:.1f} tokens/s", file=sys.stderr)
-    await client.close()
-    return rates
+async def measure_in_turns(engines: list[Engine], rounds: int, tokens: int) -> None:
+    """For each model kind and level: an untimed batch per engine, then `rounds` timed batches, engines in turn."""
+    clients = [openai.AsyncOpenAI(base_url=e.server.base_url, api_key="unused", timeout=600, max_retries=0)
+               for e in engines]
+    for kind in ("base", "adapter"):
+        for level in CONCURRENCY:
+            for engine, client in zip(engines, clients, strict=True):
+                await one_batch(client, engine.model(kind), level, tokens)
+            for _ in range(rounds):
+                for engine, client in zip(engines, clients, strict=True):
+                    count, seconds = await one_batch(client, engine.model(kind), level, tokens)
+                    done, spent = engine.totals.get((kind, level), (0, 0.0))
+                    engine.totals[(kind, level)] = (done + count, spent + seconds)
+            for engine in engines:
+                count, seconds = engine.totals[(kind, level)]
+                engine.result.tokens_per_s.setdefault(kind, {})[level] = count / seconds
+                print(f"  {engine.result.engine} {kind} x{level}: {count / seconds:.1f} tokens/s", file=sys.stderr)
+    for client in clients:
+        await client.close()
 
 
 def warm_up(base_url: str, model: str) -> float:
@@ -100,42 +119,43 @@ def warm_up(base_url: str, model: str) -> float:
     return time.perf_counter() - start
 
 
-def bench_server(engine: str, base_url: str, root_url: str, model_name: str, ready_s: float, adapter: Path,
-                 rounds: int, tokens: int) -> EngineResult:
-    result = EngineResult(engine, ready_s)
-    result.first_request_s = warm_up(base_url, model_name)
-    RuntimeAdapters(root_url).load(ADAPTER, adapter)
-    warm_up(base_url, ADAPTER)
-    before = os.getloadavg()[0]
-    result.tokens_per_s["base"] = asyncio.run(measure(base_url, model_name, rounds, tokens))
-    result.tokens_per_s["adapter"] = asyncio.run(measure(base_url, ADAPTER, rounds, tokens))
-    result.load_average = (before, os.getloadavg()[0])
-    return result
-
-
-def run_builtin(model: Path, adapter: Path, log_dir: Path, rounds: int, tokens: int) -> EngineResult:
-    port = free_port()
-    argv = [sys.executable, "-m", "lab.inference.builtin", "--model", str(model), "--port", str(port),
-            "--served-model-name", MODEL]
-    server = ServerProcess(argv, port=port, log_path=log_dir / "builtin.log", name="built-in server")
+def start_engine(name: str, model: Path, adapter: Path, log_dir: Path) -> Engine:
+    """Start one engine alone (nothing else generating), time it to ready and its first request, load the adapter."""
     start = time.perf_counter()
-    with server:
-        server.wait_ready(timeout=300)
-        ready = time.perf_counter() - start
-        print(f"built-in server ready in {ready:.1f} s", file=sys.stderr)
-        return bench_server("builtin", server.base_url, server.root_url, MODEL, ready, adapter, rounds, tokens)
+    server: BuiltinServer | VLLMServer
+    if name == "builtin":
+        settings = BuiltinServerSettings(model=model, served_model_name=MODEL)
+        server = start_builtin_server(settings, log_path=log_dir / "builtin.log", timeout=300)
+    else:
+        settings_vllm = VLLMSettings(model=model, served_model_name=MODEL, max_lora_rank=8, max_model_len=2048)
+        server = start_vllm(settings_vllm, log_path=log_dir / "vllm.log", timeout=600, on_gpu=False)
+    result = EngineResult(name, time.perf_counter() - start)
+    print(f"{name} ready in {result.seconds_to_ready:.1f} s", file=sys.stderr)
+    try:
+        result.first_request_s = warm_up(server.base_url, server.model_name)
+        server.adapters.load(ADAPTER, adapter)
+        warm_up(server.base_url, ADAPTER)
+    except BaseException:
+        server.stop()
+        raise
+    return Engine(server, result)
 
 
-def run_vllm(model: Path, adapter: Path, log_dir: Path, rounds: int, tokens: int) -> EngineResult:
-    settings = VLLMSettings(model=model, served_model_name=MODEL, max_lora_rank=8, max_model_len=2048)
-    start = time.perf_counter()
-    with start_vllm(settings, log_path=log_dir / "vllm.log", timeout=600, on_gpu=False) as server:
-        ready = time.perf_counter() - start
-        print(f"vLLM ready in {ready:.1f} s", file=sys.stderr)
-        return bench_server("vllm", server.base_url, server.root_url, MODEL, ready, adapter, rounds, tokens)
+def run_bench(names: list[str], model: Path, adapter: Path, log_dir: Path, rounds: int, tokens: int
+              ) -> tuple[list[EngineResult], tuple[float, float]]:
+    engines: list[Engine] = []
+    try:
+        for name in names:
+            engines.append(start_engine(name, model, adapter, log_dir))
+        before = os.getloadavg()[0]
+        asyncio.run(measure_in_turns(engines, rounds, tokens))
+        return [e.result for e in engines], (before, os.getloadavg()[0])
+    finally:
+        for engine in engines:
+            engine.server.stop()
 
 
-def print_table(results: list[EngineResult]) -> None:
+def print_table(results: list[EngineResult], load_average: tuple[float, float]) -> None:
     header = f"{'engine':<8} {'model':<8} {'ready s':>8} {'1st req s':>9} " + " ".join(
         f"{f'x{c} tok/s':>10}" for c in CONCURRENCY)
     print(header)
@@ -145,29 +165,28 @@ def print_table(results: list[EngineResult]) -> None:
             print(f"{result.engine:<8} {kind:<8} {result.seconds_to_ready:>8.1f} {result.first_request_s:>9.1f} "
                   + " ".join(f"{rates[c]:>10.1f}" for c in CONCURRENCY))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    loads = ", ".join(f"{r.engine} {r.load_average[0]:.1f} -> {r.load_average[1]:.1f}" for r in results)
-    print(f"1-min load average while measuring ({cores} cores; each server alone loads them fully): {loads}")
+    print(f"1-min load average while measuring: {load_average[0]:.1f} -> {load_average[1]:.1f} on {cores} cores "
+          "(the engine generating keeps them busy: about 2 is this benchmark alone)")
     by_engine = {r.engine: r.tokens_per_s for r in results}
     if "builtin" in by_engine and "vllm" in by_engine:
         ratio = by_engine["builtin"]["adapter"][16] / by_engine["vllm"]["adapter"][16]
-        print(f"built-in@16 via adapter / vLLM@16 via adapter: {ratio:.2f}  (goal >= 1.5: "
+        print(f"built-in@16 via adapter / vLLM@16 via adapter: {ratio:.3f}  (goal >= 1.5: "
               f"{'met' if ratio >= 1.5 else 'NOT met'})")
     if "builtin" in by_engine:
         for kind in ("base", "adapter"):
             ratio = by_engine["builtin"][kind][16] / by_engine["builtin"][kind][1]
-            print(f"built-in@16 / built-in@1 ({kind}): {ratio:.2f}  (goal >= 5: {'met' if ratio >= 5 else 'NOT met'})")
+            print(f"built-in@16 / built-in@1 ({kind}): {ratio:.3f}  (goal >= 5: {'met' if ratio >= 5 else 'NOT met'})")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engines", default="builtin,vllm", help="comma-separated: builtin, vllm")
-    parser.add_argument("--rounds", type=int, default=2, help="batches per concurrency level")
+    parser.add_argument("--rounds", type=int, default=3, help="timed batches per engine and concurrency level")
     parser.add_argument("--tokens", type=int, default=64, help="completion tokens per request")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
-    runners = {"builtin": run_builtin, "vllm": run_vllm}
     engines = [name.strip() for name in args.engines.split(",") if name.strip()]
-    unknown = [name for name in engines if name not in runners]
+    unknown = [name for name in engines if name not in ("builtin", "vllm")]
     if unknown:
         parser.error(f"unknown engine(s) {', '.join(unknown)}: use builtin, vllm")
     log_dir = Path(tempfile.gettempdir()) / "prime-lab-bench-logs"
@@ -175,16 +194,17 @@ def main() -> int:
         model = resolve_model(MODEL)
         with tempfile.TemporaryDirectory(prefix="prime-lab-bench-") as scratch:
             adapter = build_random_lora_adapter(model, Path(scratch) / "lora-r8", rank=8, seed=0)
-            results = [runners[name](model, adapter, log_dir, args.rounds, args.tokens) for name in engines]
+            results, load_average = run_bench(engines, model, adapter, log_dir, args.rounds, args.tokens)
     except (ModelNotFoundError, VLLMNotInstalledError, ServerStartError, AdapterLoadError) as exc:
         print(f"bench/sampler.py: {exc}", file=sys.stderr)
         return 1
     except (httpx.HTTPError, openai.APIError) as exc:
         print(f"bench/sampler.py: a request failed: {exc} (server logs: {log_dir})", file=sys.stderr)
         return 1
-    print_table(results)
+    print_table(results, load_average)
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+        args.json.write_text(json.dumps({"results": [asdict(r) for r in results], "load_average": load_average},
+                                        indent=2))
     return 0
 
 

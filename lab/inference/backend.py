@@ -14,11 +14,18 @@ from lab.inference.vllm import VLLMNotInstalledError, cuda_available, vllm_insta
 Backend = Literal["builtin", "vllm", "external"]
 BACKENDS = ("auto", "builtin", "vllm", "external")
 
-# Aggregate tokens/s, smollm2-135m, float32, 16 concurrent chat requests x 64 tokens through a rank-8 LoRA adapter,
-# on a 2-core x86 CPU (AVX-512, no GPU). Measured with:  .venv/bin/python bench/sampler.py
+# Measured with `.venv/bin/python bench/sampler.py` on a 2-core x86 CPU (AVX-512, no GPU), smollm2-135m, float32,
+# chat requests of 64 tokens, aggregate tokens/s (both servers up, engines taking turns batch by batch; the
+# machine was shared, 1-min load average 2.1 -> 4.1):
+#   engine   model     ready s  1st req s  x1 tok/s  x4 tok/s  x16 tok/s
+#   builtin  base          4.8        5.4      13.8      33.7       66.8
+#   builtin  adapter       4.8        5.4      14.0      30.6       70.2
+#   vllm     base         37.1        0.3      10.8      37.5       89.3
+#   vllm     adapter      37.1        0.3       4.0      11.7       43.5
+# An RL run samples through its LoRA adapter, so `auto` compares the x16-through-an-adapter column.
 CPU_BENCH_COMMAND = ".venv/bin/python bench/sampler.py"
-CPU_TOKENS_PER_S_16_VIA_ADAPTER: dict[Backend, float] = {"builtin": 0.0, "vllm": 64.8}
-CPU_SECONDS_TO_READY: dict[Backend, float] = {"builtin": 0.0, "vllm": 50.0}
+CPU_TOKENS_PER_S_16_VIA_ADAPTER: dict[Backend, float] = {"builtin": 70.2, "vllm": 43.5}
+CPU_SECONDS_TO_READY: dict[Backend, float] = {"builtin": 4.8, "vllm": 37.1}
 
 
 class BackendChoice(NamedTuple):
