@@ -111,8 +111,8 @@ def load_environment(
 
     def wordle_reward(completion: Messages, answer: str, parser: XMLParser) -> float:
         """1.0 if solved; else half the share of green letters in the best guess."""
-        guesses = [read_guess(str(m.get("content") or ""), parser) for m in completion if m.get("role") == "assistant"]
-        guesses = [g for g in guesses if g]
+        read = [read_guess(str(m.get("content") or ""), parser) for m in completion if m.get("role") == "assistant"]
+        guesses = [g for g in read if g]
         if answer in guesses:
             return 1.0
         greens = max((feedback(g, answer).count("G") for g in guesses), default=0)

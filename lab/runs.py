@@ -164,7 +164,8 @@ class Run:
     def register_process(self, role: str, pid: int, *, pgid: int | None = None) -> None:
         with self._status_lock():
             status = self.read_status()
-            processes = status.get("processes") if isinstance(status.get("processes"), dict) else {}
+            found = status.get("processes")
+            processes: dict[str, Any] = found if isinstance(found, dict) else {}
             processes[role] = {"pid": pid, "start_time": process_start_time(pid)}
             status["processes"] = processes
             if pgid is not None:
