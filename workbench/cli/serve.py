@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 from pathlib import Path
@@ -68,6 +69,17 @@ def serve(
         _serve_builtin(folder, name, host, port, adapters, dtype, max_model_len)
 
 
+def _interrupt_on(*signals: signal.Signals) -> None:
+    """Turn these signals into KeyboardInterrupt, so `prime serve` stops its server whether a person presses
+    Ctrl-C or a supervisor sends SIGTERM (and even where the shell started it with SIGINT ignored)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in signals:
+        signal.signal(sig, interrupt)
+
+
 def _announce(name: str, backend: str, host: str, port: int, adapters: dict[str, Path]) -> None:
     typer.echo(f"http://{host}:{port}/v1")
     served = ", ".join([name, *adapters])
@@ -111,10 +123,14 @@ def _serve_vllm(
         extra_args=extra,
     )
     err(f"Starting vLLM for {folder} (about a minute on a CPU) ...")
+    _interrupt_on(signal.SIGINT, signal.SIGTERM)
     try:
         server = start_vllm(settings)
     except (VLLMNotInstalledError, ServerStartError) as error:
         fail(str(error))
+    except KeyboardInterrupt:
+        err("Interrupted while vLLM was starting; it has been stopped.")
+        raise
     err(f"vLLM log: {server.log_path}")
     _announce(name, "vllm", host, port, adapters)
     try:
