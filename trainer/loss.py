@@ -1,0 +1,94 @@
+"""The policy-gradient loss, as one short function that reads like its equation.
+
+For completion token t of sample i, with trainer logprob l_it, sampler logprob s_it and group advantage A_i:
+
+    ratio_it   = exp(l_it - s_it)                                  (importance ratio, sampler -> trainer)
+    token_mask = loss_mask_it and ratio_low <= ratio_it <= ratio_high   (extreme ratios are masked, not clipped)
+    loss       = - sum_it token_mask_it * ratio_it * A_i  /  sum_it loss_mask_it
+
+normalised by the number of completion tokens in the batch (token-level, as DAPO / prime-rl), so long and short
+completions weigh the same per token. On-policy (ratio = 1) its gradient is the plain policy gradient
+-A_i * grad l_it, the same as TRL's GRPO loss with loss_type="dapo" and no reward scaling.
+
+Optional KL penalty to a reference model (k3 estimator, always >= 0): beta * mean_t(exp(r - l) - (r - l) - 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # differentiable scalar
+    mismatch_kl: float  # k3 KL between sampler and trainer over loss tokens (policy/kl)
+    masked_fraction: float  # share of loss tokens masked for an extreme ratio
+    ref_kl: float | None = None  # k3 KL to the reference model (policy/ref_kl), when a penalty is on
+
+
+def k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 KL estimator per token: exp(x) - x - 1 with x = log(q/p); non-negative, unbiased."""
+    return log_ratio.exp() - log_ratio - 1
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    ratio_low: float = 0.125,
+    ratio_high: float = 8.0,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_beta: float = 0.0,
+    num_loss_tokens: int | None = None,
+) -> LossOutput:
+    """Shapes: logprobs, sampler_logprobs, loss_mask, ref_logprobs [batch, seq]; advantages [batch].
+
+    `num_loss_tokens` is the normaliser when a batch is split into micro-batches (the whole batch's count, so the
+    micro-batch losses add up to the batch loss); by default this batch's own count.
+    """
+    import torch
+
+    loss_mask = loss_mask.to(logprobs.dtype)
+    denominator = float(num_loss_tokens) if num_loss_tokens is not None else float(loss_mask.sum().clamp(min=1))
+    log_ratio = logprobs - sampler_logprobs
+    ratio = torch.exp(log_ratio)
+    within = ((ratio >= ratio_low) & (ratio <= ratio_high)).to(logprobs.dtype)
+    token_mask = loss_mask * within
+    loss = -(token_mask * ratio * advantages[:, None]).sum() / denominator
+    ref_kl = None
+    if ref_logprobs is not None and kl_beta > 0:
+        ref_k3 = k3(ref_logprobs - logprobs)
+        loss = loss + kl_beta * (ref_k3 * loss_mask).sum() / denominator
+        ref_kl = float((ref_k3.detach() * loss_mask).sum() / loss_mask.sum().clamp(min=1))
+    with torch.no_grad():
+        tokens = loss_mask.sum().clamp(min=1)
+        mismatch = float((k3(-log_ratio) * loss_mask).sum() / tokens)
+        masked = float((loss_mask * (1 - within)).sum() / tokens)
+    return LossOutput(loss=loss, mismatch_kl=mismatch, masked_fraction=masked, ref_kl=ref_kl)
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the next-token distribution at each position: [batch, seq, vocab] -> [batch, seq]."""
+    import torch
+
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def group_advantages(rewards: list[float], group_size: int, std_normalize: bool = False) -> list[float]:
+    """Reward minus its group's mean (optionally divided by the group's std), groups of `group_size` in order."""
+    if group_size < 1 or len(rewards) % group_size:
+        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
+    out: list[float] = []
+    for start in range(0, len(rewards), group_size):
+        group = rewards[start : start + group_size]
+        mean = sum(group) / len(group)
+        std = (sum((r - mean) ** 2 for r in group) / len(group)) ** 0.5
+        out += [(r - mean) / (std + 1e-6) if std_normalize else r - mean for r in group]
+    return out
