@@ -1,0 +1,122 @@
+"""GEPA over an environment: each candidate's `system_prompt` replaces the rows' system message, the
+environment's rollouts run concurrently against an OpenAI-compatible endpoint, and the rubric's reward is the score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gepa.adapter import Candidate, EvaluationBatch, ReflectiveDataset
+from gepa.reflection import parse_proposal, reflection_prompt
+from lab.envs import Environment, Rollout, SamplingArgs
+
+SYSTEM_PROMPT = "system_prompt"
+
+
+@dataclass
+class Endpoint:
+    """An OpenAI-compatible model: where it is and the name it serves."""
+
+    base_url: str
+    model: str
+    api_key: str = "EMPTY"
+    timeout: float = 600.0
+
+
+def with_system_prompt(row: dict[str, Any], system_prompt: str) -> dict[str, Any]:
+    """The row with its system message replaced by (or, without one, preceded by) `system_prompt`."""
+    prompt = [dict(m) for m in row["prompt"]]
+    if prompt and prompt[0].get("role") == "system":
+        prompt[0]["content"] = system_prompt
+    elif system_prompt:
+        prompt.insert(0, {"role": "system", "content": system_prompt})
+    return {**row, "prompt": prompt}
+
+
+def _text(messages: Any) -> str:
+    if isinstance(messages, str):
+        return messages
+    return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages or [])
+
+
+@dataclass
+class EnvironmentAdapter:
+    env: Environment
+    task_model: Endpoint
+    reflection_model: Endpoint
+    sampling: SamplingArgs = field(default_factory=SamplingArgs)
+    max_concurrent: int = 32
+    state_columns: list[str] = field(default_factory=list)
+    reflection_max_tokens: int = 1024
+    on_rollout: Any = None  # optional callable(Rollout) -> None, e.g. for a progress display
+
+    def __post_init__(self) -> None:
+        self._runner = asyncio.Runner()
+        self._task_client: Any = None
+        self._reflection_client: Any = None
+
+    def close(self) -> None:
+        async def close_clients() -> None:
+            for client in (self._task_client, self._reflection_client):
+                if client is not None:
+                    await client.close()
+        self._runner.run(close_clients())
+        self._runner.close()
+
+    def _client(self, endpoint: Endpoint) -> Any:
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key or "EMPTY", max_retries=1,
+                           timeout=endpoint.timeout)
+
+    # Adapter interface --------------------------------------------------------------------------------------
+    def evaluate(self, batch: Sequence[dict[str, Any]], candidate: Candidate,
+                 capture_traces: bool) -> EvaluationBatch:
+        rows = [with_system_prompt(r, candidate[SYSTEM_PROMPT]) for r in batch]
+        rollouts = self._runner.run(self._rollouts(rows))
+        return EvaluationBatch(scores=[r.reward for r in rollouts], outputs=rollouts,
+                               trajectories=[self._trace(r) for r in rollouts] if capture_traces else None)
+
+    async def _rollouts(self, rows: list[dict[str, Any]]) -> list[Rollout]:
+        if self._task_client is None:
+            self._task_client = self._client(self.task_model)
+        return await self.env.run_rollouts(self._task_client, self.task_model.model, rows, self.sampling,
+                                           max_concurrent=self.max_concurrent, on_rollout=self.on_rollout)
+
+    def _trace(self, rollout: Rollout) -> dict[str, Any]:
+        inputs = [m for m in rollout.prompt if m.get("role") != "system"]
+        record: dict[str, Any] = {"Inputs": _text(inputs), "Generated Outputs": _text(rollout.completion),
+                                  "Reward": round(rollout.reward, 4)}
+        if rollout.answer not in ("", None):
+            record["Expected answer"] = rollout.answer
+        if rollout.metrics and len(rollout.metrics) > 1:
+            record["Reward parts"] = {k: round(v, 4) for k, v in rollout.metrics.items()}
+        if rollout.error:
+            record["Error"] = rollout.error.splitlines()[-1][:500]
+        for column in self.state_columns:
+            if column in rollout.state:
+                value = rollout.state[column]
+                record[column] = value if isinstance(value, str) else json.dumps(value, default=str)
+        return record
+
+    def make_reflective_dataset(self, candidate: Candidate, evaluation: EvaluationBatch,
+                                components: Sequence[str]) -> ReflectiveDataset:
+        records = list(evaluation.trajectories or [])
+        return {name: records for name in components}
+
+    def propose_new_texts(self, candidate: Candidate, dataset: ReflectiveDataset,
+                          components: Sequence[str]) -> dict[str, str]:
+        return {name: self._runner.run(self._propose(name, candidate[name], dataset[name])) for name in components}
+
+    async def _propose(self, component: str, current: str, records: list[dict[str, Any]]) -> str:
+        if self._reflection_client is None:
+            self._reflection_client = self._client(self.reflection_model)
+        response = await self._reflection_client.chat.completions.create(
+            model=self.reflection_model.model, max_tokens=self.reflection_max_tokens,
+            messages=[{"role": "user", "content": reflection_prompt(component, current, records)}])
+        reply = response.choices[0].message.content if response.choices else ""
+        return parse_proposal(reply or "", current)

@@ -1,0 +1,134 @@
+"""One GEPA run: load the environment, split its data, search through the engine, stream `gepa.*` events into
+the run's event log, write the outputs (also when interrupted) and, with a test split, score seed and best on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gepa.data_split import split_rows
+from gepa.engine import EngineConfig, GepaEngine
+from gepa.env_adapter import SYSTEM_PROMPT, Endpoint, EnvironmentAdapter
+from gepa.outputs import STATE_FILE, write_outputs
+from gepa.state import GepaState
+from lab.envs import Environment, SamplingArgs, load_environment
+from lab.runs import Run
+
+OnEvent = Callable[[str, dict[str, Any]], None]
+SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "stop", "seed"}
+
+
+@dataclass
+class GepaSettings:
+    """Everything that defines a search (saved as the run's resolved config; `--resume` reads it back)."""
+
+    env_id: str
+    env_args: dict[str, Any] = field(default_factory=dict)
+    model: str = "smollm2-135m"
+    reflection_model: str | None = None
+    num_train: int = 100
+    num_val: int = 50
+    num_test: int = 0
+    max_metric_calls: int = 500
+    minibatch_size: int = 3
+    perfect_score: float | None = None
+    state_columns: list[str] = field(default_factory=list)
+    seed: int = 0
+    max_concurrent: int = 32
+    use_merge: bool = False
+    max_merge_invocations: int = 5
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+    def metadata_config(self) -> dict[str, Any]:
+        """The `config` block of metadata.json."""
+        keys = ("env_id", "env_args", "model", "reflection_model", "num_train", "num_val", "max_metric_calls",
+                "minibatch_size", "perfect_score", "state_columns", "seed")
+        data = {k: getattr(self, k) for k in keys}
+        data["reflection_model"] = self.reflection_model or self.model
+        return data
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GepaSettings:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def sampling_args(self) -> SamplingArgs:
+        args = SamplingArgs(**{k: v for k, v in self.sampling.items() if k in SAMPLING_KEYS})
+        args.extra_body = {k: v for k, v in self.sampling.items() if k not in SAMPLING_KEYS}
+        return args
+
+
+@dataclass
+class GepaOutcome:
+    state: GepaState
+    metadata: dict[str, Any]
+    output_dir: Path
+    test: dict[str, float] | None = None
+
+
+def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_dir: Path, *,
+             run: Run | None = None, env: Environment | None = None, on_event: OnEvent | None = None,
+             max_iterations: int | None = None) -> GepaOutcome:
+    """Search (or resume the search saved in `out_dir`); on any exception the state and outputs so far are
+    written before it propagates."""
+    env = env or load_environment(settings.env_id, **settings.env_args)
+    train, val, test = split_rows(env, settings.num_train, settings.num_val, settings.num_test, settings.seed)
+    if not train or not val:
+        raise ValueError(f"{settings.env_id} gave {len(train)} training and {len(val)} validation rows; "
+                         "GEPA needs at least one of each")
+    adapter = EnvironmentAdapter(env, task, reflection, sampling=settings.sampling_args(),
+                                 max_concurrent=settings.max_concurrent, state_columns=settings.state_columns)
+    writer = run.writer("gepa") if run is not None else None
+    log = open(run.log_path("gepa"), "a") if run is not None else None  # noqa: SIM115 - closed in finally
+
+    def emit(kind: str, data: dict[str, Any], step: int) -> None:
+        if writer is not None:
+            writer.emit(kind, data, step=step)
+        if log is not None and kind == "gepa.iteration":
+            log.write(f"{time.strftime('%H:%M:%S')} iteration {data['iteration']} {data['type']}: "
+                      f"{data['verdict']}  calls {data['metric_calls']}  best {data['best_score']:.4f}\n")
+            log.flush()
+        if run is not None and kind == "gepa.iteration":
+            run.update_status(step=data["iteration"], best_score=data["best_score"],
+                              metric_calls=data["metric_calls"])
+        if on_event is not None:
+            on_event(kind, data)
+
+    config = EngineConfig(max_metric_calls=settings.max_metric_calls, minibatch_size=settings.minibatch_size,
+                          perfect_score=settings.perfect_score, seed=settings.seed, use_merge=settings.use_merge,
+                          max_merge_invocations=settings.max_merge_invocations, max_iterations=max_iterations)
+    engine = GepaEngine(adapter, train, val, {SYSTEM_PROMPT: env.system_prompt or ""}, config,
+                        state_path=out_dir / STATE_FILE, emit=emit)
+    completed = False
+    try:
+        state = engine.run()
+        completed = True
+        test_scores = _score_test(adapter, state, test) if test else None
+        extra = {"num_test": len(test), "test": test_scores} if test_scores else {}
+        metadata = write_outputs(out_dir, state, settings.metadata_config(), completed=True, extra=extra)
+        return GepaOutcome(state, metadata, out_dir, test_scores)
+    finally:
+        if not completed:
+            saved = out_dir / STATE_FILE
+            if saved.exists():
+                write_outputs(out_dir, GepaState.load(saved), settings.metadata_config(), completed=False)
+        adapter.close()
+        if writer is not None:
+            writer.close()
+        if log is not None:
+            log.close()
+
+
+def _score_test(adapter: EnvironmentAdapter, state: GepaState, test: list[dict[str, Any]]) -> dict[str, float]:
+    """The seed's and the best candidate's mean score on rows the search never saw (not counted in the budget)."""
+    seed = adapter.evaluate(test, state.candidates[0], False).scores
+    best_idx = state.best_idx
+    best = seed if best_idx == 0 else adapter.evaluate(test, state.candidates[best_idx], False).scores
+    return {"seed": sum(seed) / len(seed), "best": sum(best) / len(best)}
