@@ -58,12 +58,12 @@ class GepaEngine:
         self.rng = random.Random(config.seed)
         self.state = GepaState()
         self.budget = MetricBudget(config.max_metric_calls)
-        self._checkpoint: dict[str, Any] | None = None
         if state_path is not None and state_path.exists():
             self.state = GepaState.load(state_path)
-            self.state.restore_rng(self.rng)
+            if self.state.rng_state is not None:
+                self.state.restore_rng(self.rng)
             self.budget.used = self.state.metric_calls
-            self._checkpoint = self.state.to_json()
+        self._checkpoint: dict[str, Any] = self.state.to_json()
 
     # ------------------------------------------------------------------------------------------------------
     def run(self) -> GepaState:
@@ -85,7 +85,7 @@ class GepaEngine:
 
     def save_interrupted(self) -> None:
         """Save the last finished iteration's state, counting every metric call spent since (never re-spent)."""
-        if self.state_path is None or self._checkpoint is None:
+        if self.state_path is None:
             return
         snapshot = GepaState.from_json(dict(self._checkpoint))
         snapshot.metric_calls = self.budget.used

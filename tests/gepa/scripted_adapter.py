@@ -1,0 +1,40 @@
+"""A deterministic adapter for engine tests: a candidate's score on a row depends only on its text and the row,
+and the 'reflection' appends a marker derived from what it was shown. Counts every metric call it serves."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from gepa.adapter import Candidate, EvaluationBatch, ReflectiveDataset
+
+
+def score_of(text: str, row: int) -> float:
+    """Deterministic pseudo-score in [0, 1]; longer prompts tend to score higher (so the search makes progress)."""
+    digest = hashlib.sha256(f"{text}|{row}".encode()).digest()
+    return min(1.0, digest[0] / 255 * 0.6 + 0.05 * text.count("+"))
+
+
+class ScriptedAdapter:
+    def __init__(self, fail_after_calls: int | None = None) -> None:
+        self.calls = 0
+        self.evaluations: list[int] = []
+        self.fail_after_calls = fail_after_calls
+
+    def evaluate(self, batch: Sequence[Any], candidate: Candidate, capture_traces: bool) -> EvaluationBatch:
+        if self.fail_after_calls is not None and self.calls + len(batch) > self.fail_after_calls:
+            raise KeyboardInterrupt
+        self.calls += len(batch)
+        self.evaluations.append(len(batch))
+        scores = [score_of(candidate["system_prompt"], int(row)) for row in batch]
+        traces = [{"row": row, "score": s} for row, s in zip(batch, scores, strict=True)] if capture_traces else None
+        return EvaluationBatch(scores=scores, outputs=list(batch), trajectories=traces)
+
+    def make_reflective_dataset(self, candidate: Candidate, evaluation: EvaluationBatch,
+                                components: Sequence[str]) -> ReflectiveDataset:
+        return {c: list(evaluation.trajectories or []) for c in components}
+
+    def propose_new_texts(self, candidate: Candidate, dataset: ReflectiveDataset,
+                          components: Sequence[str]) -> dict[str, str]:
+        return {c: candidate[c] + "+" + str(sum(int(r["row"]) for r in dataset[c])) for c in components}
