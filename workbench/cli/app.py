@@ -11,6 +11,8 @@ from lab.runs import RunError
 from workbench.cli.common import UserError, join_at_args
 from workbench.cli.env import env_app
 from workbench.cli.eval import eval_app
+from workbench.cli.gepa import gepa_app
+from workbench.cli.lab import lab as lab_command
 from workbench.cli.rl import rl_app
 from workbench.cli.serve import serve
 
@@ -39,8 +41,10 @@ def _root(
 app.add_typer(rl_app, name="rl", help="Reinforcement learning: configs and runs (same as `prime train`).")
 app.add_typer(rl_app, name="train", help="Reinforcement learning: configs and runs (same as `prime rl`).")
 app.add_typer(eval_app, name="eval", help="Evaluate models on environments (vf-eval's flags).")
+app.add_typer(gepa_app, name="gepa", help="GEPA prompt optimization (headless; the same events as the TUI).")
 app.add_typer(env_app, name="env", help="Environments: the built-in ones and their arguments.")
 app.command("serve")(serve)
+app.command("lab")(lab_command)
 
 
 def main(argv: list[str] | None = None) -> None:

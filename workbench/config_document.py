@@ -1,0 +1,229 @@
+"""One config file as ONE tomlkit document: the form and the TOML view both edit it.
+
+tomlkit keeps comments, key order and formatting, so changing one value in the form changes one line of the file.
+Validation uses the same problems collector as the CLI (`lab.problems`), picked by the config's kind.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import tomlkit
+from pydantic import BaseModel
+from tomlkit.exceptions import TOMLKitError
+from tomlkit.items import AoT, Table
+
+from lab.problems import KeyPath, Problem, Validation, validate_toml
+
+ConfigKind = Literal["rl", "gepa", "eval"]
+Validator = Callable[[str, "str | None"], Validation[Any]]
+
+
+def _validate_rl(text: str, file: str | None) -> Validation[Any]:
+    from trainer.config import validate_rl_config
+
+    return validate_rl_config(text, file)
+
+
+def _validate_eval(text: str, file: str | None) -> Validation[Any]:
+    from lab.evaluation import EvalFileConfig
+
+    return validate_toml(text, EvalFileConfig, file=file)
+
+
+def gepa_validator() -> Validator | None:
+    """HOOK for GEPA configs: `gepa.config.validate_gepa_config(text, file)` once that module exists."""
+    try:
+        module = importlib.import_module("gepa.config")
+    except ImportError:
+        return None
+    func = getattr(module, "validate_gepa_config", None)
+    return func if callable(func) else None
+
+
+def gepa_schema() -> type[BaseModel] | None:
+    """HOOK: the GEPA schema class (`gepa.config.GEPAConfig`) for the form, once it exists."""
+    try:
+        module = importlib.import_module("gepa.config")
+    except ImportError:
+        return None
+    for name in ("GEPAConfig", "GepaConfig"):
+        model = getattr(module, name, None)
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            return model
+    return None
+
+
+def schema_for(kind: ConfigKind) -> type[BaseModel] | None:
+    if kind == "rl":
+        from trainer.config import RLConfig
+
+        return RLConfig
+    if kind == "eval":
+        from lab.evaluation import EvalFileConfig
+
+        return EvalFileConfig
+    return gepa_schema()
+
+
+def validator_for(kind: ConfigKind) -> Validator | None:
+    if kind == "rl":
+        return _validate_rl
+    if kind == "eval":
+        return _validate_eval
+    return gepa_validator()
+
+
+def detect_kind(path: Path, text: str) -> ConfigKind:
+    """GEPA when it sits under a `gepa` folder or has a [gepa] table; eval when it has one [env] and no max_steps."""
+    if "gepa" in path.parts or "[gepa" in text:
+        return "gepa"
+    if "eval" in path.parts or ("max_steps" not in text and "[[env]]" not in text and "[env]" in text):
+        return "eval"
+    return "rl"
+
+
+@dataclass
+class ConfigDocument:
+    """A config file's text, its tomlkit document (None while the text does not parse) and its problems."""
+
+    path: Path
+    kind: ConfigKind
+    text: str
+    saved_text: str
+    doc: tomlkit.TOMLDocument | None = None
+    problems: list[Problem] | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> ConfigDocument:
+        text = path.read_text(encoding="utf-8-sig")
+        document = cls(path=path, kind=detect_kind(path, text), text=text, saved_text=text)
+        document.set_text(text)
+        return document
+
+    @property
+    def dirty(self) -> bool:
+        return self.text != self.saved_text
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems or [] if p.severity == "error"]
+
+    def set_text(self, text: str) -> None:
+        """The TOML view changed: re-parse (keeping the last good document when it does not parse) and validate."""
+        self.text = text
+        try:
+            self.doc = tomlkit.parse(text)
+        except (TOMLKitError, ValueError):
+            pass
+        self.validate()
+
+    def validate(self) -> list[Problem]:
+        validator = validator_for(self.kind)
+        if validator is None:
+            self.problems = [Problem(key="", message="GEPA configs are not validated yet: gepa/config.py "
+                                     "(validate_gepa_config) does not exist", severity="note", file=str(self.path))]
+        else:
+            self.problems = validator(self.text, str(self.path)).problems
+        return self.problems
+
+    def get(self, path: KeyPath) -> Any:
+        """The value at `path` as plain Python, or None when absent."""
+        node: Any = self.doc
+        for part in path:
+            try:
+                node = node[part]
+            except (KeyError, IndexError, TypeError):
+                return None
+        return node.unwrap() if hasattr(node, "unwrap") else node
+
+    def set_value(self, path: KeyPath, value: Any) -> None:
+        """The form changed: set (or, with None, remove) one value; the text is re-rendered from the document."""
+        if self.doc is None:
+            return
+        *parents, key = path
+        node: Any = self.doc
+        for part in parents:
+            if isinstance(part, int):
+                node = node[part]
+            else:
+                if part not in node:
+                    if value is None:
+                        return
+                    node[part] = tomlkit.table()
+                node = node[part]
+        if value is None:
+            if key in node:
+                del node[key]
+        else:
+            node[key] = value
+        self._render()
+
+    def env_entries(self, key: str = "env") -> list[dict[str, Any]]:
+        value = self.get((key,))
+        if isinstance(value, dict):
+            return [value]
+        return [e for e in value or [] if isinstance(e, dict)]
+
+    def add_env(self, env_id: str, args: dict[str, Any] | None = None, key: str = "env") -> None:
+        if self.doc is None:
+            return
+        table = tomlkit.table()
+        table["id"] = env_id
+        if args:
+            inline = tomlkit.inline_table()
+            inline.update(args)
+            table["args"] = inline
+        current = self.doc.get(key)
+        if isinstance(current, AoT):
+            current.append(table)
+        elif isinstance(current, Table):  # a single [env] table becomes the first [[env]] entry
+            aot = tomlkit.aot()
+            aot.append(current)
+            aot.append(table)
+            self.doc[key] = aot
+        else:
+            aot = tomlkit.aot()
+            aot.append(table)
+            self.doc[key] = aot
+        self._render()
+
+    def remove_env(self, index: int, key: str = "env") -> None:
+        current = self.doc.get(key) if self.doc is not None else None
+        if isinstance(current, AoT) and 0 <= index < len(current):
+            del current[index]
+            if not len(current):
+                del self.doc[key]  # type: ignore[union-attr]
+            self._render()
+
+    def move_env(self, index: int, offset: int, key: str = "env") -> int:
+        """Move entry `index` up (-1) or down (+1); returns its new index."""
+        current = self.doc.get(key) if self.doc is not None else None
+        target = index + offset
+        if not isinstance(current, AoT) or not (0 <= index < len(current) and 0 <= target < len(current)):
+            return index
+        tables = list(current.body)
+        tables[index], tables[target] = tables[target], tables[index]
+        aot = tomlkit.aot()
+        for table in tables:
+            aot.append(table)
+        self.doc[key] = aot  # type: ignore[index]
+        self._render()
+        return target
+
+    def _render(self) -> None:
+        assert self.doc is not None
+        self.text = self.doc.as_string()
+        self.validate()
+
+    def save(self) -> None:
+        self.path.write_text(self.text, encoding="utf-8")
+        self.saved_text = self.text
+
+    def problem_paths(self) -> set[str]:
+        """Dotted keys with an error (the form marks these fields)."""
+        return {p.key for p in self.errors if p.key}

@@ -1,0 +1,125 @@
+"""ONE launch path for the workbench: start the same detached process as the CLI command for the job.
+
+`prime eval run ...` today; `prime rl run @cfg --yes` and `prime gepa run @cfg` go through the same function once
+those commands exist. The child runs in its own session (`start_new_session=True`) with stdout/stderr in a log file,
+so closing the TUI never kills a run. The run it creates is found in the registry by the child's pid.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab.paths import lab_home
+from lab.runs import Run, RunRegistry
+
+CLI_BOOTSTRAP = "import sys; from workbench.cli import main; sys.argv[0] = 'prime'; main()"
+
+
+class LaunchError(Exception):
+    """A launch that could not start (shown to the user as a message, never a traceback)."""
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """What `prime eval run` needs: the environment, the model and how many rollouts."""
+
+    env_id: str
+    model: str | None = None
+    num_examples: int = 5
+    rollouts_per_example: int = 3
+    base_url: str | None = None
+    env_args_json: str | None = None
+    extra: tuple[str, ...] = field(default_factory=tuple)
+
+    def argv(self) -> list[str]:
+        args = ["eval", "run", self.env_id, "-n", str(self.num_examples), "-r", str(self.rollouts_per_example)]
+        if self.model:
+            args += ["-m", self.model]
+        if self.base_url:
+            args += ["-b", self.base_url]
+        if self.env_args_json:
+            args += ["-a", self.env_args_json]
+        return args + list(self.extra)
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A started CLI process: its pid, its log file and the command line it runs."""
+
+    pid: int
+    log_path: Path
+    argv: list[str]
+    process: subprocess.Popen[bytes]
+
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+
+def cli_has(group: str, command: str) -> bool:
+    """Whether `prime GROUP COMMAND` exists (RL and GEPA runs launch once their commands land)."""
+    from workbench.cli.app import app
+
+    for info in app.registered_groups:
+        if info.name == group and info.typer_instance is not None:
+            return any(c.name == command for c in info.typer_instance.registered_commands)
+    return False
+
+
+def config_argv(kind: str, path: Path) -> list[str]:
+    """The CLI command that launches a config file of this kind."""
+    at = f"@{path}"
+    if kind == "rl":
+        if not cli_has("rl", "run"):
+            raise LaunchError("RL runs launch with `prime rl run`, which does not exist yet")
+        return ["rl", "run", at, "--yes"]
+    if kind == "gepa":
+        if not cli_has("gepa", "run"):
+            raise LaunchError("GEPA runs launch with `prime gepa run`, which does not exist yet")
+        return ["gepa", "run", at]
+    return ["eval", "run", at]
+
+
+def launch(argv: list[str], *, cwd: Path | None = None, log_dir: Path | None = None) -> Launched:
+    """Start `prime ARGV` detached, its output in a log file. Returns at once."""
+    logs = log_dir or lab_home() / "launches"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6}.log"
+    command = [sys.executable, "-c", CLI_BOOTSTRAP, *argv]
+    with open(log_path, "ab") as log:
+        try:
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       cwd=cwd, start_new_session=True, env=os.environ.copy())
+        except OSError as exc:
+            raise LaunchError(f"could not start `prime {' '.join(argv)}`: {exc}") from exc
+    return Launched(process.pid, log_path, argv, process)
+
+
+def find_run(launched: Launched, registry: RunRegistry, *, timeout: float = 30.0, poll: float = 0.1) -> Run:
+    """The run the launched process registered (its pid is one of the run's processes). Blocks: call in a worker."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for run in registry.runs():
+            processes = run.read_status().get("processes") or {}
+            if any(isinstance(p, dict) and p.get("pid") == launched.pid for p in processes.values()):
+                return run
+        code = launched.exit_code()
+        if code is not None:
+            tail = _tail(launched.log_path)
+            raise LaunchError(f"`prime {' '.join(launched.argv)}` exited ({code}) before creating a run"
+                              + (f": {tail}" if tail else ""))
+        time.sleep(poll)
+    raise LaunchError(f"`prime {' '.join(launched.argv)}` created no run within {timeout:g} s "
+                      f"(its output: {launched.log_path})")
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " / ".join(text[-lines:])

@@ -1,0 +1,1 @@
+"""Screens of the `prime lab` workbench, one module each."""

@@ -1,0 +1,201 @@
+"""Home: the configs found here and the runs in the registry, with keys to open, edit, duplicate, launch, stop,
+delete and open a run."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+from textual import events
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header
+
+from lab.runs import ACTIVE_STATES
+from workbench.config_document import ConfigDocument
+from workbench.launch import LaunchError, config_argv
+from workbench.screens.confirm import ConfirmScreen
+from workbench.screens.launch_eval import LaunchEvalScreen
+from workbench.widgets.config_list import ConfigList
+from workbench.widgets.runs_table import RunsTable
+
+if TYPE_CHECKING:
+    from workbench.app import LabApp
+    from workbench.launch import EvalRequest
+
+CONFIG_ACTIONS = {"open", "edit", "duplicate", "launch"}
+RUN_ACTIONS = {"open", "stop", "delete"}
+
+
+def duplicate_path(path: Path) -> Path:
+    """`name-copy.toml`, `name-copy2.toml`, ... next to the original."""
+    stem = path.stem
+    candidate = path.with_name(f"{stem}-copy.toml")
+    number = 2
+    while candidate.exists():
+        candidate = path.with_name(f"{stem}-copy{number}.toml")
+        number += 1
+    return candidate
+
+
+class HomeScreen(Screen[None]):
+    BINDINGS = [
+        Binding("enter", "open", "Open", id="home.open", priority=True),
+        Binding("e", "edit", "Edit", id="home.edit"),
+        Binding("d", "duplicate", "Duplicate", id="home.duplicate"),
+        Binding("l", "launch", "Launch", id="home.launch"),
+        Binding("n", "new_eval", "Eval", id="home.new_eval"),
+        Binding("s", "stop", "Stop", id="home.stop"),
+        Binding("x,delete", "delete", "Delete", id="home.delete"),
+        Binding("r", "refresh", "Refresh", id="home.refresh"),
+    ]
+
+    @property
+    def lab(self) -> LabApp:
+        return cast("LabApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with Vertical(id="home"):
+            configs = ConfigList(self.lab.settings.root, id="configs")
+            configs.border_title = "Configs"
+            yield configs
+            runs = RunsTable(self.lab.registry, clock=self.lab.clock, id="runs")
+            runs.border_title = "Runs"
+            yield runs
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(ConfigList).focus()
+        self.set_interval(self.lab.settings.poll_interval * 4, self._refresh_runs)
+
+    def on_screen_resume(self) -> None:
+        self.action_refresh()
+
+    def _refresh_runs(self) -> None:
+        if self.is_current:
+            self.query_one(RunsTable).refresh_runs()
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        self.refresh_bindings()
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self.refresh_bindings()
+
+    # What works here: config keys on the config list, run keys on the runs table ---------------------------
+    def _pane(self) -> str:
+        focused = self.focused
+        return "runs" if isinstance(focused, RunsTable) else "configs"
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action not in CONFIG_ACTIONS | RUN_ACTIONS:
+            return True
+        if self._pane() == "runs":
+            return action in RUN_ACTIONS and self.query_one(RunsTable).selected_run() is not None
+        return action in CONFIG_ACTIONS and self.query_one(ConfigList).selected_config() is not None
+
+    def _config(self) -> Path | None:
+        return self.query_one(ConfigList).selected_config()
+
+    def _run_id(self) -> str | None:
+        return self.query_one(RunsTable).selected_run()
+
+    # Actions ------------------------------------------------------------------------------------------------
+    def action_open(self) -> None:
+        if self._pane() == "runs":
+            run_id = self._run_id()
+            if run_id:
+                self.lab.open_run(run_id)
+        elif (path := self._config()) is not None:
+            self.lab.open_config(path)
+
+    def action_edit(self) -> None:
+        if (path := self._config()) is not None:
+            self.lab.open_config(path, focus_toml=True)
+
+    def action_duplicate(self) -> None:
+        path = self._config()
+        if path is None:
+            return
+        target = duplicate_path(path)
+        try:
+            shutil.copyfile(path, target)
+        except OSError as exc:
+            self.lab.report(f"cannot duplicate {path.name}: {exc}")
+            return
+        self.query_one(ConfigList).refresh_configs(select=target)
+        self.notify(f"Duplicated as {target.name}")
+
+    def action_launch(self) -> None:
+        path = self._config()
+        if path is None:
+            return
+        try:
+            document = ConfigDocument.load(path)
+            if document.errors:
+                first = document.errors[0]
+                raise LaunchError(f"{path.name} has {len(document.errors)} problem(s), first: {first.format()}; "
+                                  "open it (enter) to fix")
+            self.lab.start_launch(config_argv(document.kind, path))
+        except (LaunchError, OSError) as exc:
+            self.lab.report(exc)
+
+    def action_new_eval(self) -> None:
+        env_id = model = None
+        path = self._config()
+        if path is not None and self._pane() == "configs":
+            try:
+                document = ConfigDocument.load(path)
+                envs = document.env_entries()
+                env_id = str(envs[0].get("id")) if envs else None
+                model = document.get(("model",))
+            except OSError:
+                pass
+
+        def launch(request: EvalRequest | None) -> None:
+            if request is not None:
+                self.lab.start_launch(request.argv())
+
+        self.app.push_screen(LaunchEvalScreen(env_id, model if isinstance(model, str) else None,
+                                              blink=self.lab.blink), launch)
+
+    def action_stop(self) -> None:
+        run_id = self._run_id()
+        if run_id is None:
+            return
+
+        def stop() -> None:
+            result = self.lab.registry.stop(run_id)
+            self.app.call_from_thread(self.notify, result.message)
+            self.app.call_from_thread(self.action_refresh)
+
+        self.run_worker(stop, thread=True, group="stop", exit_on_error=False)
+
+    def action_delete(self) -> None:
+        run_id = self._run_id()
+        if run_id is None:
+            return
+        state = self.lab.registry.get(run_id).state
+        active = state in ACTIVE_STATES
+        question = f"Delete run {run_id} ({state}) and its directory?" + (
+            "\nIt is still running: it will be stopped first." if active else "")
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(lambda: self._delete(run_id, active), thread=True, group="delete",
+                                exit_on_error=False)
+
+        self.app.push_screen(ConfirmScreen(question, yes="Delete"), answered)
+
+    def _delete(self, run_id: str, force: bool) -> None:
+        self.lab.registry.delete(run_id, force=force)
+        self.app.call_from_thread(self.notify, f"Deleted {run_id}")
+        self.app.call_from_thread(self.action_refresh)
+
+    def action_refresh(self) -> None:
+        self.query_one(ConfigList).refresh_configs()
+        self.query_one(RunsTable).refresh_runs()
+        self.refresh_bindings()

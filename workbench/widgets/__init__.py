@@ -1,0 +1,1 @@
+"""Widgets of the `prime lab` workbench, one module each."""

@@ -1,0 +1,50 @@
+"""The environment picker: built-in (and installed) environments with their arguments and defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from textual.message import Message
+from textual.widgets import OptionList
+from textual.widgets.option_list import Option
+
+from lab.envs import EnvInfo, builtin_environments
+
+
+@lru_cache(maxsize=1)
+def known_environments() -> tuple[EnvInfo, ...]:
+    return tuple(builtin_environments())
+
+
+def describe_args(info: EnvInfo) -> str:
+    if not info.args:
+        return "no arguments"
+    return ", ".join(a.name if a.required else f"{a.name}={a.default!r}" for a in info.args)
+
+
+class EnvPicker(OptionList):
+    """One option per environment: its id, first doc line and arguments."""
+
+    @dataclass
+    class Picked(Message):
+        env: EnvInfo
+
+    def __init__(self, id: str | None = None) -> None:
+        self.envs = known_environments()
+        options = [Option(f"{e.id}\n  {e.doc[:70]}\n  args: {describe_args(e)}", id=e.id) for e in self.envs]
+        super().__init__(*options, id=id, markup=False)
+
+    def highlighted_env(self) -> EnvInfo | None:
+        index = self.highlighted
+        return self.envs[index] if index is not None and index < len(self.envs) else None
+
+    def select_id(self, env_id: str) -> None:
+        for index, env in enumerate(self.envs):
+            if env.id == env_id or env.id.split("/")[-1] == env_id.split("/")[-1]:
+                self.highlighted = index
+                return
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.post_message(self.Picked(self.envs[event.option_index]))
