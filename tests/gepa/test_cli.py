@@ -1,0 +1,57 @@
+"""`prime gepa run` input errors (exit 1, no traceback), the configs in configs/gepa/, and a foreign `gepa`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gepa.config import validate_gepa_file
+from lab.envs import load_environment
+
+PRIME = str(Path(sys.executable).parent / "prime")
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "gepa").glob("*.toml"))
+
+
+def prime(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_gepa_config_validates_and_loads_its_environment(path: Path) -> None:
+    result = validate_gepa_file(path)
+    assert not result.problems, [p.format() for p in result.problems]
+    assert result.config is not None and result.config.model == "smollm2-135m"
+    assert load_environment(result.config.env.id, **result.config.env.args) is not None
+
+
+def test_config_problems_carry_lines_and_suggestions(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[env]\nid = "reverse-text"\n[gepa]\nmax_cals = 3\nnum_val = 0\n')
+    proc = prime("gepa", "run", f"@{bad}", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert f"{bad}:4: gepa.max_cals: unknown key (did you mean `max_calls`?)" in proc.stderr
+    assert f"{bad}:5: gepa.num_val" in proc.stderr
+
+
+def test_unknown_environment_and_bad_json_fail_cleanly(tmp_path: Path) -> None:
+    proc = prime("gepa", "run", "no-such-env", cwd=tmp_path)
+    assert proc.returncode == 1 and "no environment 'no-such-env'" in proc.stderr
+    proc = prime("gepa", "run", "reverse-text", "-a", "{not json", cwd=tmp_path)
+    assert proc.returncode == 1 and "-a/--env-args must be a JSON object" in proc.stderr
+    proc = prime("gepa", "run", "--resume", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 1 and "not a GEPA run directory" in proc.stderr
+
+
+def test_a_foreign_gepa_package_is_named_with_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "gepa").mkdir()
+    (tmp_path / "gepa" / "__init__.py").write_text("def optimize(): ...\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = prime("gepa", "run", "reverse-text", cwd=tmp_path, env=env)
+    assert proc.returncode == 1
+    assert "is not prime-lab's" in proc.stderr and "own virtual environment" in proc.stderr

@@ -1,0 +1,68 @@
+"""`prime gepa run` end to end through real HTTP: the built-in server with the tiny model is the task model, a
+deterministic stand-in (the scripted endpoint) is the reflection model. The outputs match the documented schema."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from lab.events import EventLog
+from lab.runs import Run
+from tests.lab.envs.scripted import scripted_endpoint
+
+PRIME = str(Path(sys.executable).parent / "prime")
+PROPOSALS = [f"```\nReverse the text character by character (attempt {i}). "
+             "Answer inside <reversed_text> tags.\n```" for i in range(40)]
+
+
+def prime(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def test_gepa_run_through_the_builtin_server(builtin_server: Any, tmp_path: Path) -> None:
+    with scripted_endpoint(list(PROPOSALS)) as reflection:
+        config = tmp_path / "gepa.toml"
+        config.write_text(f'model = "{builtin_server.model_name}"\nreflection_model = "stand-in"\n'
+                          f'base_url = "{builtin_server.base_url}"\nreflection_base_url = "{reflection.base_url}"\n'
+                          '[env]\nid = "reverse-text"\n[gepa]\nmax_calls = 30\nnum_train = 6\nnum_val = 4\n'
+                          'minibatch_size = 2\nseed = 1\n[sampling]\nmax_tokens = 8\ntemperature = 0.0\n')
+        run_dir = tmp_path / "runs" / "my-gepa"
+        proc = prime("gepa", "run", f"@{config}", "-o", str(run_dir), "--test", "3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "best prompt:" in proc.stdout and "test (3 held-out)" in proc.stdout
+    out = run_dir / "gepa"
+    meta = json.loads((out / "metadata.json").read_text())
+    assert set(meta) >= {"num_candidates", "best_idx", "best_score", "total_metric_calls", "completed_at", "config"}
+    assert meta["config"] == {"env_id": "reverse-text", "env_args": {}, "model": builtin_server.model_name,
+                              "reflection_model": "stand-in", "num_train": 6, "num_val": 4,
+                              "max_metric_calls": 30, "minibatch_size": 2, "perfect_score": None,
+                              "state_columns": [], "seed": 1}
+    assert 0 < meta["total_metric_calls"] <= 30 and meta["completed_at"]
+    rows = [json.loads(line) for line in (out / "pareto_frontier.jsonl").read_text().splitlines()]
+    assert [r["valset_row"] for r in rows] == [0, 1, 2, 3]
+    for row in rows:
+        assert row["num_best_prompts"] == len(row["best_prompts"]) >= 1
+        for best in row["best_prompts"]:
+            assert set(best) == {"candidate_idx", "system_prompt", "score"}
+            assert best["score"] == row["best_score"]
+    candidates = [json.loads(line) for line in (out / "candidates.jsonl").read_text().splitlines()]
+    assert len(candidates) == meta["num_candidates"]
+    best_text = candidates[meta["best_idx"]]["texts"]["system_prompt"]
+    assert (out / "best_prompt.txt").read_text() == best_text
+    # the reflection stand-in was asked with our prompt, showing the task model's real outputs
+    assert reflection.requests and "Generated Outputs" in reflection.requests[0]["messages"][0]["content"]
+    for accepted in candidates[1:]:
+        assert accepted["texts"]["system_prompt"].startswith("Reverse the text character by character (attempt")
+    run = Run(run_dir)
+    assert run.state == "completed"
+    kinds = {e.kind for e in EventLog(run.events_path).events()}
+    assert {"gepa.iteration", "gepa.candidate", "gepa.frontier", "gepa.budget"} <= kinds
+    # a finished run resumes to the same result without spending anything
+    again = prime("gepa", "run", "--resume", str(run_dir), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((out / "metadata.json").read_text())["total_metric_calls"] == meta["total_metric_calls"]
