@@ -41,6 +41,7 @@ class GepaSettings:
     max_concurrent: int = 32
     use_merge: bool = False
     max_merge_invocations: int = 5
+    reflection_max_tokens: int = 1024
     sampling: dict[str, Any] = field(default_factory=dict)
 
     def metadata_config(self) -> dict[str, Any]:
@@ -84,7 +85,8 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
         raise ValueError(f"{settings.env_id} gave {len(train)} training and {len(val)} validation rows; "
                          "GEPA needs at least one of each")
     adapter = EnvironmentAdapter(env, task, reflection, sampling=settings.sampling_args(),
-                                 max_concurrent=settings.max_concurrent, state_columns=settings.state_columns)
+                                 max_concurrent=settings.max_concurrent, state_columns=settings.state_columns,
+                                 reflection_max_tokens=settings.reflection_max_tokens)
     writer = run.writer("gepa") if run is not None else None
     log = open(run.log_path("gepa"), "a") if run is not None else None  # noqa: SIM115 - closed in finally
 

@@ -1,0 +1,183 @@
+"""GEPA: our engine vs the reference `gepa` package (PyPI, 0.1.4) on the same environment, models, budget and seed,
+through the same local built-in server. Prints wall-clock seconds, final validation score (of each engine's best
+candidate, on the same validation rows) and metric calls for both, and the speed ratio.
+
+The reference package shares our import name, so it lives in its own virtual environment (created here on first
+use, under $PRIME_LAB_HOME/cache/gepa-ref-venv) and runs in a subprocess; its adapter scores rollouts with the same
+environment code (ours, appended to its sys.path after its site-packages), concurrently like ours.
+
+    .venv/bin/python bench/gepa_vs_reference.py [--model smollm2-135m] [--budget 60] [--env reverse-text]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE_VERSION = "0.1.4"
+
+REFERENCE_SCRIPT = r'''
+import asyncio, json, sys, time
+sys.path.append(sys.argv[1])  # after site-packages: `gepa` is the reference package, `lab` is ours
+import gepa
+from gepa import EvaluationBatch
+from openai import AsyncOpenAI, OpenAI
+from lab.envs import SamplingArgs, load_environment
+from gepa_split import split  # written next to this script
+
+p = json.loads(sys.argv[2])
+env = load_environment(p["env_id"])
+train, val = split(env, p)
+sampling = SamplingArgs(**p["sampling"])
+
+def with_prompt(row, text):
+    prompt = [dict(m) for m in row["prompt"]]
+    if prompt and prompt[0]["role"] == "system":
+        prompt[0]["content"] = text
+    else:
+        prompt.insert(0, {"role": "system", "content": text})
+    return {**row, "prompt": prompt}
+
+class EnvAdapter:
+    propose_new_texts = None
+    def evaluate(self, batch, candidate, capture_traces=False):
+        rows = [with_prompt(r, candidate["system_prompt"]) for r in batch]
+        async def go():
+            client = AsyncOpenAI(base_url=p["base_url"], api_key="EMPTY")
+            try:
+                return await env.run_rollouts(client, p["model"], rows, sampling, max_concurrent=p["max_concurrent"])
+            finally:
+                await client.close()
+        rollouts = asyncio.run(go())
+        traces = [{"Inputs": r.prompt[-1]["content"], "Reward": r.reward, "Expected answer": r.answer,
+                   "Generated Outputs": (r.completion or [{}])[-1].get("content", "")}
+                  for r in rollouts] if capture_traces else None
+        return EvaluationBatch(outputs=rollouts, scores=[r.reward for r in rollouts], trajectories=traces)
+    def make_reflective_dataset(self, candidate, eval_batch, components_to_update):
+        return {c: eval_batch.trajectories for c in components_to_update}
+
+sync = OpenAI(base_url=p["base_url"], api_key="EMPTY")
+def reflection_lm(prompt):
+    r = sync.chat.completions.create(model=p["model"], messages=[{"role": "user", "content": prompt}],
+                                     max_tokens=p["reflection_max_tokens"], temperature=0.0)
+    return r.choices[0].message.content or ""
+
+start = time.perf_counter()
+result = gepa.optimize(seed_candidate={"system_prompt": env.system_prompt}, trainset=train, valset=val,
+                       adapter=EnvAdapter(), reflection_lm=reflection_lm, max_metric_calls=p["budget"],
+                       reflection_minibatch_size=p["minibatch_size"], skip_perfect_score=False, seed=p["seed"],
+                       raise_on_exception=True)
+seconds = time.perf_counter() - start
+print("RESULT " + json.dumps({"seconds": seconds, "best_score": result.val_aggregate_scores[result.best_idx],
+                              "metric_calls": result.total_metric_calls, "num_candidates": len(result.candidates),
+                              "best_prompt": result.best_candidate["system_prompt"]}))
+'''
+
+SPLIT_MODULE = r'''
+def split(env, p):
+    import json
+    key = lambda r: json.dumps(r["prompt"], sort_keys=True, default=str)
+    train = env.get_dataset(-1, seed=p["seed"])[:p["num_train"]]
+    seen = {key(r) for r in train}
+    rest = [r for r in env.get_eval_dataset(-1, seed=p["seed"] + 1) if key(r) not in seen]
+    return train, rest[:p["num_val"]]
+'''
+
+
+def reference_python() -> Path:
+    """The reference package's own virtual environment (made on first use)."""
+    home = Path(os.environ.get("PRIME_LAB_HOME", Path.home() / ".prime-lab"))
+    venv = home / "cache" / "gepa-ref-venv"
+    python = venv / "bin" / "python"
+    probe = [str(python), "-c", f"import importlib.metadata as m; assert m.version('gepa') == '{REFERENCE_VERSION}'"]
+    if python.exists() and subprocess.run(probe, capture_output=True, cwd="/").returncode == 0:
+        return python
+    print(f"installing gepa=={REFERENCE_VERSION} into {venv} ...", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", f"gepa=={REFERENCE_VERSION}", "openai", "pydantic"],
+                   check=True)
+    return python
+
+
+def run_reference(params: dict[str, Any]) -> dict[str, Any]:
+    python = reference_python()
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "reference_gepa.py"
+        script.write_text(REFERENCE_SCRIPT)
+        (Path(tmp) / "gepa_split.py").write_text(SPLIT_MODULE)
+        proc = subprocess.run([str(python), str(script), str(REPO), json.dumps(params)], capture_output=True,
+                              text=True, cwd=tmp)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"the reference run failed:\n{proc.stderr[-3000:]}")
+    return dict(json.loads(lines[-1].removeprefix("RESULT ")))
+
+
+def run_ours(params: dict[str, Any]) -> dict[str, Any]:
+    from gepa.env_adapter import Endpoint
+    from gepa.runner import GepaSettings, run_gepa
+
+    settings = GepaSettings(env_id=params["env_id"], model=params["model"], num_train=params["num_train"],
+                            num_val=params["num_val"], max_metric_calls=params["budget"],
+                            minibatch_size=params["minibatch_size"], seed=params["seed"],
+                            max_concurrent=params["max_concurrent"],
+                            reflection_max_tokens=params["reflection_max_tokens"], sampling=params["sampling"])
+    endpoint = Endpoint(params["base_url"], params["model"])
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        outcome = run_gepa(settings, endpoint, endpoint, Path(tmp))
+        seconds = time.perf_counter() - start
+    state = outcome.state
+    return {"seconds": seconds, "best_score": state.average(state.best_idx), "metric_calls": state.metric_calls,
+            "num_candidates": len(state.candidates), "best_prompt": state.candidates[state.best_idx]["system_prompt"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m", help="local preset or path, served by the built-in server")
+    parser.add_argument("--env", default="reverse-text")
+    parser.add_argument("--budget", type=int, default=60)
+    parser.add_argument("--num-train", type=int, default=20)
+    parser.add_argument("--num-val", type=int, default=10)
+    parser.add_argument("--minibatch-size", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--reflection-max-tokens", type=int, default=96)
+    args = parser.parse_args()
+
+    from lab.inference.launch import start_sampler
+    from lab.models import resolve_model
+
+    path = resolve_model(args.model)
+    log = Path(tempfile.mkdtemp()) / "server.log"
+    server = start_sampler("builtin", path, log, served_name=args.model)
+    try:
+        params: dict[str, Any] = {
+            "env_id": args.env, "model": server.model_name, "base_url": server.base_url, "budget": args.budget,
+            "num_train": args.num_train, "num_val": args.num_val, "minibatch_size": args.minibatch_size,
+            "seed": args.seed, "max_concurrent": 32, "reflection_max_tokens": args.reflection_max_tokens,
+            "sampling": {"max_tokens": args.max_tokens, "temperature": 0.0}}
+        ours = run_ours(params)
+        reference = run_reference(params)
+    finally:
+        server.stop()
+    print(f"env {args.env}  model {args.model}  budget {args.budget}  train {args.num_train}  val {args.num_val}  "
+          f"minibatch {args.minibatch_size}  seed {args.seed}")
+    for name, r in (("ours", ours), (f"gepa {REFERENCE_VERSION}", reference)):
+        print(f"{name:>11}: {r['seconds']:7.1f} s  best val score {r['best_score']:.4f}  "
+              f"metric calls {r['metric_calls']}  candidates {r['num_candidates']}")
+    ratio = reference["seconds"] / ours["seconds"]
+    print(f"speed ratio (reference / ours): {ratio:.2f}x  "
+          f"score: ours {ours['best_score']:.4f} vs {reference['best_score']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
