@@ -122,8 +122,20 @@ class FieldRow(Vertical):
         self.post_message(self.Edited(self.path, value))
 
     def on_input_changed(self, event: Input.Changed) -> None:
+        """Each keystroke edits the document, except emptying the field: that removes the key (and its comment)
+        only when the user leaves the field or presses enter, so retyping a value keeps its line."""
+        event.stop()
+        if event.value.strip():
+            self._edited(event.value, parse_value(self.spec, event.value))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         self._edited(event.value, parse_value(self.spec, event.value))
+
+    def on_descendant_blur(self) -> None:
+        control = self.query_one(".field-control")
+        if isinstance(control, Input) and not control.value.strip():
+            self._edited(control.value, None)
 
     def on_switch_changed(self, event: Switch.Changed) -> None:
         event.stop()

@@ -33,6 +33,8 @@ class ProblemsPanel(OptionList):
             key = f"{problem.key}: " if problem.key else ""
             hint = f" (did you mean `{problem.suggestion}`?)" if problem.suggestion else ""
             self.add_option(Option(f"{where} {mark} {key}{problem.message}{hint}"))
+        if problems:
+            self.highlighted = 0
         errors = sum(p.severity == "error" for p in problems)
         self.border_title = f"Problems ({errors} error{'s' if errors != 1 else ''})"
 
