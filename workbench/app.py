@@ -39,7 +39,6 @@ class LabApp(App[None]):
     CSS_PATH = [STYLES / "app.tcss", STYLES / "home.tcss", STYLES / "editor.tcss", STYLES / "run.tcss"]
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit"),
-        Binding("ctrl+p", "command_palette", "Commands", id="app.palette", show=True),
     ]
 
     def __init__(self, settings: LabSettings) -> None:

@@ -1,0 +1,89 @@
+"""Home and run pages, driven by keys: duplicate, delete with confirmation, open a run, launch an eval."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from textual.widgets import DataTable, Input, RichLog
+
+from lab.inference.builtin.launcher import BuiltinServer
+from lab.runs import RunRegistry
+from tests.workbench.lab_fixtures import SIZE, fixed_run, lab_folder, make_app
+from workbench.screens.editor import EditorScreen
+from workbench.screens.home import HomeScreen
+from workbench.screens.launch_eval import LaunchEvalScreen
+from workbench.screens.run import RunScreen
+from workbench.widgets.env_picker import EnvPicker
+from workbench.widgets.runs_table import RunsTable
+
+
+def test_home_lists_configs_and_runs_and_keys_act_on_them(tmp_path: Path) -> None:
+    root = lab_folder(tmp_path)
+    fixed_run("rl-done")
+
+    async def scenario() -> None:
+        app = make_app(root)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            assert isinstance(app.screen, HomeScreen)
+            await pilot.press("d")  # duplicate the first config
+            await pilot.pause()
+            assert (root / "configs" / "rl" / "multi-env-copy.toml").exists()
+            await pilot.press("enter")  # open it in the editor
+            await pilot.pause()
+            assert isinstance(app.screen, EditorScreen)
+            await pilot.press("escape")
+            await pilot.pause()
+            await pilot.press("tab")  # to the runs table: run keys now
+            await pilot.pause()
+            assert app.screen.query_one(RunsTable).has_focus
+            await pilot.press("enter")
+            await pilot.pause(0.3)
+            assert isinstance(app.screen, RunScreen)
+            log = app.screen.query_one(RichLog)
+            assert any("reward/mean=0.25" in str(line.text) for line in log.lines)
+            await pilot.press("escape", "x")  # delete asks first; n keeps it, y deletes it
+            await pilot.pause()
+            await pilot.press("n")
+            await pilot.pause()
+            assert (RunRegistry().root / "rl-done").exists()
+            await pilot.press("x", "y")
+            await pilot.pause(0.5)
+            assert not (RunRegistry().root / "rl-done").exists()
+
+    asyncio.run(scenario())
+
+
+def test_launch_eval_from_home_opens_its_run_page_with_results(tmp_path: Path, builtin_server: BuiltinServer) -> None:
+    root = lab_folder(tmp_path)
+
+    async def scenario() -> None:
+        app = make_app(root)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await pilot.press("n")
+            await pilot.pause()
+            modal = app.screen
+            assert isinstance(modal, LaunchEvalScreen)
+            modal.query_one(EnvPicker).select_id("primeintellect/reverse-text")
+            for name, value in (("model", builtin_server.model_name), ("base-url", builtin_server.base_url),
+                                ("num", "2"), ("rollouts", "1")):
+                modal.query_one(f"#eval-{name}", Input).value = value
+            await pilot.press("ctrl+r")
+            deadline = time.monotonic() + 60
+            while not isinstance(app.screen, RunScreen) and time.monotonic() < deadline:
+                await pilot.pause(0.1)
+            screen = app.screen
+            assert isinstance(screen, RunScreen)
+            while screen.run.state != "completed" and time.monotonic() < deadline:
+                await pilot.pause(0.2)
+            assert screen.run.state == "completed"
+            await pilot.pause(0.3)
+            assert screen.query_one("#run-results", DataTable).row_count == 2
+            await pilot.press("escape")
+            await pilot.pause()
+            assert screen.run.id in app.screen.query_one(RunsTable).rows
+
+    asyncio.run(scenario())
