@@ -157,7 +157,7 @@ def run_evaluation(
                                        "answer": row["answer"], "reward": rollout.reward,
                                        "metrics": rollout.metrics}, step=done)
         if run is not None:
-            run.update_status(step=done, reward=sum(rewards) / len(rewards))
+            run.update_status(step=done, max_steps=total, reward=sum(rewards) / len(rewards))
         if on_progress is not None:
             on_progress(done, total, rollout)
 

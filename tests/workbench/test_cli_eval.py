@@ -40,6 +40,7 @@ def test_eval_writes_results_metadata_events_and_a_report(tmp_path: Path, lab_ho
     [run] = RunRegistry().runs()
     status = run.status()
     assert status["kind"] == "eval" and status["state"] == "completed" and status["step"] == 6
+    assert status["max_steps"] == 6
     out = Path(status["output_dir"])
     assert out == (tmp_path / "outputs" / "evals" / "gsm8k--scripted" / run.id).resolve()
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]

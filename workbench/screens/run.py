@@ -148,8 +148,6 @@ class RunScreen(Screen[None]):
             f" · {envs} · started {started}{reward_text}{reason}")
         bar = self.query_one(ProgressBar)
         step, max_steps = status.get("step") or 0, status.get("max_steps")
-        if status.get("kind") == "eval" and isinstance(status.get("total"), int):
-            step, max_steps = status.get("done") or 0, status.get("total")
         if isinstance(max_steps, int) and max_steps > 0:
             bar.update(total=max_steps, progress=step)
         elif status.get("state") in ("completed", "failed", "stopped"):
