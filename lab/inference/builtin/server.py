@@ -65,17 +65,29 @@ def eos_token_ids(tokenizer: Any, model: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
+def load_model(path: Path, dtype: Any) -> Any:
+    """The causal LM, with the grouped-query decode attention where the model supports SDPA."""
+    from transformers import AutoModelForCausalLM
+
+    from lab.inference.builtin.attention import GROUPED_DECODE_SDPA
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=GROUPED_DECODE_SDPA)
+    except (ValueError, NotImplementedError) as error:  # a model without SDPA support: its default attention
+        log.info("grouped decode attention unavailable for %s (%s); using the model's default", path, error)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
 def build_service(settings: BuiltinServerSettings) -> CompletionService:
     """Load the model and tokenizer, start the engine, load the startup adapters."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from lab.inference.builtin.engine import GenerationEngine
 
     device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(settings.model)
-    loaded: Any = AutoModelForCausalLM.from_pretrained(settings.model, dtype=torch_dtype(settings.dtype, device))
-    module = loaded.to(device).eval()
+    module = load_model(settings.model, torch_dtype(settings.dtype, device)).to(device).eval()
     module.requires_grad_(False)
     max_model_len = settings.max_model_len or min(
         int(getattr(module.config, "max_position_embeddings", DEFAULT_MAX_MODEL_LEN)), DEFAULT_MAX_MODEL_LEN
