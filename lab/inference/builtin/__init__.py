@@ -3,8 +3,10 @@
 Run it as its own process: `python -m lab.inference.builtin --model PATH --port N [--adapter NAME=PATH]`.
 
 Modules: `schemas` (request bodies), `errors` (OpenAI-style error JSON), `prompts` (chat template, tokens to
-text), `sampling` (batched sampling in torch), `kv_batch` (the running batch: KV cache, masks, joining and
-dropping rows), `engine` (the request queue and the batched decode loop), `adapters` (base model and LoRA
-adapters merged into copies of the weights), `responses` (chat and completion bodies), `app` (routes), `server`
-(load everything, run uvicorn). Nothing here imports torch until a server is built.
+text), `sampling` (batched sampling in torch), `sequences` (per-request and per-choice state, stop conditions),
+`kv_cache` (a growable, joinable KV cache), `decode_batch` (the running batch's rows and tensors), `attention`
+(grouped-query decode attention without KV copies), `engine` (the request queue and the batched decode loop),
+`adapters` (base model and LoRA adapters merged into copies of the weights), `completions` (requests to engine
+calls, choices to response bodies), `app` (routes), `server` (load everything, run uvicorn), `launcher`
+(start it as its own process: `start_builtin_server`). Nothing here imports torch until a server is built.
 """
