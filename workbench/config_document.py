@@ -6,7 +6,6 @@ Validation uses the same problems collector as the CLI (`lab.problems`), picked 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,36 +28,19 @@ def _validate_rl(text: str, file: str | None) -> Validation[Any]:
     return validate_rl_config(text, file)
 
 
+def _validate_gepa(text: str, file: str | None) -> Validation[Any]:
+    from gepa.config import validate_gepa_config
+
+    return validate_gepa_config(text, file)
+
+
 def _validate_eval(text: str, file: str | None) -> Validation[Any]:
     from lab.evaluation import EvalFileConfig
 
     return validate_toml(text, EvalFileConfig, file=file)
 
 
-def gepa_validator() -> Validator | None:
-    """HOOK for GEPA configs: `gepa.config.validate_gepa_config(text, file)` once that module exists."""
-    try:
-        module = importlib.import_module("gepa.config")
-    except ImportError:
-        return None
-    func = getattr(module, "validate_gepa_config", None)
-    return func if callable(func) else None
-
-
-def gepa_schema() -> type[BaseModel] | None:
-    """HOOK: the GEPA schema class (`gepa.config.GEPAConfig`) for the form, once it exists."""
-    try:
-        module = importlib.import_module("gepa.config")
-    except ImportError:
-        return None
-    for name in ("GEPAConfig", "GepaConfig"):
-        model = getattr(module, name, None)
-        if isinstance(model, type) and issubclass(model, BaseModel):
-            return model
-    return None
-
-
-def schema_for(kind: ConfigKind) -> type[BaseModel] | None:
+def schema_for(kind: ConfigKind) -> type[BaseModel]:
     if kind == "rl":
         from trainer.config import RLConfig
 
@@ -67,15 +49,13 @@ def schema_for(kind: ConfigKind) -> type[BaseModel] | None:
         from lab.evaluation import EvalFileConfig
 
         return EvalFileConfig
-    return gepa_schema()
+    from gepa.config import GepaConfig
+
+    return GepaConfig
 
 
-def validator_for(kind: ConfigKind) -> Validator | None:
-    if kind == "rl":
-        return _validate_rl
-    if kind == "eval":
-        return _validate_eval
-    return gepa_validator()
+def validator_for(kind: ConfigKind) -> Validator:
+    return {"rl": _validate_rl, "gepa": _validate_gepa, "eval": _validate_eval}[kind]
 
 
 def detect_kind(path: Path, text: str) -> ConfigKind:
@@ -123,12 +103,7 @@ class ConfigDocument:
         self.validate()
 
     def validate(self) -> list[Problem]:
-        validator = validator_for(self.kind)
-        if validator is None:
-            self.problems = [Problem(key="", message="GEPA configs are not validated yet: gepa/config.py "
-                                     "(validate_gepa_config) does not exist", severity="note", file=str(self.path))]
-        else:
-            self.problems = validator(self.text, str(self.path)).problems
+        self.problems = validator_for(self.kind)(self.text, str(self.path)).problems
         return self.problems
 
     def get(self, path: KeyPath) -> Any:
