@@ -69,6 +69,12 @@ class EditorScreen(Screen[None]):
         await self._show_document(update_text=False)
         self.view = "toml" if self.focus_toml else "form"
         (self.query_one(TomlEditor) if self.focus_toml else self.query_one(ConfigForm)).focus()
+        self.call_after_refresh(self._populate_form)
+
+    async def _populate_form(self) -> None:
+        form = self.query_one(ConfigForm)
+        await form.populate()
+        await self._show_document(update_text=False)
 
     def on_resize(self, event: events.Resize) -> None:
         self.set_class(event.size.width < NARROW, "-narrow")
