@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -60,8 +61,9 @@ def merged_adapter_model(base_module: Any, adapter_path: Path) -> Any:
 class ModelRegistry:
     """Base model and adapters by name; safe to use from the HTTP thread and the engine thread."""
 
-    def __init__(self, base: ServedModel) -> None:
+    def __init__(self, base: ServedModel, prepare: Callable[[Any], Any] | None = None) -> None:
         self.base = base
+        self.prepare = prepare  # applied to each merged adapter model (e.g. faster CPU kernels)
         self._adapters: dict[str, ServedModel] = {}
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
@@ -99,6 +101,8 @@ class ModelRegistry:
                 raise APIError(f"Loading lora {name} failed: No adapter found for {path}", HTTPStatus.NOT_FOUND)
             try:
                 module = merged_adapter_model(self.base.module, adapter_dir)
+                if self.prepare is not None:
+                    module = self.prepare(module)
             except Exception as error:  # peft raises many kinds for a bad adapter; the client needs the message
                 raise APIError(f"Loading lora {name} failed: {type(error).__name__}: {error}") from error
             with self._lock:

@@ -83,11 +83,12 @@ def build_service(settings: BuiltinServerSettings) -> CompletionService:
     import torch
     from transformers import AutoTokenizer
 
+    from lab.inference.builtin.cpu_kernels import use_onednn_linears
     from lab.inference.builtin.engine import GenerationEngine
 
     device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(settings.model)
-    module = load_model(settings.model, torch_dtype(settings.dtype, device)).to(device).eval()
+    module = use_onednn_linears(load_model(settings.model, torch_dtype(settings.dtype, device)).to(device).eval())
     module.requires_grad_(False)
     max_model_len = settings.max_model_len or min(
         int(getattr(module.config, "max_position_embeddings", DEFAULT_MAX_MODEL_LEN)), DEFAULT_MAX_MODEL_LEN
@@ -100,7 +101,9 @@ def build_service(settings: BuiltinServerSettings) -> CompletionService:
         torch.device(device),
         max_batch_rows=settings.max_batch_rows,
     )
-    registry = ModelRegistry(ServedModel(name=settings.model_name, module=module, root=str(settings.model)))
+    registry = ModelRegistry(
+        ServedModel(name=settings.model_name, module=module, root=str(settings.model)), prepare=use_onednn_linears
+    )
     for name, path in settings.adapters.items():
         registry.load_adapter(name, str(path))
     return CompletionService(
