@@ -54,6 +54,6 @@ def use_onednn_linears(model: Any) -> Any:
     if not linears or not onednn_linear_works(linears[0].weight.dtype):
         return model
     for linear in linears:
-        linear.forward = types.MethodType(onednn_linear, linear)
+        linear.forward = types.MethodType(onednn_linear, linear)  # type: ignore[method-assign]
     log.info("oneDNN linear for %d layers", len(linears))
     return model
