@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from workbench.cli.common import config_path, err, fail
+from workbench.cli.common import config_path, err, fail, start_local_sampler
 
 eval_app = typer.Typer(help="Evaluate models on environments.", no_args_is_help=True)
 
@@ -132,7 +132,7 @@ def _evaluate(environment: Any, env_id: str, model_name: str, settings: dict[str
         base_url = settings["base_url"]
         served = model_name
         if base_url is None:
-            sampler = _start_local(model_name, run, backend)
+            sampler = start_local_sampler(model_name, run, backend, source="eval")
             base_url, served = sampler.base_url, sampler.model_name
         spec = EvalSpec(env_id=env_id, model=served, base_url=base_url, env_args=settings["env_args"],
                         num_examples=settings["num_examples"], rollouts_per_example=settings["rollouts"],
@@ -175,23 +175,6 @@ def _evaluate(environment: Any, env_id: str, model_name: str, settings: dict[str
         fail(f"{reason}\n(is the endpoint {spec.base_url} up and serving model '{spec.model}'?)")
     _summarise(result)
     run.set_state("completed", source="eval")
-
-
-def _start_local(model_name: str, run: Any, backend: str) -> Any:
-    from lab.inference.launch import start_sampler
-    from lab.models import ModelNotFoundError, resolve_model
-
-    try:
-        path = resolve_model(model_name)
-    except ModelNotFoundError as exc:
-        run.set_state("failed", source="eval", reason=str(exc))
-        fail(str(exc))
-    err(f"Starting the {backend} sampler on {path} ...")
-    sampler = start_sampler(backend, path, run.log_path("inference"),
-                            served_name=None if Path(model_name).exists() else model_name)
-    if sampler.process.pid:
-        run.register_process("inference", sampler.process.pid)
-    return sampler
 
 
 def _summarise(result: Any) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from workbench.cli.common import config_path, err, fail
+from workbench.cli.common import config_path, err, fail, start_local_sampler
 from workbench.cli.eval import _json_arg
 
 gepa_app = typer.Typer(help="GEPA prompt optimization.", no_args_is_help=True)
@@ -188,30 +188,13 @@ def _endpoints(spec: Any, resolved: dict[str, Any], api_key: str, run: Any, back
     if base_url:
         task = Endpoint(base_url, spec.model, api_key)
         return task, Endpoint(resolved.get("reflection_base_url") or base_url, reflection_name, api_key)
-    sampler = _start_local(spec.model, run, backend, "inference")
+    sampler = start_local_sampler(spec.model, run, backend, source="gepa")
     samplers.append(sampler)
     task = Endpoint(sampler.base_url, sampler.model_name)
     if reflection_name == spec.model:
         return task, task
     if resolved.get("reflection_base_url"):
         return task, Endpoint(resolved["reflection_base_url"], reflection_name, api_key)
-    second = _start_local(reflection_name, run, backend, "reflection")
+    second = start_local_sampler(reflection_name, run, backend, source="gepa", role="reflection")
     samplers.append(second)
     return task, Endpoint(second.base_url, second.model_name)
-
-
-def _start_local(model_name: str, run: Any, backend: str, role: str) -> Any:
-    from lab.inference.launch import start_sampler
-    from lab.models import ModelNotFoundError, resolve_model
-
-    try:
-        path = resolve_model(model_name)
-    except ModelNotFoundError as exc:
-        run.set_state("failed", source="gepa", reason=str(exc))
-        fail(str(exc))
-    err(f"Starting the {backend} sampler on {path} ...")
-    sampler = start_sampler(backend, path, run.log_path(role),
-                            served_name=None if Path(model_name).exists() else model_name)
-    if sampler.process.pid:
-        run.register_process(role, sampler.process.pid)
-    return sampler
