@@ -99,7 +99,7 @@ def logs(
     raw: bool = typer.Option(False, "-r", "--raw", help="Print the events as JSON lines."),
 ) -> None:
     """A run's events: logs, metrics, status changes, alerts."""
-    from lab.events import LEVELS, SOURCES, Event, level_rank
+    from lab.events import LEVELS, SOURCES, BadLine, Event, level_rank
     from lab.runs import FINAL_STATES, RunRegistry
 
     for c in component:
@@ -119,13 +119,18 @@ def logs(
     def show(event: Event) -> None:
         typer.echo(json.dumps(event.to_json(), separators=(",", ":")) if raw else format_event(event))
 
-    events = [e for e in log.tail(0, on_bad_line=lambda b: err(f"(skipped a corrupt event line at byte "
-                                                                 f"{b.offset})")) if keep(e)]
+    def skipped(bad: BadLine) -> None:
+        err(f"(skipped a corrupt event line at byte {bad.offset})")
+
+    # One read gives the history and the offset to follow from, so nothing written in between is lost.
+    items, offset = log.read(0)
+    for bad in (i for i in items if isinstance(i, BadLine)):
+        skipped(bad)
+    events = [e for e in items if isinstance(e, Event) and keep(e)]
     for event in events[-tail:] if tail is not None else events:
         show(event)
     if not follow:
         return
-    offset = _end_offset(run.events_path)
     done_at: list[float] = []
 
     def finished() -> bool:
@@ -136,20 +141,11 @@ def logs(
         return False
 
     try:
-        for event in log.tail(offset, follow=True, poll=0.2, stop=finished):
+        for event in log.tail(offset, follow=True, poll=0.2, stop=finished, on_bad_line=skipped):
             if keep(event):
                 show(event)
     except KeyboardInterrupt:
         pass
-
-
-def _end_offset(path: Path) -> int:
-    """Offset just past the last complete line (where a follow continues after printing the history)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return 0
-    return data.rfind(b"\n") + 1
 
 
 @rl_app.command("stop")
