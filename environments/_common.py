@@ -7,6 +7,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from lab.envs.parsers import Parser, last_assistant_text
+
 T = TypeVar("T")
 
 WORDS = (
@@ -92,3 +94,12 @@ def lcs_ratio(a: Sequence[Any], b: Sequence[Any]) -> float:
     if not a and not b:
         return 1.0
     return 2.0 * lcs_length(a, b) / (len(a) + len(b))
+
+
+def correct_answer(completion: Any, answer: str, parser: Parser) -> float:
+    """1.0 when the final number equals the answer: the parser's answer (e.g. an <answer> tag), or, when the reply
+    has no such answer, the last number anywhere in the reply."""
+    text = parser.parse_answer(completion)
+    if text is None:
+        text = last_assistant_text(completion)
+    return 1.0 if numbers_equal(parse_number(text), float(answer)) else 0.0

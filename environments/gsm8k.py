@@ -10,9 +10,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from environments._common import NAMES, limit, numbers_equal, parse_number, pick_split, split_rows
+from environments._common import NAMES, correct_answer, limit, pick_split, split_rows
 from lab.envs import Rubric, SingleTurnEnv, ThinkParser, XMLParser
-from lab.envs.parsers import last_assistant_text
 
 SYSTEM_PROMPT = ("Solve the math problem. Think step by step, then give the final number inside "
                  "<answer> tags, e.g. <answer>42</answer>.")
@@ -78,13 +77,6 @@ def load_environment(
     train, test = split_rows(make, seed=seed, num_train=num_train_examples, num_eval=num_eval_examples,
                              key=lambda r: r["question"])
     parser = ThinkParser(XMLParser(["answer"]))
-
-    def correct_answer(completion: Any, answer: str, parser: ThinkParser) -> float:
-        """1.0 when the final number (tagged, or else the last number in the reply) equals the answer."""
-        text = parser.parse_answer(completion)
-        if text is None:
-            text = last_assistant_text(completion)
-        return 1.0 if numbers_equal(parse_number(text), float(answer)) else 0.0
 
     return SingleTurnEnv(dataset=limit(pick_split(split, train, test), max_examples),
                          eval_dataset=limit(test, max_examples), system_prompt=system_prompt, parser=parser,

@@ -11,9 +11,8 @@ import operator
 import random
 from typing import Any
 
-from environments._common import limit, numbers_equal, parse_number, pick_split, split_rows
+from environments._common import correct_answer, limit, pick_split, split_rows
 from lab.envs import Rubric, ThinkParser, ToolEnv, XMLParser
-from lab.envs.parsers import Messages, last_assistant_text
 
 SYSTEM_PROMPT = ("Compute the answer to the arithmetic question. Use the calculate tool for the arithmetic, then "
                  "give the final number inside <answer> tags.")
@@ -66,11 +65,6 @@ def load_environment(
     train, test = split_rows(lambda rng, _: make_question(rng, terms), seed=seed, num_train=num_train_examples,
                              num_eval=num_eval_examples, key=lambda r: r["question"])
     parser = ThinkParser(XMLParser(["answer"]))
-
-    def correct_answer(completion: Messages, answer: str, parser: ThinkParser) -> float:
-        """1.0 when the final reply's number (tagged, else the last number) equals the answer."""
-        text = parser.parse_answer(completion) or last_assistant_text(completion)
-        return 1.0 if numbers_equal(parse_number(text), float(answer)) else 0.0
 
     return ToolEnv(tools=[calculate], dataset=limit(pick_split(split, train, test), max_examples),
                    eval_dataset=limit(test, max_examples), system_prompt=system_prompt, parser=parser,
