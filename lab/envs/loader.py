@@ -74,21 +74,24 @@ def env_args(func: Any) -> tuple[EnvArg, ...]:
     return tuple(out)
 
 
-def describe(env_id: str) -> EnvInfo:
-    module = _find_module(env_id)
-    func = getattr(module, "load_environment", None)
-    if func is None:
-        raise EnvironmentLoadError(f"environment '{env_id}': module '{module.__name__}' has no load_environment()")
-    return EnvInfo(env_id, module.__name__, (inspect.getdoc(module) or "").split("\n\n")[0], env_args(func))
-
-
-def load_environment(env_id: str, **args: Any) -> Environment:
-    """Load an environment by id with `args` for its `load_environment(**args)`."""
+def _entry_point(env_id: str) -> tuple[ModuleType, Any]:
+    """The environment's module and its `load_environment` function."""
     module = _find_module(env_id)
     func = getattr(module, "load_environment", None)
     if func is None or not callable(func):
         raise EnvironmentLoadError(f"environment '{env_id}': module '{module.__name__}' has no load_environment() "
                                    "function; define `def load_environment(**args) -> Environment`")
+    return module, func
+
+
+def describe(env_id: str) -> EnvInfo:
+    module, func = _entry_point(env_id)
+    return EnvInfo(env_id, module.__name__, (inspect.getdoc(module) or "").split("\n\n")[0], env_args(func))
+
+
+def load_environment(env_id: str, **args: Any) -> Environment:
+    """Load an environment by id with `args` for its `load_environment(**args)`."""
+    _, func = _entry_point(env_id)
     params = inspect.signature(func).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         unknown = sorted(set(args) - set(params))
