@@ -6,22 +6,32 @@ text for one component (round robin), score the child on the same minibatch, acc
 then score the child on the whole validation set. After an accepted child, an optional merge of two front
 candidates that improved different components since a common ancestor.
 
-The metric-call budget is hard: an iteration sizes its minibatch so that parent, child and a full validation fit
-in what is left, and stops when nothing fits. The state is saved after every iteration; `run()` on a saved state
-continues exactly where it stopped (the RNG included), spending nothing twice.
+Independent proposals run in parallel, a round at a time: the round's parents, components and minibatches are
+drawn in order on the calling thread from the state as it stood when the round began, the proposals then run
+concurrently (each on its own thread; the adapter's calls are I/O), and their outcomes are settled in proposal order
+(a child accepted by proposal 1 gets a smaller index than one accepted by proposal 2, whatever finished first).
+So a seed gives the same search whenever the models answer the same, and one proposal per round is the sequential
+algorithm.
+
+The metric-call budget is hard: a round reserves, before anything is spent, the parent and child minibatches of
+every proposal plus at least one validation pass, so the total never exceeds the cap however the proposals
+interleave; an accepted child whose validation was not reserved is validated after the round only if the calls
+are still there. The state is saved after every round; `run()` on a saved state continues exactly where it
+stopped (the RNG included), spending nothing twice.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gepa.adapter import Adapter, Candidate
-from gepa.budget import MetricBudget
+from gepa.adapter import Adapter, Candidate, EvaluationBatch
+from gepa.budget import BudgetClosed, MetricBudget, Reservation
 from gepa.pareto import front_frequencies, instance_fronts, select_parent
 from gepa.state import GepaState
 
@@ -37,7 +47,26 @@ class EngineConfig:
     seed: int = 0
     use_merge: bool = False
     max_merge_invocations: int = 5
+    num_parallel_proposals: int = 4  # reflective mutations run at once in a round (1: the sequential algorithm)
     max_iterations: int | None = None  # stop after this many iterations (tests, smoke runs)
+
+
+@dataclass
+class Proposal:
+    """One reflective mutation of a round: drawn on the calling thread, run on its own, settled in order."""
+
+    iteration: int
+    parent: int
+    component: str
+    minibatch: list[int]
+    reservation: Reservation
+    validate_now: bool  # the reservation holds a validation pass for an accepted child
+    record: dict[str, Any] = field(default_factory=dict)
+    verdict: str | None = None
+    child: Candidate | None = None
+    val_scores: list[float] | None = None
+    seconds: float = 0.0
+    error: BaseException | None = None
 
 
 class GepaEngine:
@@ -47,6 +76,8 @@ class GepaEngine:
             raise ValueError("GEPA needs at least one training and one validation example")
         if config.max_metric_calls < 1:
             raise ValueError("the metric-call budget must be at least 1")
+        if config.num_parallel_proposals < 1:
+            raise ValueError("num_parallel_proposals must be at least 1")
         self.adapter = adapter
         self.trainset = list(trainset)
         self.valset = list(valset)
@@ -55,20 +86,20 @@ class GepaEngine:
         self.config = config
         self.state_path = state_path
         self._emit = emit
+        self._lock = threading.RLock()  # budget events and every emit, from any proposal's thread
         self.rng = random.Random(config.seed)
         self.state = GepaState()
-        self.budget = MetricBudget(config.max_metric_calls)
         if state_path is not None and state_path.exists():
             self.state = GepaState.load(state_path)
             if self.state.rng_state is not None:
                 self.state.restore_rng(self.rng)
-            self.budget.used = self.state.metric_calls
+        self.budget = MetricBudget(config.max_metric_calls, used=self.state.metric_calls)
         self._checkpoint: dict[str, Any] = self.state.to_json()
 
     # ------------------------------------------------------------------------------------------------------
     def run(self) -> GepaState:
         """Search until the budget (or `max_iterations`) runs out. On an exception (Ctrl-C, SIGTERM) the last
-        finished iteration is saved, with the calls spent since counted, and the exception goes on."""
+        finished round is saved, with the calls spent since counted, and the exception goes on."""
         try:
             if not self.state.candidates:
                 self._evaluate_seed()
@@ -79,12 +110,13 @@ class GepaEngine:
                 if not self._iterate():
                     self._finish("budget")
         except BaseException:
+            self.budget.close()  # proposals still running stop at their next evaluation
             self.save_interrupted()
             raise
         return self.state
 
     def save_interrupted(self) -> None:
-        """Save the last finished iteration's state, counting every metric call spent since (never re-spent)."""
+        """Save the last finished round's state, counting every metric call spent since (never re-spent)."""
         if self.state_path is None:
             return
         snapshot = GepaState.from_json(dict(self._checkpoint))
@@ -94,61 +126,151 @@ class GepaEngine:
 
     # ------------------------------------------------------------------------------------------------------
     def _evaluate_seed(self) -> None:
-        self.state.num_val = min(len(self.valset), self.budget.remaining)
-        scores = self._evaluate(self._val_rows(), self.seed_candidate).scores
+        self.state.num_val = min(len(self.valset), self.budget.available)
+        reservation = self.budget.reserve(self.state.num_val)
+        scores = self._evaluate(self._val_rows(), self.seed_candidate, reservation).scores
         idx = self.state.add_candidate(self.seed_candidate, [], "seed", scores)
         self._emit_candidate(idx)
         self._end_iteration()
 
     def _iterate(self) -> bool:
-        """One iteration; False when the budget cannot pay for another."""
-        if self.state.merges_due > 0 and self.budget.remaining >= self.state.num_val:
+        """One round (a merge, or up to `num_parallel_proposals` reflections); False when the budget cannot pay
+        for another."""
+        state = self.state
+        nv = state.num_val
+        if state.merges_due > 0 and self.budget.available >= nv:
             pair = self._merge_pair()
-            self.state.merges_due -= 1
+            state.merges_due -= 1
             if pair is not None:
-                self.state.iteration += 1
-                self._merge(*pair)
+                state.iteration += 1
+                reservation = self.budget.reserve(nv)
+                self._merge(*pair, reservation)
+                reservation.release()
                 self._end_iteration()
                 return True
-        k = min(self.config.minibatch_size, len(self.trainset),
-                (self.budget.remaining - self.state.num_val) // 2)
+        k = min(self.config.minibatch_size, len(self.trainset), (self.budget.available - nv) // 2)
         if k < 1:
             return False
-        self.state.iteration += 1
-        self._reflect(k)
+        count = min(self.config.num_parallel_proposals, (self.budget.available - nv) // (2 * k))
+        if self.config.max_iterations is not None:
+            count = min(count, self.config.max_iterations - state.iteration)
+        proposals = self._plan(count, k)
+        self._run_each(proposals, self._propose)
+        self._settle(proposals)
         self._end_iteration()
         return True
 
-    def _reflect(self, k: int) -> None:
-        started = time.perf_counter()
+    def _plan(self, count: int, k: int) -> list[Proposal]:
+        """Draw the round's parents and minibatches in order and reserve their calls: both minibatch evaluations
+        of every proposal, and a validation pass for as many (the first ones) as the budget allows, at least one."""
         state = self.state
-        parent_idx = select_parent(state.val_scores[: len(state.candidates)], self.rng)
-        parent = state.candidates[parent_idx]
-        component = self.components[(state.iteration - 1) % len(self.components)]
-        ids = self._next_minibatch(k)
-        rows = [self.trainset[i] for i in ids]
-        record: dict[str, Any] = {"iteration": state.iteration, "type": "reflection", "parent": parent_idx,
-                                  "component": component, "minibatch": ids, "child_idx": None}
-        parent_eval = self._evaluate(rows, parent, capture_traces=True)
-        record["parent_scores"] = parent_eval.scores
-        perfect = self.config.perfect_score
-        if perfect is not None and all(s >= perfect - EPS for s in parent_eval.scores):
-            return self._record(record, "skipped_perfect", started)
-        dataset = self.adapter.make_reflective_dataset(parent, parent_eval, [component])
-        proposed = self.adapter.propose_new_texts(parent, dataset, [component])
-        child = {**parent, **{c: t for c, t in proposed.items() if c in parent}}
-        if child == parent:
-            return self._record(record, "unchanged", started)
-        child_scores = self._evaluate(rows, child).scores
-        record["child_scores"] = child_scores
-        if sum(child_scores) <= sum(parent_eval.scores) + EPS:
-            return self._record(record, "rejected", started)
-        val = self._evaluate(self._val_rows(), child).scores
-        record["child_idx"] = state.add_candidate(child, [parent_idx], "reflection", val)
-        if self.config.use_merge and state.merges_done + state.merges_due < self.config.max_merge_invocations:
-            state.merges_due += 1
-        self._emit_candidate(record["child_idx"])
-        self._record(record, "accepted", started)
+        nv = state.num_val
+        validated = min(count, (self.budget.available - count * 2 * k) // nv)
+        proposals = []
+        for j in range(count):
+            iteration = state.iteration + j + 1
+            parent = select_parent(state.val_scores[: len(state.candidates)], self.rng)
+            ids = self._next_minibatch(k)
+            reservation = self.budget.reserve(2 * k + (nv if j < validated else 0))
+            component = self.components[(iteration - 1) % len(self.components)]
+            proposals.append(Proposal(iteration, parent, component, ids, reservation, j < validated,
+                                      record={"iteration": iteration, "type": "reflection", "parent": parent,
+                                              "component": component, "minibatch": ids, "child_idx": None,
+                                              "round_size": count}))
+        return proposals
+
+    def _propose(self, p: Proposal) -> None:
+        """A reflective mutation; reads the state (frozen during the round), writes only to `p`."""
+        started = time.perf_counter()
+        try:
+            parent = self.state.candidates[p.parent]
+            rows = [self.trainset[i] for i in p.minibatch]
+            parent_eval = self._evaluate(rows, parent, p.reservation, capture_traces=True)
+            p.record["parent_scores"] = parent_eval.scores
+            perfect = self.config.perfect_score
+            if perfect is not None and all(s >= perfect - EPS for s in parent_eval.scores):
+                p.verdict = "skipped_perfect"
+                return
+            dataset = self.adapter.make_reflective_dataset(parent, parent_eval, [p.component])
+            proposed = self.adapter.propose_new_texts(parent, dataset, [p.component])
+            child = {**parent, **{c: t for c, t in proposed.items() if c in parent}}
+            if child == parent:
+                p.verdict = "unchanged"
+                return
+            if child in self.state.candidates:
+                p.verdict = "duplicate"
+                return
+            child_scores = self._evaluate(rows, child, p.reservation).scores
+            p.record["child_scores"] = child_scores
+            if sum(child_scores) <= sum(parent_eval.scores) + EPS:
+                p.verdict = "rejected"
+                return
+            p.verdict, p.child = "accepted", child
+            if p.validate_now:
+                p.val_scores = self._evaluate(self._val_rows(), child, p.reservation).scores
+        finally:
+            p.seconds += time.perf_counter() - started
+
+    def _validate(self, p: Proposal) -> None:
+        started = time.perf_counter()
+        assert p.child is not None
+        p.val_scores = self._evaluate(self._val_rows(), p.child, p.reservation).scores
+        p.seconds += time.perf_counter() - started
+
+    def _settle(self, proposals: list[Proposal]) -> None:
+        """Validate accepted children that had no validation reserved (in order, while calls are left), then add
+        the validated children to the state in proposal order."""
+        state = self.state
+        for p in proposals:
+            p.reservation.release()
+        late = []
+        for p in proposals:
+            if p.verdict == "accepted" and p.val_scores is None:
+                if self.budget.available >= state.num_val:
+                    p.reservation = self.budget.reserve(state.num_val)
+                    late.append(p)
+                else:
+                    p.verdict = "not_validated"  # improved on its minibatch, but no calls left to validate it
+        self._run_each(late, self._validate)
+        for p in late:
+            p.reservation.release()
+        for p in proposals:
+            state.iteration = p.iteration
+            if p.verdict == "accepted" and p.child is not None and p.val_scores is not None:
+                if p.child in state.candidates:  # an earlier proposal of this round found the same text
+                    p.verdict = "duplicate"
+                else:
+                    p.record["child_idx"] = state.add_candidate(p.child, [p.parent], "reflection", p.val_scores)
+                    if (self.config.use_merge
+                            and state.merges_done + state.merges_due < self.config.max_merge_invocations):
+                        state.merges_due += 1
+                    self._emit_candidate(p.record["child_idx"])
+            self._record(p.record, p.verdict or "failed", p.seconds)
+
+    def _run_each(self, proposals: list[Proposal], work: Callable[[Proposal], None]) -> None:
+        """`work` on every proposal at once, one thread each; the first error (in proposal order) is raised
+        after all have ended. An error stops the others at their next evaluation."""
+        if len(proposals) <= 1:
+            for p in proposals:
+                work(p)
+            return
+
+        def guarded(p: Proposal) -> None:
+            try:
+                work(p)
+            except BaseException as exc:  # noqa: BLE001 - handed to the calling thread below
+                p.error = exc
+                self.budget.close()
+
+        threads = [threading.Thread(target=guarded, args=(p,), name=f"gepa-proposal-{p.iteration}", daemon=True)
+                   for p in proposals]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        errors = [p.error for p in proposals if p.error is not None]
+        if errors:
+            raise next((e for e in errors if not isinstance(e, BudgetClosed)), errors[0])
 
     # Merge --------------------------------------------------------------------------------------------------
     def _merge_pair(self) -> tuple[int, int, int, Candidate] | None:
@@ -181,7 +303,9 @@ class GepaEngine:
                 merged[name] = ci[name] if state.average(i) >= state.average(j) else cj[name]
         return merged if merged not in (ci, cj) else None
 
-    def _merge(self, ancestor: int, i: int, j: int, merged: Candidate) -> None:
+    def _merge(self, ancestor: int, i: int, j: int, merged: Candidate, reservation: Reservation) -> None:
+        """Score the merge on a validation minibatch; unless worse than its better parent there, on the rest of
+        the validation set too (`reservation` holds one validation pass)."""
         started = time.perf_counter()
         state = self.state
         n = state.num_val
@@ -191,29 +315,33 @@ class GepaEngine:
                                   "parent_scores": [max(state.val_scores[i][x], state.val_scores[j][x])
                                                     for x in ids]}
         state.merges_done += 1
-        sub = self._evaluate([self.valset[x] for x in ids], merged).scores
+        sub = self._evaluate([self.valset[x] for x in ids], merged, reservation).scores
         record["child_scores"] = sub
         best_parent = max(sum(state.val_scores[i][x] for x in ids), sum(state.val_scores[j][x] for x in ids))
         if sum(sub) < best_parent - EPS:
-            return self._record(record, "rejected", started)
+            return self._record(record, "rejected", time.perf_counter() - started)
         rest = [x for x in range(n) if x not in ids]
-        rest_scores = self._evaluate([self.valset[x] for x in rest], merged).scores if rest else []
+        rest_scores = self._evaluate([self.valset[x] for x in rest], merged, reservation).scores if rest else []
         full = dict(zip(ids, sub, strict=True)) | dict(zip(rest, rest_scores, strict=True))
         record["child_idx"] = state.add_candidate(merged, [i, j], "merge", [full[x] for x in range(n)])
         self._emit_candidate(record["child_idx"])
-        self._record(record, "accepted", started)
+        self._record(record, "accepted", time.perf_counter() - started)
 
     # Helpers ------------------------------------------------------------------------------------------------
     def _val_rows(self) -> list[Any]:
         return self.valset[: self.state.num_val]
 
-    def _evaluate(self, rows: list[Any], candidate: Candidate, capture_traces: bool = False) -> Any:
-        self.budget.spend(len(rows))  # raises before going over the cap: the loop sizes every batch to fit
+    def _evaluate(self, rows: list[Any], candidate: Candidate, reservation: Reservation,
+                  capture_traces: bool = False) -> EvaluationBatch:
+        """Spend len(rows) calls from `reservation` (counted before the adapter is asked, so an interrupted
+        evaluation is never paid twice), then evaluate."""
+        with self._lock:
+            reservation.spend(len(rows))
+            self.state.metric_calls = self.budget.used
+            self._emit_budget(len(rows))
         result = self.adapter.evaluate(rows, candidate, capture_traces)
         if len(result.scores) != len(rows):
             raise ValueError(f"the adapter returned {len(result.scores)} scores for {len(rows)} rows")
-        self.state.metric_calls = self.budget.used
-        self._emit_budget()
         return result
 
     def _next_minibatch(self, k: int) -> list[int]:
@@ -229,8 +357,8 @@ class GepaEngine:
             state.epoch_pos += 1
         return ids
 
-    def _record(self, record: dict[str, Any], verdict: str, started: float) -> None:
-        record.update(verdict=verdict, metric_calls=self.budget.used, seconds=time.perf_counter() - started,
+    def _record(self, record: dict[str, Any], verdict: str, seconds: float) -> None:
+        record.update(verdict=verdict, metric_calls=self.budget.used, seconds=seconds,
                       best_idx=self.state.best_idx, best_score=self.state.average(self.state.best_idx))
         self.emit("gepa.iteration", record)
 
@@ -248,11 +376,12 @@ class GepaEngine:
 
     def emit(self, kind: str, data: dict[str, Any]) -> None:
         if self._emit is not None:
-            self._emit(kind, data, self.state.iteration)
+            with self._lock:
+                self._emit(kind, data, self.state.iteration)
 
-    def _emit_budget(self) -> None:
+    def _emit_budget(self, spent: int) -> None:
         self.emit("gepa.budget", {"used": self.budget.used, "max": self.budget.max_calls,
-                                  "remaining": self.budget.remaining})
+                                  "remaining": self.budget.remaining, "spent": spent})
 
     def _emit_candidate(self, idx: int) -> None:
         s = self.state

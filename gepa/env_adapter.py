@@ -1,12 +1,18 @@
 """GEPA over an environment: each candidate's `system_prompt` replaces the rows' system message, the
 environment's rollouts run concurrently against an OpenAI-compatible endpoint, and the rubric's reward is the score.
+
+The engine calls this adapter from several threads at once (parallel proposals). Every call runs on one event loop
+in a background thread, so all requests share one pair of clients and one limit of `max_concurrent` rollouts in
+flight, and `close()` cancels what is still in flight (a stopped run does not wait for its requests to finish).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
-from collections.abc import Sequence
+import threading
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +21,10 @@ from gepa.reflection import parse_proposal, reflection_prompt
 from lab.envs import Environment, Rollout, SamplingArgs
 
 SYSTEM_PROMPT = "system_prompt"
+
+
+class AdapterClosed(RuntimeError):
+    """An evaluation or reflection asked for after the run stopped."""
 
 
 @dataclass
@@ -55,17 +65,52 @@ class EnvironmentAdapter:
     on_rollout: Any = None  # optional callable(Rollout) -> None, e.g. for a progress display
 
     def __post_init__(self) -> None:
-        self._runner = asyncio.Runner()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gepa-adapter-loop", daemon=True)
+        self._thread.start()
+        self._closed = False
         self._task_client: Any = None
         self._reflection_client: Any = None
+        self._gate: asyncio.Semaphore | None = None
+
+    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run `coro` on the adapter's loop and wait for it (from any thread but the loop's); a call that races
+        `close()` fails instead of waiting on a loop that has stopped."""
+        if self._closed:
+            coro.close()
+            raise AdapterClosed("the GEPA adapter is closed")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except concurrent.futures.TimeoutError:
+                if self._closed and not self._loop.is_running():
+                    future.cancel()
+                    raise AdapterClosed("the GEPA adapter is closed") from None
 
     def close(self) -> None:
-        async def close_clients() -> None:
+        """Cancel the requests in flight, close the clients, stop the loop. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+
+        async def shut_down() -> None:
+            current = asyncio.current_task()
+            pending = [t for t in asyncio.all_tasks() if t is not current]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
             for client in (self._task_client, self._reflection_client):
                 if client is not None:
                     await client.close()
-        self._runner.run(close_clients())
-        self._runner.close()
+
+        try:
+            asyncio.run_coroutine_threadsafe(shut_down(), self._loop).result(timeout=30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+            if not self._thread.is_alive():
+                self._loop.close()
 
     def _client(self, endpoint: Endpoint) -> Any:
         from openai import AsyncOpenAI
@@ -77,15 +122,25 @@ class EnvironmentAdapter:
     def evaluate(self, batch: Sequence[dict[str, Any]], candidate: Candidate,
                  capture_traces: bool) -> EvaluationBatch:
         rows = [with_system_prompt(r, candidate[SYSTEM_PROMPT]) for r in batch]
-        rollouts = self._runner.run(self._rollouts(rows))
+        rollouts = self._run(self._rollouts(rows))
         return EvaluationBatch(scores=[r.reward for r in rollouts], outputs=rollouts,
                                trajectories=[self._trace(r) for r in rollouts] if capture_traces else None)
 
     async def _rollouts(self, rows: list[dict[str, Any]]) -> list[Rollout]:
+        """The rows' rollouts, at most `max_concurrent` in flight across every evaluation running at once."""
         if self._task_client is None:
             self._task_client = self._client(self.task_model)
-        return await self.env.run_rollouts(self._task_client, self.task_model.model, rows, self.sampling,
-                                           max_concurrent=self.max_concurrent, on_rollout=self.on_rollout)
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(max(1, self.max_concurrent))
+        gate, client = self._gate, self._task_client
+
+        async def one(row: dict[str, Any]) -> Rollout:
+            async with gate:
+                done = await self.env.run_rollouts(client, self.task_model.model, [row], self.sampling,
+                                                   max_concurrent=1, on_rollout=self.on_rollout)
+            return done[0]
+
+        return list(await asyncio.gather(*(one(row) for row in rows)))
 
     def _trace(self, rollout: Rollout) -> dict[str, Any]:
         inputs = [m for m in rollout.prompt if m.get("role") != "system"]
@@ -110,7 +165,7 @@ class EnvironmentAdapter:
 
     def propose_new_texts(self, candidate: Candidate, dataset: ReflectiveDataset,
                           components: Sequence[str]) -> dict[str, str]:
-        return {name: self._runner.run(self._propose(name, candidate[name], dataset[name])) for name in components}
+        return {name: self._run(self._propose(name, candidate[name], dataset[name])) for name in components}
 
     async def _propose(self, component: str, current: str, records: list[dict[str, Any]]) -> str:
         if self._reflection_client is None:

@@ -39,6 +39,7 @@ class GepaSettings:
     state_columns: list[str] = field(default_factory=list)
     seed: int = 0
     max_concurrent: int = 32
+    num_parallel_proposals: int = 4
     use_merge: bool = False
     max_merge_invocations: int = 5
     reflection_max_tokens: int = 1024
@@ -58,7 +59,9 @@ class GepaSettings:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GepaSettings:
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        settings = {k: v for k, v in data.items() if k in known}
+        settings.setdefault("num_parallel_proposals", 1)  # runs saved before the setting proposed one at a time
+        return cls(**settings)
 
     def sampling_args(self) -> SamplingArgs:
         args = SamplingArgs(**{k: v for k, v in self.sampling.items() if k in SAMPLING_KEYS})
@@ -105,7 +108,8 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
 
     config = EngineConfig(max_metric_calls=settings.max_metric_calls, minibatch_size=settings.minibatch_size,
                           perfect_score=settings.perfect_score, seed=settings.seed, use_merge=settings.use_merge,
-                          max_merge_invocations=settings.max_merge_invocations, max_iterations=max_iterations)
+                          max_merge_invocations=settings.max_merge_invocations,
+                          num_parallel_proposals=settings.num_parallel_proposals, max_iterations=max_iterations)
     engine = GepaEngine(adapter, train, val, {SYSTEM_PROMPT: env.system_prompt or ""}, config,
                         state_path=out_dir / STATE_FILE, emit=emit)
     completed = False

@@ -1,8 +1,10 @@
-"""The engine with a scripted adapter: acceptance, the hard budget, determinism, resume, merge, events."""
+"""The engine with a scripted adapter: acceptance, the hard budget, determinism, resume, merge, events; each with
+one proposal at a time (the sequential algorithm) and with parallel proposals (rounds of four)."""
 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +22,20 @@ SEED: Candidate = {"system_prompt": "Be helpful."}
 
 
 def make_engine(budget: int, adapter: Any = None, state_path: Path | None = None, seed: int = 0,
-                events: list[tuple[str, dict[str, Any]]] | None = None, **kw: Any) -> GepaEngine:
+                events: list[tuple[str, dict[str, Any]]] | None = None, parallel: int = 1, **kw: Any) -> GepaEngine:
     def emit(kind: str, data: dict[str, Any], step: int) -> None:
         if events is not None:
             events.append((kind, data))
     return GepaEngine(adapter or ScriptedAdapter(), TRAIN, VAL, SEED,
-                      EngineConfig(max_metric_calls=budget, minibatch_size=3, seed=seed, **kw),
+                      EngineConfig(max_metric_calls=budget, minibatch_size=3, seed=seed,
+                                   num_parallel_proposals=parallel, **kw),
                       state_path=state_path, emit=emit)
 
 
-def test_accepts_only_strict_improvements_and_validates_each_accepted_child() -> None:
+@pytest.mark.parametrize("parallel", [1, 4])
+def test_accepts_only_strict_improvements_and_validates_each_accepted_child(parallel: int) -> None:
     events: list[tuple[str, dict[str, Any]]] = []
-    state = make_engine(150, events=events).run()
+    state = make_engine(150, events=events, parallel=parallel).run()
     iterations = [d for k, d in events if k == "gepa.iteration"]
     assert iterations, "the search ran no iteration"
     for it in iterations:
@@ -48,10 +52,11 @@ def test_accepts_only_strict_improvements_and_validates_each_accepted_child() ->
     assert state.best_idx == max(range(len(state.candidates)), key=lambda i: (state.average(i), -i))
 
 
+@pytest.mark.parametrize("parallel", [1, 4])
 @pytest.mark.parametrize("budget", range(1, 201))
-def test_the_budget_is_never_exceeded(budget: int) -> None:
+def test_the_budget_is_never_exceeded(budget: int, parallel: int) -> None:
     adapter = ScriptedAdapter()
-    state = make_engine(budget, adapter).run()
+    state = make_engine(budget, adapter, parallel=parallel).run()
     assert adapter.calls == state.metric_calls <= budget
     assert state.finished and state.stop_reason == "budget"
     # nothing is left that one more iteration could have used: parent + child minibatch + a validation pass
@@ -64,32 +69,129 @@ def test_same_seed_same_run_other_seed_other_run() -> None:
     assert a.to_json() != c.to_json()
 
 
+def test_parallel_proposals_are_deterministic_whatever_order_they_finish_in() -> None:
+    """Threads finish in a random order (jitter); the search depends only on the seed."""
+    runs = []
+    for seed in (7, 7, 7, 8):
+        adapter = ScriptedAdapter(jitter=0.004)
+        runs.append(make_engine(200, adapter, seed=seed, parallel=4, use_merge=True).run().to_json())
+        assert adapter.max_in_flight > 1, "the proposals did not overlap"
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0] != runs[3]
+    assert len(runs[0]["candidates"]) > 2
+
+
+def test_a_round_runs_its_proposals_at_once() -> None:
+    """The four parent evaluations of the first round wait for each other: only concurrent proposals pass."""
+    barrier = threading.Barrier(4, timeout=10)
+
+    class Rendezvous(ScriptedAdapter):
+        def evaluate(self, batch: Any, candidate: Candidate, capture_traces: bool) -> EvaluationBatch:
+            if capture_traces and candidate == SEED and self.calls < len(VAL) + 12:
+                barrier.wait()
+            return super().evaluate(batch, candidate, capture_traces)
+
+    events: list[tuple[str, dict[str, Any]]] = []
+    state = make_engine(100, Rendezvous(), events=events, parallel=4).run()
+    first_round = [d for k, d in events if k == "gepa.iteration"][:4]
+    assert [d["iteration"] for d in first_round] == [1, 2, 3, 4]
+    assert all(d["round_size"] == 4 and d["parent"] == 0 for d in first_round)
+    assert state.metric_calls <= 100
+
+
+@pytest.mark.parametrize("parallel", [1, 4])
+def test_a_round_reserves_every_call_it_may_spend(parallel: int) -> None:
+    """Every child improves, so every proposal wants a validation pass: with room for one only, the others are
+    reported unvalidated and the cap holds."""
+    class AlwaysBetter(ScriptedAdapter):
+        def evaluate(self, batch: Any, candidate: Candidate, capture_traces: bool) -> EvaluationBatch:
+            self.calls += len(batch)
+            score = candidate["system_prompt"].count("+") / 100
+            return EvaluationBatch(scores=[score] * len(batch), trajectories=[{"row": r} for r in batch])
+
+    events: list[tuple[str, dict[str, Any]]] = []
+    adapter = AlwaysBetter()
+    budget = len(VAL) + 4 * 6 + len(VAL) + 5  # seed, four proposals' minibatches, one validation, five spare
+    state = make_engine(budget, adapter, events=events, parallel=parallel).run()
+    assert adapter.calls == state.metric_calls <= budget
+    verdicts = [d["verdict"] for k, d in events if k == "gepa.iteration"]
+    if parallel == 4:
+        assert verdicts == ["accepted", "not_validated", "not_validated", "not_validated"]
+        assert state.metric_calls == budget - 5
+    else:
+        assert verdicts == ["accepted", "accepted"]  # 16 calls an iteration: two fit
+    assert len(state.candidates) == 1 + verdicts.count("accepted")
+    for idx in range(len(state.candidates)):
+        assert len(state.val_scores[idx]) == len(VAL)
+
+
+def test_a_validation_left_unused_pays_for_a_later_accepted_child() -> None:
+    """Minibatches of one row: even rows make the reflection add '+' (better), odd rows '-' (worse). The round's
+    one reserved validation belongs to proposal 1; when it is rejected, the next accepted child gets it."""
+    class Parity(ScriptedAdapter):
+        def evaluate(self, batch: Any, candidate: Candidate, capture_traces: bool) -> EvaluationBatch:
+            self.calls += len(batch)
+            text = candidate["system_prompt"]
+            score = 0.5 + 0.01 * (text.count("+") - text.count("-"))
+            return EvaluationBatch(scores=[score] * len(batch), trajectories=[{"row": r} for r in batch])
+
+        def propose_new_texts(self, candidate: Candidate, dataset: Any, components: Any) -> dict[str, str]:
+            row = dataset["system_prompt"][0]["row"]
+            return {"system_prompt": candidate["system_prompt"] + ("+" if row % 2 == 0 else "-") + str(row)}
+
+    val = [0, 1]
+    budget = len(val) + 4 * 2 + len(val)  # seed; four minibatches of one, parent and child; one validation
+    for seed in range(100):
+        events: list[tuple[str, dict[str, Any]]] = []
+        adapter = Parity()
+        engine = GepaEngine(adapter, TRAIN, val, SEED, EngineConfig(max_metric_calls=budget, minibatch_size=1,
+                                                                     seed=seed, num_parallel_proposals=4),
+                            emit=lambda kind, data, step: events.append((kind, data)))  # noqa: B023
+        state = engine.run()
+        records = [d for k, d in events if k == "gepa.iteration"]
+        assert [r["verdict"] == "rejected" for r in records] == [r["minibatch"][0] % 2 == 1 for r in records]
+        if records[0]["verdict"] == "rejected" and any(r["verdict"] == "accepted" for r in records):
+            break
+    else:
+        pytest.fail("no seed gave a rejected first proposal and an accepted later one")
+    assert len(records) == 4 and records[0]["verdict"] == "rejected"
+    evens = [r for r in records if r["minibatch"][0] % 2 == 0]
+    assert [r["verdict"] for r in evens] == ["accepted"] + ["not_validated"] * (len(evens) - 1)
+    assert evens[0]["child_idx"] == 1 and state.parents[1] == [0] and len(state.val_scores[1]) == 2
+    assert adapter.calls == state.metric_calls == budget
+
+
+@pytest.mark.parametrize("parallel", [1, 4])
 @pytest.mark.parametrize("stop_after", [4, 25, 61])
-def test_resume_after_an_interrupt_equals_an_uninterrupted_run(tmp_path: Path, stop_after: int) -> None:
-    full = make_engine(150, use_merge=True).run()
+def test_resume_after_an_interrupt_equals_an_uninterrupted_run(tmp_path: Path, stop_after: int,
+                                                               parallel: int) -> None:
+    full = make_engine(150, use_merge=True, parallel=parallel).run()
     path = tmp_path / "state.json"
     with pytest.raises(KeyboardInterrupt):
-        make_engine(150, ScriptedAdapter(fail_after_calls=stop_after), state_path=path, use_merge=True).run()
+        make_engine(150, ScriptedAdapter(fail_after_calls=stop_after), state_path=path, use_merge=True,
+                    parallel=parallel).run()
     saved = GepaState.load(path)
     assert saved.stop_reason == "interrupted"
     spent_before = saved.metric_calls
     resumed_adapter = ScriptedAdapter()
-    resumed = make_engine(150, resumed_adapter, state_path=path, use_merge=True).run()
+    resumed = make_engine(150, resumed_adapter, state_path=path, use_merge=True, parallel=parallel).run()
     assert resumed.metric_calls <= 150
     assert resumed_adapter.calls == resumed.metric_calls - spent_before  # nothing spent twice (the seed neither)
     if stop_after > len(VAL):  # interrupted after the seed: on an iteration boundary, same search afterwards
         assert resumed.candidates == full.candidates[: len(resumed.candidates)]
 
 
-def test_resume_at_an_iteration_boundary_is_the_same_run(tmp_path: Path) -> None:
-    full = make_engine(150).run()
+@pytest.mark.parametrize("parallel", [1, 4])
+def test_resume_at_a_round_boundary_is_the_same_run(tmp_path: Path, parallel: int) -> None:
+    full = make_engine(150, parallel=parallel).run()
     path = tmp_path / "state.json"
-    make_engine(150, state_path=path, max_iterations=5).run()
+    make_engine(150, state_path=path, max_iterations=8, parallel=parallel).run()
     state = GepaState.load(path)
+    assert state.iteration == 8
     state.finished = False
     state.save(path)
     resumed_adapter = ScriptedAdapter()
-    resumed = make_engine(150, resumed_adapter, state_path=path).run()
+    resumed = make_engine(150, resumed_adapter, state_path=path, parallel=parallel).run()
     assert resumed.candidates == full.candidates and resumed.val_scores == full.val_scores
     assert resumed.metric_calls == full.metric_calls
     assert resumed_adapter.evaluations[0] == 3, "the resumed run re-evaluated the seed"
@@ -131,7 +233,10 @@ def test_events_describe_the_search() -> None:
     kinds = {k for k, _ in events}
     assert kinds == {"gepa.iteration", "gepa.candidate", "gepa.frontier", "gepa.budget"}
     last_budget = [d for k, d in events if k == "gepa.budget"][-1]
-    assert last_budget == {"used": state.metric_calls, "max": 60, "remaining": 60 - state.metric_calls}
+    assert last_budget["used"] == state.metric_calls
+    assert last_budget == {"used": state.metric_calls, "max": 60, "remaining": 60 - state.metric_calls,
+                           "spent": last_budget["spent"]}
+    assert sum(d["spent"] for k, d in events if k == "gepa.budget") == state.metric_calls
     frontier = [d for k, d in events if k == "gepa.frontier"][-1]
     assert frontier["num_candidates"] == len(state.candidates)
     assert frontier["frequencies"] == {str(k): v for k, v in front_frequencies(state.val_scores).items()}

@@ -17,7 +17,7 @@ from workbench.cli.eval import _json_arg
 gepa_app = typer.Typer(help="GEPA prompt optimization.", no_args_is_help=True)
 
 FLAG_DEFAULTS: dict[str, Any] = {"max_metric_calls": 500, "num_train": 100, "num_val": 50, "minibatch_size": 3,
-                                 "num_test": 0, "seed": 0, "max_concurrent": 32}
+                                 "num_test": 0, "seed": 0, "max_concurrent": 32, "num_parallel_proposals": 4}
 
 
 class _Stopped(Exception):
@@ -55,6 +55,8 @@ def run(
     env_args: str | None = typer.Option(None, "-a", "--env-args", help="load_environment() args as JSON."),
     sampling_args: str | None = typer.Option(None, "-S", "--sampling-args", help="Sampling args as JSON."),
     concurrency: int | None = typer.Option(None, "-c", "--max-concurrent", min=1, help="Rollouts at once [32]."),
+    parallel: int | None = typer.Option(None, "-P", "--num-parallel-proposals", min=1,
+                                        help="Reflective proposals run at once [4]; 1 runs them one by one."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of the split, minibatches, selection [0]."),
     output_dir: Path | None = typer.Option(None, "-o", "--output-dir", help="Put the run directory here."),
     base_url: str | None = typer.Option(None, "-b", "--api-base-url", help="OpenAI-compatible endpoint."),
@@ -84,6 +86,7 @@ def run(
              "perfect_score": perfect_score, "state_columns": state_columns or None,
              "env_args": _json_arg(env_args, "-a/--env-args") or None,
              "sampling": _json_arg(sampling_args, "-S/--sampling-args") or None, "max_concurrent": concurrency,
+             "num_parallel_proposals": parallel,
              "seed": seed, "num_test": test, "use_merge": use_merge or None}
     endpoints = {"base_url": base_url, "reflection_base_url": None, "api_key_var": api_key_var}
     if env.startswith("@") or env.endswith(".toml"):
@@ -128,6 +131,7 @@ def _from_toml(path: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
                 "num_train": g.num_train, "num_val": g.num_val, "num_test": g.num_test,
                 "minibatch_size": g.minibatch_size, "perfect_score": g.perfect_score,
                 "state_columns": g.state_columns, "seed": g.seed, "max_concurrent": g.max_concurrent,
+                "num_parallel_proposals": g.num_parallel_proposals,
                 "use_merge": g.use_merge, "max_merge_invocations": g.max_merge_invocations, "sampling": cfg.sampling}
     endpoints = {"base_url": cfg.base_url, "reflection_base_url": cfg.reflection_base_url,
                  "api_key_var": cfg.api_key_var}
