@@ -41,7 +41,8 @@ def load_policy(model_path: Path, *, lora_r: int = 16, lora_alpha: float = 16, l
     from transformers import AutoModelForCausalLM
 
     torch_dtype = pick_dtype(dtype, device)
-    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(device)
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
+    base.to(device)  # type: ignore[arg-type]
     base.config.use_cache = False
     if adapter_path is not None:
         return PeftModel.from_pretrained(base, adapter_path, is_trainable=True)
@@ -49,7 +50,8 @@ def load_policy(model_path: Path, *, lora_r: int = 16, lora_alpha: float = 16, l
     if missing:
         raise ValueError(f"[lora].target_modules: {', '.join(missing)} not found in {model_path.name}; its linear "
                          f"layers include {', '.join(_linear_names(base)[:12])}")
-    config = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
+    config = LoraConfig(r=lora_r, lora_alpha=lora_alpha,  # type: ignore[arg-type]  # peft accepts a float
+                        lora_dropout=lora_dropout, target_modules=target_modules,
                         task_type="CAUSAL_LM", bias="none")
     return get_peft_model(base, config)
 

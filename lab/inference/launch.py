@@ -5,6 +5,7 @@ Both engines answer the same protocol and return a `RunningServer` (base URL, se
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from lab.inference.process import RunningServer
@@ -12,22 +13,43 @@ from lab.inference.process import RunningServer
 LOCAL_BACKENDS = ("builtin", "vllm")
 
 
+@dataclass(frozen=True)
+class SamplerOptions:
+    """The `[inference]` settings both engines understand (None: the engine's default for this device)."""
+
+    port: int | None = None
+    dtype: str | None = None
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    kv_cache_gb: float = 2.0
+    max_lora_rank: int = 16
+
+
 def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name: str | None = None,
-                  timeout: float = 600.0, max_lora_rank: int = 16) -> RunningServer:
+                  timeout: float = 600.0, max_lora_rank: int = 16,
+                  options: SamplerOptions | None = None) -> RunningServer:
     """Start `backend` on `model_path` and wait until it is ready.
 
     Raises lab.inference.process.ServerStartError (with the server log's tail) when it does not come up, and
     lab.inference.vllm.VLLMNotInstalledError for vLLM where it is not installed.
     """
+    opts = options or SamplerOptions(max_lora_rank=max_lora_rank)
+    dtype = None if opts.dtype in (None, "auto") else opts.dtype
     if backend == "vllm":
         from lab.inference.vllm import VLLMSettings, start_vllm
 
-        return start_vllm(VLLMSettings(model=model_path, served_model_name=served_name, max_lora_rank=max_lora_rank),
-                          log_path=log_path, timeout=timeout)
+        settings = VLLMSettings(model=model_path, served_model_name=served_name, port=opts.port or None,
+                                max_lora_rank=opts.max_lora_rank, dtype=dtype,
+                                tensor_parallel_size=opts.tensor_parallel_size,
+                                gpu_memory_utilization=opts.gpu_memory_utilization, cpu_kv_cache_gib=opts.kv_cache_gb,
+                                **({"max_model_len": opts.max_model_len} if opts.max_model_len else {}))
+        return start_vllm(settings, log_path=log_path, timeout=timeout)
     if backend == "builtin":
         from lab.inference.builtin.launcher import start_builtin_server
         from lab.inference.builtin.server import BuiltinServerSettings
 
-        return start_builtin_server(BuiltinServerSettings(model=model_path, served_model_name=served_name),
-                                    log_path=log_path, timeout=timeout)
+        builtin = BuiltinServerSettings(model=model_path, served_model_name=served_name,
+                                        max_model_len=opts.max_model_len, **({"dtype": dtype} if dtype else {}))
+        return start_builtin_server(builtin, port=opts.port or None, log_path=log_path, timeout=timeout)
     raise ValueError(f"cannot start backend {backend!r}: use one of {', '.join(LOCAL_BACKENDS)}")

@@ -43,6 +43,13 @@ class TinyModelShape:
     head_dim: int = 32
     max_position_embeddings: int = 4096
     tokenizer_vocab_size: int = 1024
+    # Weight init std. transformers' 0.02 gives a near-uniform next-token distribution whose logits a LoRA adapter
+    # can barely move (RMSNorm caps the hidden state); RL tests use a larger one so the policy can learn.
+    initializer_range: float = 0.02
+    # Add a shared direction per character class (letters, digits, spaces, punctuation, other) to each token's
+    # embedding, as a pretrained model's embeddings would cluster them. With it, "write more letters" is a direction
+    # a LoRA adapter can find in a few RL steps; without it, classes are random point clouds (tests of learning).
+    char_class_strength: float = 0.0
 
 
 def build_tiny_tokenizer(vocab_size: int = 1024) -> Any:
@@ -97,6 +104,7 @@ def build_tiny_model(dest: Path, *, seed: int = 0, shape: TinyModelShape | None 
         pad_token_id=end_of_text,
         bos_token_id=None,
         dtype="float32",
+        initializer_range=shape.initializer_range,
     )
     config.architectures = ["Qwen3ForCausalLM"]
     generator_state = torch.random.get_rng_state()
@@ -105,6 +113,8 @@ def build_tiny_model(dest: Path, *, seed: int = 0, shape: TinyModelShape | None 
         model = Qwen3ForCausalLM(config)  # float32: the config says so
     finally:
         torch.random.set_rng_state(generator_state)
+    if shape.char_class_strength > 0:
+        _add_char_class_directions(model, tokenizer, shape.char_class_strength, seed)
     model.generation_config = GenerationConfig(
         eos_token_id=[im_end, end_of_text], pad_token_id=end_of_text, bos_token_id=None
     )
@@ -112,6 +122,32 @@ def build_tiny_model(dest: Path, *, seed: int = 0, shape: TinyModelShape | None 
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     return dest
+
+
+def char_class(text: str) -> str:
+    """The character class of a token's text: the class most of its non-space characters are in."""
+    stripped = "".join(text.split())
+    if not stripped:
+        return "space"
+    counts = {"letters": sum(c.isascii() and c.isalpha() for c in stripped),
+              "digits": sum(c.isdigit() for c in stripped),
+              "punct": sum(c.isascii() and not c.isalnum() for c in stripped)}
+    best = max(counts, key=lambda k: counts[k])
+    return best if counts[best] * 2 > len(stripped) else "other"
+
+
+def _add_char_class_directions(model: Any, tokenizer: Any, strength: float, seed: int) -> None:
+    import torch
+
+    classes = ["letters", "digits", "space", "punct", "other"]
+    generator = torch.Generator().manual_seed(seed + 1)
+    hidden = model.config.hidden_size
+    directions = torch.linalg.qr(torch.randn(hidden, len(classes), generator=generator))[0].T  # orthonormal rows
+    embed = model.get_input_embeddings().weight
+    with torch.no_grad():
+        for token_id in range(len(tokenizer)):
+            text = tokenizer.decode([token_id])
+            embed[token_id] += strength * directions[classes.index(char_class(text))]
 
 
 def build_tiny_qwen3(dest: Path) -> None:

@@ -12,12 +12,15 @@ import typer
 from workbench.cli.common import OUTPUT_OPTION, OutputFormat, config_path, err, fail, print_json
 from workbench.cli.models import models
 from workbench.cli.render import format_event, runs_table
+from workbench.cli.rl_run import restart, run
 
 rl_app = typer.Typer(
     help="Reinforcement learning: write, validate, run and manage RL configs and runs.",
     no_args_is_help=True,
 )
 rl_app.command("models")(models)
+rl_app.command("run")(run)
+rl_app.command("restart")(restart)
 
 
 @rl_app.command("init")

@@ -1,0 +1,262 @@
+"""The launcher: `prime rl run` creates the run and starts this supervisor detached; it starts the three roles and
+watches them until the run ends.
+
+    python -m trainer.launcher RUN_DIR [--resume]
+
+Order: the trainer first (it loads the model while the sampler boots), then the sampler (built-in server, vLLM, or
+an external URL checked for an answer), then the orchestrator. Every wait has a timeout. The run is `failed` within
+seconds when a process exits with an error (the reason is that process's last ERROR event, or the tail of its log)
+or when the sampler dies or stops answering `/health`; the other processes are then stopped. SIGTERM (`prime rl
+stop`) stops all three cleanly: the trainer finishes its step and checkpoints. The run ends `completed` when the
+trainer has trained `max_steps` steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from lab.events import Event, EventLog
+from lab.inference.process import RunningServer, log_tail
+from lab.runs import Run
+from trainer.batch import batch_path
+from trainer.config import RLConfig
+from trainer.runtime import StopFlag, checkpoint_to_resume, load_config, step_dirs
+
+POLL_S = 0.25
+HEALTH_EVERY_S = 5.0
+UNHEALTHY_AFTER_S = 30.0
+STOP_GRACE_S = 120.0  # the trainer may be mid-step on a slow CPU
+EXTERNAL_TIMEOUT_S = 30.0
+
+
+class LaunchFailed(RuntimeError):
+    pass
+
+
+def spawn(run: Run, *, resume: bool = False, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start the supervisor for `run` detached (its own session: it outlives the terminal that started it)."""
+    argv = [sys.executable, "-m", "trainer.launcher", str(run.dir)] + (["--resume"] if resume else [])
+    with open(run.log_path("launcher"), "ab") as log:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={**os.environ, **(env or {})})
+
+
+def prepare_resume(run: Run) -> int:
+    """Drop what was written after the newest checkpoint (batches and adapters of later steps); return its step."""
+    found = checkpoint_to_resume(run)
+    if found is None:
+        raise LaunchFailed(f"{run.id} has no checkpoint yet (checkpoints/step_N), so there is nothing to resume "
+                           "from: start it again with `prime rl run`")
+    step = found[0]
+    for k, path in step_dirs(run.adapters_dir).items():
+        if k > step:
+            shutil.rmtree(path, ignore_errors=True)
+    for path in run.rollouts_dir.glob("step_*.jsonl"):
+        try:
+            if int(path.stem.split("_", 1)[1]) > step:
+                path.unlink()
+        except ValueError:
+            continue
+    return step
+
+
+class Supervisor:
+    def __init__(self, run: Run, resume: bool = False) -> None:
+        self.run, self.resume = run, resume
+        self.config: RLConfig = load_config(run)
+        status = run.read_status()
+        self.model_path = Path(status["model_path"])
+        self.stop = StopFlag().install()
+        self.events = run.writer("launcher")
+        self.server: RunningServer | None = None
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.offset = 0
+        self.last_error: dict[str, str] = {}
+        self.monitor = _alert_monitor()
+
+    def log(self, message: str, level: str = "INFO") -> None:
+        self.events.log(message, level)
+        print(f"[launcher] {level} {message}", flush=True)
+
+    def start_child(self, role: str, argv: list[str]) -> None:
+        with open(self.run.log_path(role), "ab") as log:
+            process = subprocess.Popen([sys.executable, "-m", *argv], stdin=subprocess.DEVNULL, stdout=log,
+                                       stderr=subprocess.STDOUT)
+        self.children[role] = process
+        self.run.register_process(role, process.pid)
+
+    # Start ------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        cfg, run = self.config, self.run
+        self.run.register_process("launcher", os.getpid(), pgid=os.getpgrp())
+        run.set_state("starting")
+        resume = ["--resume"] if self.resume else []
+        self.start_child("trainer", ["trainer.train", str(run.dir), "--model-path", str(self.model_path), *resume])
+        base_url, model_name = self.start_sampler()
+        if self.stop.set:
+            return
+        api_key = ["--api-key-var", cfg.inference.api_key_var] if cfg.inference.backend == "external" else []
+        self.start_child("orchestrator", ["trainer.orchestrator", str(run.dir), "--base-url", base_url,
+                                          "--model", model_name, *api_key, *resume])
+        run.set_state("running")
+
+    def start_sampler(self) -> tuple[str, str]:
+        from lab.inference.backend import BackendUnavailableError, choose_backend
+        from lab.inference.launch import SamplerOptions, start_sampler
+        from lab.inference.process import ServerStartError
+
+        inf = self.config.inference
+        try:
+            choice = choose_backend(inf.backend, external_url=inf.base_url)
+        except BackendUnavailableError as exc:
+            raise LaunchFailed(str(exc)) from exc
+        self.log(f"sampler: {choice.reason}")
+        if choice.backend == "external":
+            assert inf.base_url is not None
+            self.check_external(inf.base_url)
+            return inf.base_url, self.config.model
+        options = SamplerOptions(port=inf.port or None, dtype=inf.dtype, max_model_len=inf.max_model_len,
+                                 tensor_parallel_size=inf.tensor_parallel_size,
+                                 gpu_memory_utilization=inf.gpu_memory_utilization, kv_cache_gb=inf.kv_cache_gb,
+                                 max_lora_rank=self.config.lora.r)
+        served = None if Path(self.config.model).exists() else self.config.model
+        try:
+            self.server = start_sampler(choice.backend, self.model_path, self.run.log_path("inference"),
+                                        served_name=served, timeout=inf.startup_timeout, options=options)
+        except (ServerStartError, OSError) as exc:
+            raise LaunchFailed(f"the {choice.backend} sampler did not start: {exc}") from exc
+        if self.server.process.pid:
+            self.run.register_process("inference", self.server.process.pid)
+        self.log(f"sampler ready at {self.server.base_url} serving {self.server.model_name}")
+        return self.server.base_url, self.server.model_name
+
+    def check_external(self, base_url: str) -> None:
+        url = base_url.rstrip("/") + "/models"
+        try:
+            with urllib.request.urlopen(url, timeout=EXTERNAL_TIMEOUT_S):
+                pass
+        except urllib.error.HTTPError as exc:
+            if exc.code not in (401, 403):
+                raise LaunchFailed(f"the external sampler at {base_url} answered GET /models with HTTP "
+                                   f"{exc.code}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise LaunchFailed(f"the external sampler at {base_url} does not answer ({exc}); start it, or fix "
+                               "[inference].base_url") from exc
+
+    # Watch ------------------------------------------------------------------------------------------------
+    def follow_events(self) -> None:
+        """Read new events: remember each process's last error, and raise alerts on the metrics."""
+        items, self.offset = EventLog(self.run.events_path).read(self.offset)
+        for item in items:
+            if not isinstance(item, Event):
+                continue
+            if item.kind == "log" and item.data.get("level") == "ERROR":
+                self.last_error[item.source] = str(item.data.get("message", ""))
+            if self.monitor is not None and item.kind != "alert":
+                for alert in self.monitor.observe(item):
+                    self.events.emit("alert", alert, step=item.step)
+
+    def reason(self, role: str, code: int | None) -> str:
+        if role in self.last_error:
+            return self.last_error[role]
+        tail = log_tail(self.run.log_path(role), 8).strip()
+        return f"the {role} exited with code {code}" + (f"; its log ends:\n{tail}" if tail else "")
+
+    def watch(self) -> str:
+        """Until the run ends: returns the final state."""
+        last_health = time.monotonic()
+        healthy_at = time.monotonic()
+        while True:
+            self.follow_events()
+            if self.stop.set:
+                return "stopped"
+            trainer, orchestrator = self.children["trainer"].poll(), self.children["orchestrator"].poll()
+            if trainer is not None and trainer != 0:
+                raise LaunchFailed(self.reason("trainer", trainer))
+            if orchestrator is not None and orchestrator != 0:
+                raise LaunchFailed(self.reason("orchestrator", orchestrator))
+            if trainer == 0:
+                done = int(self.run.read_status().get("step") or 0) >= self.config.max_steps
+                return "completed" if done else "stopped"
+            if orchestrator == 0 and not batch_path(self.run.rollouts_dir, self.config.max_steps).exists():
+                return "stopped"
+            if self.server is not None:
+                code = self.server.process.poll()
+                if code is not None:
+                    raise LaunchFailed(f"the inference server exited with code {code}; its log ends:\n"
+                                       f"{log_tail(self.server.log_path, 8)}")
+                now = time.monotonic()
+                if now - last_health >= HEALTH_EVERY_S:
+                    last_health = now
+                    if self.server.process.is_healthy(timeout=5.0):
+                        healthy_at = now
+                    elif now - healthy_at > UNHEALTHY_AFTER_S:
+                        raise LaunchFailed(f"the inference server at {self.server.base_url} stopped answering "
+                                           f"/health for {now - healthy_at:.0f} s")
+            time.sleep(POLL_S)
+
+    def stop_children(self, grace: float = STOP_GRACE_S) -> None:
+        for process in self.children.values():
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + grace
+        for role, process in self.children.items():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.log(f"the {role} did not exit within {grace:g} s; killed", "WARNING")
+                process.kill()
+                process.wait()
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def supervise(self) -> int:
+        final, reason = "failed", ""
+        try:
+            self.start()
+            final = "stopped" if self.stop.set else self.watch()
+            reason = {"stopped": "stopped by the user", "completed": f"trained {self.config.max_steps} steps"}[final]
+        except LaunchFailed as exc:
+            final, reason = "failed", str(exc)
+        except Exception as exc:  # a bug of ours: still leave a failed run with the reason, never a hung one
+            import traceback
+
+            traceback.print_exc()
+            final, reason = "failed", f"launcher error: {type(exc).__name__}: {exc}"
+        finally:
+            self.stop_children(STOP_GRACE_S if final != "failed" else 15.0)
+            self.follow_events()
+        if final == "failed":
+            self.log(reason, "ERROR")
+        self.run.set_state(final, reason=reason)  # type: ignore[arg-type]
+        return 0 if final != "failed" else 1
+
+
+def _alert_monitor() -> Any:
+    try:
+        from lab.alerts import AlertMonitor
+    except ImportError:  # the alerts module is optional for the launcher
+        return None
+    return AlertMonitor()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.launcher")
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args(argv)
+    return Supervisor(Run(args.run_dir), resume=args.resume).supervise()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""The orchestrator process: `python -m trainer.orchestrator RUN_DIR --base-url URL --model NAME [--resume]`.
+
+It keeps `oversampling_factor * batch_size` rollouts in flight against the sampler (groups of
+`rollouts_per_example` rollouts of one example, through the `openai` AsyncOpenAI client), scores them with the
+environments' rubrics, filters groups by difficulty, computes group advantages, and writes one batch of
+`batch_size` rollouts per step for the trainer (`rollouts/step_k.jsonl`). Before sampling for step k it waits until
+the trainer has published policy version k - 1 - max_async_level, and loads the newest adapter into the sampler
+(`/v1/load_lora_adapter`, in place). Groups sampled with a policy older than that are dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lab.envs import Environment, Rollout, SamplingArgs, load_env_files, load_environment
+from lab.events import EventWriter
+from lab.inference.vllm import AdapterLoadError, RuntimeAdapters
+from lab.runs import Run
+from trainer.batch import Sample, rollout_samples, write_batch
+from trainer.buffer import ExampleSampler, GroupFilter
+from trainer.config import RLConfig
+from trainer.loss import group_advantages
+from trainer.runtime import (
+    ADAPTER_NAME,
+    StopFlag,
+    checkpoint_to_resume,
+    guarded_main,
+    latest_step,
+    load_config,
+    step_dirs,
+)
+
+SAMPLE_EVENTS_PER_STEP = 2
+MAX_FILTERED_BATCHES = 5  # a batch's worth of groups filtered or failed this many times over: give up
+HEALTH_GRACE_S = 30.0
+REQUEST_TIMEOUT_S = 600.0
+
+
+class OrchestratorError(RuntimeError):
+    """The run cannot go on; the message says why."""
+
+
+@dataclass
+class Group:
+    env: str
+    rollouts: list[Rollout]
+    version: int
+    seconds: float
+
+
+def sampling_args(config: RLConfig) -> SamplingArgs:
+    s = config.sampling
+    extra: dict[str, Any] = {}
+    if s.enable_thinking is not None:
+        extra["chat_template_kwargs"] = {"enable_thinking": s.enable_thinking}
+    if s.reasoning_effort is not None:
+        extra["reasoning_effort"] = s.reasoning_effort
+    return SamplingArgs(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, stop=list(s.stop),
+                        seed=s.seed, rl_fields=True, extra_body=extra)
+
+
+def env_names(config: RLConfig) -> list[str]:
+    return [e.name or e.id.rsplit("/", 1)[-1] for e in config.env]
+
+
+def batch_metrics(groups: list[Group], step: int, fill_seconds: float) -> dict[str, float]:
+    """The orchestrator's metrics for one step's batch (DESIGN.md names)."""
+    rollouts = [r for g in groups for r in g.rollouts]
+    rewards = [r.reward for r in rollouts]
+    mean = sum(rewards) / len(rewards)
+    lengths = [sum(len(t.completion_token_ids or []) for t in r.turns) for r in rollouts]
+    metrics: dict[str, float] = {
+        "reward/mean": mean,
+        "reward/std": math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards)),
+        "rollout/mean_length": sum(lengths) / len(lengths),
+        "rollout/truncated": sum(r.is_truncated for r in rollouts) / len(rollouts),
+        "rollout/generation_time": fill_seconds,
+        "perf/tokens_per_s": sum(lengths) / fill_seconds if fill_seconds > 0 else 0.0,
+        "batch/async_level": float(max(step - 1 - g.version for g in groups)),
+    }
+    by_env: dict[str, list[float]] = {}
+    for g in groups:
+        by_env.setdefault(g.env, []).extend(r.reward for r in g.rollouts)
+    for env, values in by_env.items():
+        metrics[f"reward/{env}"] = sum(values) / len(values)
+    return metrics
+
+
+class Orchestrator:
+    def __init__(self, run: Run, config: RLConfig, base_url: str, model: str, *, resume: bool = False,
+                 api_key: str = "prime-lab") -> None:
+        from openai import AsyncOpenAI
+
+        self.run, self.config, self.base_url, self.base_model = run, config, base_url, model
+        self.events: EventWriter = run.writer("orchestrator")
+        self.stop = StopFlag().install()
+        if config.env_file:
+            load_env_files(config.env_file, base=Path.cwd())
+        self.names = env_names(config)
+        self.envs: dict[str, Environment] = {
+            name: load_environment(e.id, **e.args) for name, e in zip(self.names, config.env, strict=True)}
+        self.sampler = ExampleSampler({n: e.get_dataset() for n, e in self.envs.items()}, config.env_weights,
+                                      seed=config.buffer.seed)
+        self.filter = GroupFilter(config.buffer, config.difficulty_filter)
+        self.sampling = sampling_args(config)
+        self.client = AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=REQUEST_TIMEOUT_S, max_retries=1)
+        self.adapters = RuntimeAdapters(base_url.rstrip("/").removesuffix("/v1"))
+        found = checkpoint_to_resume(run) if resume else None
+        self.start_step = found[0] if found else 0
+        self.version = -1  # the policy version the sampler serves; -1: not loaded yet
+        self.model_name = model
+        self.group_size = config.rollouts_per_example
+        self.groups_in_flight = max(1, math.ceil(config.oversampling_factor * config.batch_size / self.group_size))
+        self.tasks: set[asyncio.Task[Group]] = set()
+        self.ready: list[Group] = []
+
+    def log(self, message: str, level: str = "INFO", step: int | None = None) -> None:
+        self.events.log(message, level, step=step)
+        print(f"[orchestrator] {level} {message}", flush=True)
+
+    # Weights -----------------------------------------------------------------------------------------------
+    def needs_adapter(self) -> bool:
+        return self.start_step > 0 or self.config.checkpoint_id is not None
+
+    async def wait_for_version(self, minimum: int) -> float:
+        """Block until the trainer has published version >= `minimum`; load the newest into the sampler."""
+        t0 = time.perf_counter()
+        while True:
+            newest = latest_step(self.run.adapters_dir)
+            have = newest if newest is not None else (-1 if self.needs_adapter() else 0)
+            if have >= minimum:
+                break
+            if self.stop.set:
+                raise asyncio.CancelledError
+            await asyncio.sleep(0.05)
+        waited = time.perf_counter() - t0
+        if newest is not None and newest > self.version:
+            await asyncio.to_thread(self.load_adapter, newest)
+        elif self.version < 0:
+            self.version = 0
+        return waited
+
+    def load_adapter(self, version: int) -> None:
+        path = step_dirs(self.run.adapters_dir).get(version)
+        if path is None:  # pruned in between: take whatever is newest now
+            newest = latest_step(self.run.adapters_dir)
+            if newest is None:
+                return
+            version, path = newest, step_dirs(self.run.adapters_dir)[newest]
+        try:
+            self.adapters.load(ADAPTER_NAME, path)
+        except AdapterLoadError as exc:
+            raise OrchestratorError(f"the sampler refused the trainer's adapter: {exc}") from exc
+        self.version, self.model_name = version, ADAPTER_NAME
+
+    # Sampling ----------------------------------------------------------------------------------------------
+    async def sample_group(self, env_name: str, row: dict[str, Any], version: int) -> Group:
+        t0 = time.perf_counter()
+        rollouts = await self.envs[env_name].run_rollouts(self.client, self.model_name, [row], self.sampling,
+                                                          rollouts_per_example=self.group_size,
+                                                          max_concurrent=self.group_size)
+        return Group(env_name, rollouts, version, time.perf_counter() - t0)
+
+    def top_up(self) -> None:
+        while len(self.tasks) < self.groups_in_flight:
+            env_name, row = self.sampler.next()
+            self.tasks.add(asyncio.create_task(self.sample_group(env_name, row, self.version)))
+
+    async def next_group(self) -> Group:
+        if self.ready:
+            return self.ready.pop(0)
+        self.top_up()
+        done, _ = await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            self.tasks.discard(task)
+            self.ready.append(task.result())
+        return self.ready.pop(0)
+
+    async def fill_batch(self, step: int) -> tuple[list[Group], dict[str, float]]:
+        cfg = self.config
+        need_groups = cfg.batch_size // self.group_size
+        oldest_ok = step - 1 - cfg.max_async_level
+        kept: list[Group] = []
+        counts = {"easy": 0, "hard": 0, "filtered": 0, "failed": 0, "stale": 0}
+        seen = 0
+        last_reason = ""
+        while len(kept) < need_groups:
+            if self.stop.set:
+                raise asyncio.CancelledError
+            group = await self.next_group()
+            seen += 1
+            if group.version < oldest_ok:
+                counts["stale"] += 1
+                continue
+            errors = [r.error for r in group.rollouts if r.error]
+            if errors:
+                counts["failed"] += 1
+                last_reason = f"a rollout failed: {errors[0].splitlines()[0]}"
+                self.log(f"dropped a group of {group.env}: {last_reason}", "WARNING", step)
+                await self.check_sampler(errors[0])
+            else:
+                verdict = self.filter.judge([r.reward for r in group.rollouts])
+                if verdict.difficulty in ("easy", "hard"):
+                    counts[verdict.difficulty] += 1
+                if verdict.keep:
+                    kept.append(group)
+                    continue
+                counts["filtered"] += 1
+                last_reason = verdict.reason
+            if seen - len(kept) >= MAX_FILTERED_BATCHES * need_groups:
+                raise OrchestratorError(
+                    f"step {step}: {seen - len(kept)} groups in a row were dropped and only {len(kept)} of "
+                    f"{need_groups} kept (last: {last_reason}). If every group is filtered, loosen [buffer] / "
+                    "[difficulty_filter] or pick a task whose rewards vary within a group")
+        total = max(1, seen)
+        return kept, {"buffer/easy": counts["easy"] / total, "buffer/hard": counts["hard"] / total,
+                      "buffer/filtered": counts["filtered"] / total, "buffer/stale": counts["stale"] / total,
+                      "rollout/failed_groups": float(counts["failed"])}
+
+    async def check_sampler(self, error: str) -> None:
+        """A failed request: if the sampler no longer answers /health within the grace period, give up."""
+        import httpx
+
+        deadline = time.monotonic() + HEALTH_GRACE_S
+        root = self.base_url.rstrip("/").removesuffix("/v1")
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            while True:
+                try:
+                    if (await http.get(root + "/health")).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise OrchestratorError(f"the sampler at {self.base_url} stopped answering (no /health for "
+                                            f"{HEALTH_GRACE_S:g} s); last request error: {error.splitlines()[0]}")
+                await asyncio.sleep(1.0)
+
+    # Steps -------------------------------------------------------------------------------------------------
+    def to_samples(self, groups: list[Group]) -> list[Sample]:
+        rewards = [r.reward for g in groups for r in g.rollouts]
+        advantages = group_advantages(rewards, self.group_size, self.config.trainer.std_normalize_advantages)
+        samples: list[Sample] = []
+        i = 0
+        for g in groups:
+            for r in g.rollouts:
+                samples += rollout_samples(r, advantages[i], self.config.trajectory_strategy,
+                                           policy_version=g.version, env=g.env)
+                i += 1
+        return samples
+
+    def emit_samples(self, step: int, samples: list[Sample]) -> None:
+        picked = samples[:: max(1, len(samples) // SAMPLE_EVENTS_PER_STEP)][:SAMPLE_EVENTS_PER_STEP]
+        for s in picked:
+            self.events.emit("sample", {"env": s.env, "example_id": s.example_id, "prompt": s.prompt,
+                                        "completion": s.completion, "answer": s.answer, "reward": s.reward,
+                                        "advantage": s.advantage, "metrics": s.metrics}, step=step)
+
+    async def loop(self) -> int:
+        cfg = self.config
+        self.log(f"sampling from {self.base_url} ({self.base_model}); environments: {', '.join(self.names)}; "
+                 f"{self.groups_in_flight} groups of {self.group_size} in flight; max_async_level "
+                 f"{cfg.max_async_level}")
+        try:
+            for step in range(self.start_step + 1, cfg.max_steps + 1):
+                waited = await self.wait_for_version(step - 1 - cfg.max_async_level)
+                t0 = time.perf_counter()
+                groups, buffer_metrics = await self.fill_batch(step)
+                fill = time.perf_counter() - t0
+                samples = self.to_samples(groups)
+                write_batch(self.run.rollouts_dir, step, samples)
+                metrics = batch_metrics(groups, step, fill)
+                metrics.update(buffer_metrics)
+                metrics["time/wait_for_weights"] = waited
+                metrics["policy/version"] = float(self.version)
+                self.events.metrics(metrics, step)
+                self.emit_samples(step, samples)
+                print(f"[orchestrator] step {step}: reward {metrics['reward/mean']:.3f} "
+                      f"(policy version {self.version}, {fill:.1f}s)", flush=True)
+        except asyncio.CancelledError:
+            self.log("stopping: the run was asked to stop")
+        finally:
+            for task in self.tasks:
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+            await self.client.close()
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.orchestrator")
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--api-key-var", default=None)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args(argv)
+    run = Run(args.run_dir)
+
+    def body() -> int:
+        import os
+
+        api_key = os.environ.get(args.api_key_var, "prime-lab") if args.api_key_var else "prime-lab"
+        orchestrator = Orchestrator(run, load_config(run), args.base_url, args.model, resume=args.resume,
+                                    api_key=api_key)
+        return asyncio.run(orchestrator.loop())
+
+    return guarded_main(run, "orchestrator", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

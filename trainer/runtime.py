@@ -1,0 +1,123 @@
+"""What the run's processes (launcher, orchestrator, trainer) share: the config, the adapter and checkpoint folders,
+and a stop flag set by SIGTERM/SIGINT.
+
+Steps are counted from 1. The batch of step k is `rollouts/step_k.jsonl`; the trainer's adapter after step k is
+`adapters/step_k/` (policy version k; version 0 is the base model, or the warm-start / resume adapter), and a
+resumable checkpoint after step k is `checkpoints/step_k/` (the adapter plus `trainer_state.pt`). Folders appear
+whole: they are written under a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from lab.runs import Run
+from trainer.config import RLConfig
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+ADAPTER_NAME = "policy"  # the name the orchestrator loads the trainer's adapter under
+
+
+def load_config(run: Run) -> RLConfig:
+    return RLConfig.model_validate(json.loads(run.resolved_path.read_text()), strict=False)
+
+
+def step_dirs(root: Path) -> dict[int, Path]:
+    """Complete `step_N` folders under `root`, by N."""
+    out: dict[int, Path] = {}
+    if root.is_dir():
+        for child in root.iterdir():
+            m = STEP_DIR.match(child.name)
+            if m and child.is_dir():
+                out[int(m.group(1))] = child
+    return out
+
+
+def latest_step(root: Path) -> int | None:
+    steps = step_dirs(root)
+    return max(steps) if steps else None
+
+
+def publish_dir(tmp: Path, final: Path) -> Path:
+    """Move a fully written folder into place (replacing an older one of the same name)."""
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+def staging_dir(root: Path, name: str) -> Path:
+    tmp = root / f".{name}.{os.getpid()}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def checkpoint_to_resume(run: Run) -> tuple[int, Path] | None:
+    """The newest complete checkpoint of a run: (step, folder)."""
+    steps = step_dirs(run.checkpoints_dir)
+    complete = {k: v for k, v in steps.items() if (v / "trainer_state.pt").is_file()}
+    if not complete:
+        return None
+    step = max(complete)
+    return step, complete[step]
+
+
+def warm_start_adapter(checkpoint_id: str, runs_root: Path) -> Path:
+    """`checkpoint_id` as a local folder: a checkpoints/step_N or adapters/step_N folder, or a run id (its newest
+    checkpoint). Raises ValueError with what to do."""
+    path = Path(checkpoint_id).expanduser()
+    if path.is_dir() and (path / "adapter_config.json").is_file():
+        return path
+    run_dir = runs_root / checkpoint_id
+    if run_dir.is_dir():
+        found = checkpoint_to_resume(Run(run_dir))
+        if found:
+            return found[1]
+        raise ValueError(f"checkpoint_id: run {checkpoint_id} has no checkpoint yet (checkpoints/step_N)")
+    raise ValueError(f"checkpoint_id: {checkpoint_id!r} is neither a run id under {runs_root} nor a folder with an "
+                     "adapter_config.json (a run's checkpoints/step_N or adapters/step_N)")
+
+
+class StopFlag:
+    """Set by SIGTERM or SIGINT; the process finishes what it is doing, saves, and exits."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self.signal: int | None = None
+
+    def install(self) -> StopFlag:
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.set = True
+        self.signal = signum
+
+
+def guarded_main(run: Run, role: str, body: Callable[[], int]) -> int:
+    """Run a process's body; an exception becomes an ERROR event (the reason the launcher reports) and exit code 1,
+    with the traceback in the process's own log (its stdout)."""
+    try:
+        return body()
+    except Exception as exc:
+        traceback.print_exc()
+        message = f"{role} failed: {type(exc).__name__}: {exc}"
+        try:
+            with run.writer(role) as writer:
+                writer.log(message, "ERROR", fatal=True)
+        except OSError:
+            pass
+        print(message, file=sys.stderr, flush=True)
+        return 1

@@ -1,0 +1,181 @@
+"""`prime rl run @config.toml` and `prime rl restart ID`: start (or resume) a local RL run, detached.
+
+The run's supervisor (`trainer.launcher`) runs in its own session, so closing the terminal does not end the run;
+this command prints the run id and how to follow it. `--foreground` stays attached with a live progress line, and
+Ctrl-C stops the run (it checkpoints).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from workbench.cli.common import config_path, err, fail
+
+PROGRESS_KEYS = (("reward/mean", "reward"), ("loss", "loss"), ("policy/entropy", "entropy"), ("policy/kl", "kl"))
+
+
+def _env_vars(pairs: list[str], files: list[Path]) -> dict[str, str]:
+    from lab.envs import load_env_files
+
+    out: dict[str, str] = {}
+    if files:
+        try:
+            out.update(load_env_files([str(f) for f in files]))
+        except (OSError, ValueError) as exc:
+            fail(str(exc))
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            fail(f"-e/--env-var takes KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def run(
+    config: str = typer.Argument(..., help="The RL config (@file, @ file or a path).", metavar="CONFIG"),
+    foreground: bool = typer.Option(False, "--foreground", help="Stay attached with a live progress line."),
+    yes: bool = typer.Option(False, "-y", "--yes", help="Start without asking (runs never ask locally)."),
+    env_var: list[str] = typer.Option([], "-e", "--env-var", help="KEY=VALUE for the run's processes (repeat)."),
+    env_file: list[Path] = typer.Option([], "--env-file", help=".env file(s) for the run's processes."),
+    name: str | None = typer.Option(None, "--name", help="A display name for the run."),
+) -> None:
+    """Validate a config and start a local RL run: sampler, orchestrator and trainer. Prints the run id."""
+    from lab.models import ModelNotFoundError, resolve_model
+    from lab.runs import RunRegistry
+    from trainer.config import validate_rl_file
+    from trainer.launcher import spawn
+
+    path = config_path(config)
+    result = validate_rl_file(path)
+    if not result.ok or result.config is None:
+        for problem in result.problems:
+            typer.echo(problem.format(), err=True)
+        fail(f"Invalid config in {path}: {len(result.errors)} problem(s); fix them (`prime rl validate @{path}`)")
+    for note in result.notes:
+        err(note.format())
+    cfg = result.config
+    if not cfg.lora.enabled:
+        fail(f"{path}: [lora] enabled = false (full fine-tuning) is not supported by the local trainer yet: the "
+             "samplers take LoRA adapters; set [lora] enabled = true")
+    extra_env = _env_vars(env_var, env_file)
+    try:
+        model_path = resolve_model(cfg.model)
+    except ModelNotFoundError as exc:
+        fail(str(exc))
+    envs = [e.name or e.id for e in cfg.env]
+    run_ = RunRegistry().create("rl", config_text=path.read_text(), resolved=cfg.model_dump(mode="json"),
+                                name=name, model=cfg.model, envs=envs, max_steps=cfg.max_steps)
+    run_.update_status(model_path=str(model_path), config_file=str(path.resolve()))
+    run_.register_process("cli", os.getpid())
+    spawn(run_, env=extra_env)
+    _started(run_.id, foreground)
+
+
+def restart(
+    run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
+    foreground: bool = typer.Option(False, "--foreground", help="Stay attached with a live progress line."),
+) -> None:
+    """Resume a stopped or failed RL run from its latest checkpoint."""
+    from lab.runs import ACTIVE_STATES, RunRegistry
+    from trainer.launcher import LaunchFailed, prepare_resume, spawn
+
+    run_ = RunRegistry().get(run_id)
+    status = run_.status()
+    if status.get("kind") != "rl":
+        fail(f"{run_.id} is a {status.get('kind')} run: only RL runs restart (GEPA: `prime gepa run --resume`)")
+    if status.get("state") in ACTIVE_STATES:
+        fail(f"{run_.id} is {status.get('state')}: stop it first (`prime rl stop {run_.id}`)")
+    try:
+        step = prepare_resume(run_)
+    except LaunchFailed as exc:
+        fail(str(exc))
+    if step >= int(status.get("max_steps") or 0):
+        fail(f"{run_.id} already trained all {step} steps")
+    run_.update_status(step=step, reason=None)
+    run_.set_state("queued", reason=f"resuming after step {step}")
+    run_.register_process("cli", os.getpid())
+    spawn(run_, resume=True)
+    err(f"Resuming {run_.id} from its checkpoint after step {step}.")
+    _started(run_.id, foreground)
+
+
+def _started(run_id: str, foreground: bool) -> None:
+    if not foreground:
+        typer.echo(run_id)
+        err(f"Started {run_id} in the background.\n  follow: prime rl logs {run_id} -f\n  watch:  prime lab --run "
+            f"{run_id}\n  stop:   prime rl stop {run_id}")
+        return
+    err(f"Started {run_id}; following it here (Ctrl-C stops the run, which checkpoints first).")
+    code = follow_progress(run_id)
+    raise typer.Exit(code)
+
+
+def follow_progress(run_id: str, poll: float = 0.5) -> int:
+    """Print a progress line per step (rewritten in place on a terminal) until the run ends; 0 if it completed."""
+    from lab.events import Event
+    from lab.runs import FINAL_STATES, RunRegistry
+
+    registry = RunRegistry()
+    run_ = registry.get(run_id)
+    log = run_.event_log()
+    offset = 0
+    by_step: dict[int, dict[str, Any]] = {}
+    tty = sys.stderr.isatty()
+    started = time.monotonic()
+    try:
+        while True:
+            items, offset = log.read(offset)
+            for item in items:
+                if not isinstance(item, Event):
+                    continue
+                if item.kind == "metrics" and item.step is not None:
+                    by_step.setdefault(item.step, {}).update(item.data)
+                    if item.source == "trainer":  # the orchestrator's metrics of this step came before
+                        _progress(item.step, int(run_.read_status().get("max_steps") or 0), by_step.pop(item.step),
+                                  time.monotonic() - started, tty)
+                elif item.kind == "log" and item.data.get("level") in ("WARNING", "ERROR"):
+                    _line(f"{item.source}: {item.data.get('level')}: {item.data.get('message')}", tty)
+                elif item.kind == "alert":
+                    _line(f"ALERT {item.data.get('name')}: {item.data.get('message')}", tty)
+            status = run_.status()
+            if status.get("state") in FINAL_STATES and not items:
+                if tty:
+                    sys.stderr.write("\n")
+                reason = status.get("reason")
+                err(f"{run_id} {status.get('state')}" + (f": {reason}" if reason else ""))
+                return 0 if status.get("state") == "completed" else 1
+            time.sleep(poll)
+    except KeyboardInterrupt:
+        if tty:
+            sys.stderr.write("\n")
+        err(f"Stopping {run_id} (it checkpoints first) ...")
+        result = registry.stop(run_id, grace=120.0)
+        err(result.message + f"; resume with `prime rl restart {run_id}`")
+        return 130
+
+
+def _progress(step: int, max_steps: int, latest: dict[str, Any], elapsed: float, tty: bool) -> None:
+    parts = [f"step {step}/{max_steps}"]
+    parts += [f"{label} {latest[key]:.4g}" for key, label in PROGRESS_KEYS if isinstance(latest.get(key), float | int)]
+    per_step = elapsed / max(1, step)
+    parts.append(f"{per_step:.1f}s/step")
+    if max_steps > step:
+        parts.append(f"ETA {per_step * (max_steps - step):.0f}s")
+    line = "  ".join(parts)
+    if tty:
+        sys.stderr.write("\r\033[K" + line)
+        sys.stderr.flush()
+    else:
+        err(line)
+
+
+def _line(text: str, tty: bool) -> None:
+    if tty:
+        sys.stderr.write("\r\033[K")
+    err(text)
