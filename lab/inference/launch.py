@@ -5,7 +5,7 @@ Both engines answer the same protocol and return a `RunningServer` (base URL, se
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lab.inference.process import RunningServer
@@ -42,14 +42,17 @@ def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name
         settings = VLLMSettings(model=model_path, served_model_name=served_name, port=opts.port or None,
                                 max_lora_rank=opts.max_lora_rank, dtype=dtype,
                                 tensor_parallel_size=opts.tensor_parallel_size,
-                                gpu_memory_utilization=opts.gpu_memory_utilization, cpu_kv_cache_gib=opts.kv_cache_gb,
-                                **({"max_model_len": opts.max_model_len} if opts.max_model_len else {}))
+                                gpu_memory_utilization=opts.gpu_memory_utilization, cpu_kv_cache_gib=opts.kv_cache_gb)
+        if opts.max_model_len:
+            settings = replace(settings, max_model_len=opts.max_model_len)
         return start_vllm(settings, log_path=log_path, timeout=timeout)
     if backend == "builtin":
         from lab.inference.builtin.launcher import start_builtin_server
         from lab.inference.builtin.server import BuiltinServerSettings
 
         builtin = BuiltinServerSettings(model=model_path, served_model_name=served_name,
-                                        max_model_len=opts.max_model_len, **({"dtype": dtype} if dtype else {}))
+                                        max_model_len=opts.max_model_len)
+        if dtype:
+            builtin = replace(builtin, dtype=dtype)
         return start_builtin_server(builtin, port=opts.port or None, log_path=log_path, timeout=timeout)
     raise ValueError(f"cannot start backend {backend!r}: use one of {', '.join(LOCAL_BACKENDS)}")
