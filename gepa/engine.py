@@ -110,7 +110,8 @@ class GepaEngine:
                 if not self._iterate():
                     self._finish("budget")
         except BaseException:
-            self.budget.close()  # proposals still running stop at their next evaluation
+            with self._lock:  # after any spend in progress has been counted and announced
+                self.budget.close()  # proposals still running stop at their next evaluation
             self.save_interrupted()
             raise
         return self.state
