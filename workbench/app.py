@@ -36,7 +36,8 @@ class LabSettings:
 
 class LabApp(App[None]):
     TITLE = "prime lab"
-    CSS_PATH = [STYLES / "app.tcss", STYLES / "home.tcss", STYLES / "editor.tcss", STYLES / "run.tcss"]
+    CSS_PATH = [STYLES / "app.tcss", STYLES / "home.tcss", STYLES / "editor.tcss", STYLES / "run.tcss",
+                STYLES / "dashboard.tcss"]
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit"),
     ]
@@ -70,14 +71,14 @@ class LabApp(App[None]):
         self.push_screen(screen)
 
     def open_run(self, run_id: str) -> None:
-        from workbench.screens.run import RunScreen
+        from workbench.screens.run import run_screen
 
         try:
             run = self.registry.get(run_id)
         except RunError as exc:
             self.report(str(exc))
             return
-        self.push_screen(RunScreen(run))
+        self.push_screen(run_screen(run))
 
     # Launching: ONE path (workbench.launch), in a worker; the run page opens when the run is registered ------
     def start_launch(self, argv: list[str]) -> None:

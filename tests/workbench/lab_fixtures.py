@@ -34,3 +34,22 @@ def fixed_run(run_id: str, kind: str = "rl", state: str = "completed", **status:
 
 def make_app(path: Path, run_id: str | None = None) -> LabApp:
     return create_app(path, run_id=run_id, frozen_time=FROZEN, poll_interval=0.05)
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def recorded_run(name: str, run_id: str | None = None, *, events: int | None = None) -> Run:
+    """A recorded run from tests/workbench/fixtures/ copied into this test's registry (optionally only its first
+    `events` lines of events.jsonl, for tests that append the rest while the app runs)."""
+    target = RunRegistry().root / (run_id or name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(FIXTURES / name, target)
+    if events is not None:
+        lines = (FIXTURES / name / "events.jsonl").read_text().splitlines(keepends=True)
+        (target / "events.jsonl").write_text("".join(lines[:events]))
+    return Run(target)
+
+
+def fixture_lines(name: str) -> list[str]:
+    return (FIXTURES / name / "events.jsonl").read_text().splitlines(keepends=True)

@@ -1,24 +1,32 @@
-"""A run's page (until the dashboards land): status, progress, the event log tail and, for an evaluation, its
-results table. Reads the run's files in a worker: events.jsonl from a byte offset (replayed from zero on open)."""
+"""A run's page. `RunScreen` is what every run page shares: the stop/delete/replay/back keys and ONE follower thread
+that reads the run's status and events.jsonl from a byte offset (replayed from zero on open), folds new events into
+the page's model under a lock, and marks it changed; a UI timer redraws what changed. The evaluation page
+(`EvalRunScreen`) shows status, progress, the event tail and the results; RL and GEPA runs get their dashboards
+(workbench.screens.dashboard_rl / dashboard_gepa). `run_screen(run)` picks the page for a run.
+"""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.message import Message
+from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, ProgressBar, RichLog, Static
+from textual.widgets import DataTable, Footer, Header, ProgressBar, RichLog, Static, TabbedContent
+from textual.worker import get_current_worker
 
-from lab.events import Event
+from lab.events import BadLine, Event
 from lab.runs import ACTIVE_STATES, Run
+from workbench.dashboards.files import read_jsonl_from
 from workbench.screens.confirm import ConfirmScreen
+from workbench.widgets.logs_pane import LogsPane
 from workbench.widgets.runs_table import ago, short_env
 
 if TYPE_CHECKING:
@@ -26,6 +34,8 @@ if TYPE_CHECKING:
 
 LOG_LINES = 500
 RESULT_ROWS = 200
+STATUS_EVERY = 0.5  # seconds between status.json reads while following
+CHUNK = 5000  # events folded per lock hold
 
 
 def event_line(event: Event) -> str:
@@ -38,6 +48,8 @@ def event_line(event: Event) -> str:
         body = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in data.items())
     elif event.kind == "status":
         body = f"state -> {data.get('state')}" + (f" ({data['reason']})" if data.get("reason") else "")
+    elif event.kind == "alert":
+        body = f"{data.get('level', 'WARNING')} {data.get('name')}: {data.get('message', '')}"
     else:
         body = json.dumps(data, default=str)[:200]
     return f"{step}[{event.source}] {event.kind}: {body}"
@@ -52,14 +64,17 @@ def result_row(record: dict[str, Any]) -> tuple[str, ...]:
             str(record.get("answer", ""))[:30], str(completion or "").replace("\n", " ")[:60])
 
 
-@dataclass
-class RunSnapshot:
-    status: dict[str, Any]
-    lines: list[str] = field(default_factory=list)
-    results: list[tuple[str, ...]] = field(default_factory=list)
+def status_line(run: Run, status: dict[str, Any], now: float) -> str:
+    envs = ",".join(short_env(e) for e in status.get("envs") or []) or "-"
+    started = ago(status.get("started_at") or status.get("created_at"), now)
+    return (f"{run.id} · {status.get('kind', '?')} · {status.get('state', '?')} · {status.get('model') or '-'}"
+            f" · {envs} · started {started}")
 
 
 class RunScreen(Screen[None]):
+    """The keys and the follower every run page shares. Subclasses fold events in `consume` (follower thread, under
+    `self.fold_lock`) and redraw in `redraw` (UI thread, under the same lock, only after a change)."""
+
     BINDINGS = [
         Binding("s", "stop", "Stop", id="run.stop"),
         Binding("x,delete", "delete", "Delete", id="run.delete"),
@@ -67,104 +82,108 @@ class RunScreen(Screen[None]):
         Binding("escape", "close", "Back", id="run.close"),
     ]
 
-    @dataclass
-    class Polled(Message):
-        snapshot: RunSnapshot
-
     def __init__(self, run: Run) -> None:
         super().__init__()
         self.run = run
+        self.status: dict[str, Any] = run.read_status()
+        self.fold_lock = threading.Lock()
         self.event_offset = 0
-        self.results_offset = 0
-        self.lines: deque[str] = deque(maxlen=LOG_LINES)
+        self.changed = threading.Event()
+        self._generation = 0  # bumped by replay: the follower starts over from byte 0
+        self._bad_lines_shown = 0
+        self.bad_lines = 0
+        self.tail: deque[str] = deque(maxlen=LOG_LINES)  # event lines not yet written to the page's event log
+        self._clear_tail = False
 
     @property
     def lab(self) -> LabApp:
         return cast("LabApp", self.app)
 
-    def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
-        with Vertical(id="run-page"):
-            yield Static("", id="run-status", markup=False)
-            yield ProgressBar(id="run-progress", show_eta=False)
-            log = RichLog(id="run-log", max_lines=LOG_LINES, wrap=False, markup=False, highlight=False)
-            log.border_title = "Events"
-            yield log
-            results = DataTable[str](id="run-results", cursor_type="row", zebra_stripes=True)
-            results.border_title = "Results"
-            yield results
-        yield Footer()
-
     def on_mount(self) -> None:
         self.sub_title = self.run.id
-        self.query_one("#run-results", DataTable).add_columns("example", "reward", "answer", "completion")
-        self.poll()
-        self.set_interval(self.lab.settings.poll_interval, self.poll)
+        self.run_worker(self._follow, thread=True, exclusive=True, group="run-follow", exit_on_error=False)
+        self.set_interval(self.lab.settings.poll_interval, self._refresh_if_changed)
 
-    def poll(self) -> None:
-        self.run_worker(self._read, thread=True, exclusive=True, group="run-poll", exit_on_error=False)
+    # The follower thread ------------------------------------------------------------------------------------
+    def _follow(self) -> None:
+        worker = get_current_worker()
+        log = self.run.event_log()
+        generation = -1
+        next_status = 0.0
+        poll = self.lab.settings.poll_interval
+        while not worker.is_cancelled:
+            if generation != self._generation:
+                generation = self._generation
+                with self.fold_lock:
+                    self.event_offset = 0
+                    self.tail.clear()
+                    self._clear_tail = True
+                    self.reset()
+            now = time.monotonic()
+            if now >= next_status:
+                status = self.run.read_status() if not self.run.dir.exists() else self.run.status()
+                with self.fold_lock:
+                    self.status = status
+                next_status = now + min(STATUS_EVERY, poll)
+                self.follow_files()
+                self.changed.set()
+            items, offset = log.read(self.event_offset)
+            if items and generation == self._generation:
+                for start in range(0, len(items), CHUNK):  # the lock is let go between chunks: the UI keeps up
+                    chunk = items[start:start + CHUNK]
+                    with self.fold_lock:
+                        self.bad_lines += sum(1 for item in chunk if isinstance(item, BadLine))
+                        self.tail.extend(event_line(e) for e in chunk[-LOG_LINES:] if isinstance(e, Event))
+                        self.consume(chunk)
+                    self.changed.set()
+                with self.fold_lock:
+                    self.event_offset = offset
+            else:
+                time.sleep(poll)
 
-    def _read(self) -> None:
-        """In a worker: the status, new events from the byte offset, new result rows."""
-        status = self.run.read_status() if not self.run.dir.exists() else self.run.status()
-        items, self.event_offset = self.run.event_log().read(self.event_offset)
-        snapshot = RunSnapshot(status, [event_line(e) for e in items if isinstance(e, Event)])
-        output_dir = status.get("output_dir")
-        if status.get("kind") == "eval" and output_dir:
-            snapshot.results = self._read_results(Path(output_dir) / "results.jsonl")
-        self.post_message(self.Polled(snapshot))
+    def reset(self) -> None:
+        """Forget what was folded (replay). Called with the lock held."""
 
-    def _read_results(self, path: Path) -> list[tuple[str, ...]]:
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(self.results_offset)
-                chunk = fh.read()
-        except OSError:
-            return []
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return []
-        self.results_offset += end + 1
-        rows = []
-        for raw in chunk[: end + 1].splitlines():
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                rows.append(result_row(record))
-        return rows
+    def consume(self, items: list[Event | BadLine]) -> None:
+        """Fold new events (follower thread, lock held)."""
 
-    def on_run_screen_polled(self, message: RunScreen.Polled) -> None:
-        snapshot = message.snapshot
-        status = snapshot.status
-        envs = ",".join(short_env(e) for e in status.get("envs") or []) or "-"
-        started = ago(status.get("started_at") or status.get("created_at"), self.lab.clock())
-        reason = f"\n{status['reason']}" if status.get("reason") else ""
-        reward = status.get("reward")
-        reward_text = f" · reward {reward:.3f}" if isinstance(reward, (int, float)) else ""
-        self.query_one("#run-status", Static).update(
-            f"{self.run.id} · {status.get('kind', '?')} · {status.get('state', '?')} · {status.get('model') or '-'}"
-            f" · {envs} · started {started}{reward_text}{reason}")
-        bar = self.query_one(ProgressBar)
-        step, max_steps = status.get("step") or 0, status.get("max_steps")
-        if isinstance(max_steps, int) and max_steps > 0:
-            bar.update(total=max_steps, progress=step)
-        elif status.get("state") in ("completed", "failed", "stopped"):
-            bar.update(total=1, progress=1)
-        log = self.query_one(RichLog)
-        for line in snapshot.lines:
+    def follow_files(self) -> None:
+        """Read other growing files of the run (follower thread, lock NOT held)."""
+
+    def _refresh_if_changed(self) -> None:
+        if not self.changed.is_set():
+            return
+        self.changed.clear()
+        with self.fold_lock:
+            self.redraw()
+            bad = self.bad_lines
+        if bad > self._bad_lines_shown:
+            self.notify(f"Skipped {bad - self._bad_lines_shown} corrupt or truncated line(s) in "
+                        f"{self.run.events_path.name}", severity="warning", timeout=4)
+            self._bad_lines_shown = bad
+
+    def redraw(self) -> None:
+        """Show what changed (UI thread, lock held)."""
+
+    def write_tail(self, log: RichLog) -> None:
+        """Write the new event lines (UI thread, lock held); after a replay, start the log over."""
+        if self._clear_tail:
+            log.clear()
+            self._clear_tail = False
+        for line in self.tail:
             log.write(line)
-        table = self.query_one("#run-results", DataTable)
-        table.display = status.get("kind") == "eval"
-        for row in snapshot.results[: max(0, RESULT_ROWS - table.row_count)]:
-            table.add_row(*row)
+        self.tail.clear()
 
+    def refresh_now(self) -> None:
+        """Redraw at once (after a key changed what is shown)."""
+        self.changed.set()
+        self._refresh_if_changed()
+
+    # Keys ---------------------------------------------------------------------------------------------------
     def action_replay(self) -> None:
         """Replay the event log from zero."""
-        self.event_offset = 0
-        self.query_one(RichLog).clear()
-        self.poll()
+        self._generation += 1
+        self._bad_lines_shown = 0
 
     def action_stop(self) -> None:
         def stop() -> None:
@@ -193,4 +212,104 @@ class RunScreen(Screen[None]):
     def action_close(self) -> None:
         self.dismiss()
 
+    # Shared pieces ------------------------------------------------------------------------------------------
+    def update_progress(self, bar: ProgressBar) -> None:
+        status = self.status
+        step, max_steps = status.get("step") or 0, status.get("max_steps")
+        if isinstance(max_steps, int) and max_steps > 0:
+            bar.update(total=max_steps, progress=step)
+        elif status.get("state") in ("completed", "failed", "stopped"):
+            bar.update(total=1, progress=1)
 
+
+class DashboardScreen(RunScreen):
+    """A run page with tabs (`1`..`4`) whose keys are live only on their tab (`TAB_ACTIONS`), and a logs pane."""
+
+    TAB_ACTIONS: dict[str, set[str]] = {}
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        for tab, actions in self.TAB_ACTIONS.items():
+            if action in actions:
+                try:
+                    return self.query_one(TabbedContent).active == tab
+                except NoMatches:  # before compose
+                    return False
+        return True
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self.refresh_bindings()
+        self.refresh_now()
+
+    def action_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    def action_next_process(self) -> None:
+        """Show the next process's log lines (or all)."""
+        self.query_one(LogsPane).cycle_process()
+        self.refresh_now()
+
+    def action_next_level(self) -> None:
+        """Raise the lowest level shown (wrapping around)."""
+        self.query_one(LogsPane).cycle_level()
+        self.refresh_now()
+
+
+class EvalRunScreen(RunScreen):
+    """An evaluation's page (and any run without a dashboard): status, progress, event tail, results."""
+
+    def __init__(self, run: Run) -> None:
+        super().__init__(run)
+        self.results_offset = 0
+        self.new_results: list[tuple[str, ...]] = []
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with Vertical(id="run-page"):
+            yield Static("", id="run-status", markup=False)
+            yield ProgressBar(id="run-progress", show_eta=False)
+            log = RichLog(id="run-log", max_lines=LOG_LINES, wrap=False, markup=False, highlight=False)
+            log.border_title = "Events"
+            yield log
+            results = DataTable[str](id="run-results", cursor_type="row", zebra_stripes=True)
+            results.border_title = "Results"
+            yield results
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#run-results", DataTable).add_columns("example", "reward", "answer", "completion")
+
+    def follow_files(self) -> None:
+        output_dir = self.status.get("output_dir")
+        if self.status.get("kind") == "eval" and output_dir and self.results_offset >= 0:
+            records, self.results_offset = read_jsonl_from(Path(output_dir) / "results.jsonl", self.results_offset)
+            with self.fold_lock:
+                self.new_results.extend(result_row(r) for r in records)
+
+    def redraw(self) -> None:
+        status = self.status
+        reason = f"\n{status['reason']}" if status.get("reason") else ""
+        reward = status.get("reward")
+        reward_text = f" · reward {reward:.3f}" if isinstance(reward, (int, float)) else ""
+        self.query_one("#run-status", Static).update(status_line(self.run, status, self.lab.clock()) +
+                                                     reward_text + reason)
+        self.update_progress(self.query_one(ProgressBar))
+        self.write_tail(self.query_one(RichLog))
+        table = self.query_one("#run-results", DataTable)
+        table.display = status.get("kind") == "eval"
+        for row in self.new_results[: max(0, RESULT_ROWS - table.row_count)]:
+            table.add_row(*row)
+        self.new_results.clear()
+
+
+def run_screen(run: Run) -> RunScreen:
+    """The page for a run: the RL or GEPA dashboard, or the evaluation page."""
+    kind = run.read_status().get("kind")
+    if kind == "rl":
+        from workbench.screens.dashboard_rl import RLDashboard
+
+        return RLDashboard(run)
+    if kind == "gepa":
+        from workbench.screens.dashboard_gepa import GepaDashboard
+
+        return GepaDashboard(run)
+    return EvalRunScreen(run)

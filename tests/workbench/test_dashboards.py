@@ -1,0 +1,295 @@
+"""The RL and GEPA dashboards, fed by recorded event logs (tests/workbench/fixtures/), driven by keys; a live test
+where another process appends events while the app runs."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from textual.pilot import Pilot
+from textual.widgets import DataTable, RichLog, Static, TabbedContent
+
+from lab.events import EventWriter
+from tests.workbench.lab_fixtures import REPO, SIZE, fixture_lines, lab_folder, make_app, recorded_run
+from workbench.screens.dashboard_gepa import FrontierChart, GepaDashboard
+from workbench.screens.dashboard_rl import RLDashboard
+from workbench.screens.pick_many import PickManyScreen
+from workbench.widgets.alerts_pane import AlertsPane
+from workbench.widgets.charts import MetricChart
+from workbench.widgets.logs_pane import LogsPane
+from workbench.widgets.samples_browser import SamplesBrowser
+
+BIG = (120, 40)
+
+
+async def until(pilot: Pilot[Any], condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the dashboard"
+        await pilot.pause(0.05)
+
+
+@asynccontextmanager
+async def dashboard(tmp_path: Path, run_id: str, ready: Callable[[Any], bool]) -> AsyncIterator[tuple[Pilot[Any], Any]]:
+    """The app opened on a run's dashboard, once `ready(screen)`."""
+    app = make_app(lab_folder(tmp_path), run_id=run_id)
+    async with app.run_test(size=BIG) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, (RLDashboard, GepaDashboard)) and ready(app.screen))
+        yield pilot, app.screen
+
+
+def rl_ready(screen: Any) -> bool:
+    return isinstance(screen, RLDashboard) and screen.model.latest_step == 30
+
+
+def text_of(screen: Any, selector: str) -> str:
+    return str(screen.query_one(selector, Static).render())
+
+
+def test_rl_dashboard_replays_a_recorded_run(tmp_path: Path) -> None:
+    recorded_run("rl-run")
+
+    async def scenario() -> None:
+        async with dashboard(tmp_path, "rl-run", rl_ready) as (pilot, screen):
+            assert isinstance(screen, RLDashboard)
+            await pilot.pause(0.2)
+            header = text_of(screen, "#dash-status")
+            assert "completed" in header and "step 30/30" in header and "tok/s" in header
+            assert "1 corrupt line(s) skipped" in header  # the cut line in the fixture, skipped, no crash
+            # The log has no alert events (an older run): the dashboard raises the entropy collapse itself.
+            alerts = screen.query_one(AlertsPane)
+            assert alerts.display and alerts.count == 1
+            assert "Entropy collapsing at step 26" in str(alerts.render())
+            reward = screen.query_one("#chart-reward", MetricChart)
+            assert reward.drawn_points >= 30 * 4  # mean, 2 envs, the std band
+            assert reward._labels.count("val_reward/mean") == 1  # eval points on the reward chart
+            assert "policy/entropy" in text_of(screen, "#latest")
+            assert any("checkpoint" in str(line.text) for line in screen.query_one("#run-log", RichLog).lines)
+            # Smoothing by key: the header says it and the charts redraw with it.
+            before = list(reward._datasets[2].y)
+            await pilot.press("e")
+            await pilot.pause(0.2)
+            assert "smoothing 0.6" in text_of(screen, "#dash-status")
+            assert list(reward._datasets[2].y) != before
+
+    asyncio.run(scenario())
+
+
+def test_rl_samples_browser_and_logs_filter(tmp_path: Path) -> None:
+    recorded_run("rl-run")
+
+    async def scenario() -> None:
+        async with dashboard(tmp_path, "rl-run", rl_ready) as (pilot, screen):
+            await pilot.press("2")
+            browser = screen.query_one(SamplesBrowser)
+            await until(pilot, lambda: browser.step == 30 and len(browser.records) == 4)
+            table = screen.query_one("#sample-table", DataTable)
+            assert table.row_count == 4
+            browser.show_detail(2)  # a reverse-text rollout that used the tags
+            detail = text_of(screen, "#sample-detail")
+            # The environment's parser (XMLParser of reverse-text) reads the answer out of the tags.
+            assert "parsed 'wodaem'" in detail and "<reversed_text>" in detail and "lcs_ratio" in detail
+            await pilot.press("[")
+            await until(pilot, lambda: browser.step == 29 and browser.records[0]["step"] == 29)
+            # Steps without a rollouts file show that step's sample events.
+            browser.select_step(25)
+            await until(pilot, lambda: browser.step == 25 and browser.source == "sample events")
+            assert len(browser.records) == 1
+            await pilot.press("3")
+            await pilot.pause(0.2)
+            pane = screen.query_one(LogsPane)
+            lines = [str(line.text) for line in pane.query_one(RichLog).lines]
+            assert any("serving 2 environments" in line for line in lines)  # logs/orchestrator.log
+            assert any("trainer started" in line for line in lines)  # a log event
+            for _ in range(3):  # DEBUG -> INFO -> SUCCESS -> WARNING
+                await pilot.press("v")
+            await pilot.pause(0.2)
+            lines = [str(line.text) for line in pane.query_one(RichLog).lines]
+            assert lines and all("WARNING" in line for line in lines)
+            await pilot.press("p")  # all -> launcher? the processes come in sorted order after "all"
+            await pilot.pause(0.2)
+            assert pane.process != "all"
+
+    asyncio.run(scenario())
+
+
+def test_alert_events_in_the_log_replace_the_dashboards_own(tmp_path: Path) -> None:
+    run = recorded_run("rl-run")
+
+    async def scenario() -> None:
+        async with dashboard(tmp_path, "rl-run", rl_ready) as (pilot, screen):
+            with run.writer("launcher") as writer:
+                writer.emit("alert", {"name": "entropy_collapse", "level": "WARNING",
+                                      "message": "Entropy collapsing at step 26 (from the launcher)"}, step=26)
+                writer.emit("alert", {"name": "loss_diverging", "level": "ERROR",
+                                      "message": "Loss diverging at step 30: loss = nan"}, step=30)
+            alerts = screen.query_one(AlertsPane)
+            await until(pilot, lambda: alerts.count == 2)
+            shown = str(alerts.render())
+            assert "from the launcher" in shown and "loss = nan" in shown
+            assert shown.index("loss = nan") < shown.index("from the launcher")  # newest first
+
+    asyncio.run(scenario())
+
+
+def test_compare_overlays_another_runs_curves(tmp_path: Path) -> None:
+    recorded_run("rl-run")
+    recorded_run("rl-run", "rl-other")
+
+    async def scenario() -> None:
+        async with dashboard(tmp_path, "rl-run", rl_ready) as (pilot, screen):
+            await pilot.press("c")
+            await until(pilot, lambda: isinstance(pilot.app.screen, PickManyScreen))
+            await pilot.press("space", "enter")
+            assert isinstance(screen, RLDashboard)
+            await until(pilot, lambda: "rl-other" in screen.compared)
+            await pilot.pause(0.2)
+            assert "comparing rl-other" in text_of(screen, "#dash-status")
+            entropy = screen.query_one("#chart-entropy", MetricChart)
+            assert entropy._labels == ["rl-run policy/entropy", "rl-other policy/entropy"]
+
+    asyncio.run(scenario())
+
+
+def test_series_picker_adds_a_chart_for_any_metric(tmp_path: Path) -> None:
+    recorded_run("rl-run")
+
+    async def scenario() -> None:
+        async with dashboard(tmp_path, "rl-run", rl_ready) as (pilot, screen):
+            await pilot.press("m")
+            await until(pilot, lambda: isinstance(pilot.app.screen, PickManyScreen))
+            picker = pilot.app.screen
+            assert isinstance(picker, PickManyScreen)
+            values = [value for _, value, _ in picker.options]
+            assert "m-buffer-hard" in values  # a metric no standard chart draws
+            picker.query_one("SelectionList").select("m-buffer-hard")  # type: ignore[attr-defined]
+            await pilot.press("enter")
+            await until(pilot, lambda: bool(screen.query("#chart-m-buffer-hard")))
+            assert isinstance(screen, RLDashboard)
+            assert screen.specs[-1].lines == ("buffer/hard",)
+
+    asyncio.run(scenario())
+
+
+def test_gepa_dashboard_shows_budget_frontier_matrix_and_candidates(tmp_path: Path) -> None:
+    recorded_run("gepa-run")
+
+    async def scenario() -> None:
+        async with dashboard(tmp_path, "gepa-run", lambda screen: screen.model.iteration == 8) as (pilot, screen):
+            assert isinstance(screen, GepaDashboard)
+            await pilot.pause(0.2)
+            header = text_of(screen, "#gepa-status")
+            assert "best 0.476 (candidate 6)" in header and "calls 90/90" in header
+            verdicts = screen.query_one("#gepa-verdicts", DataTable)
+            assert verdicts.row_count == 8
+            newest = [str(cell) for cell in verdicts.get_row_at(0)]
+            assert newest[:3] == ["8", "reflect", "3"] and newest[5] == "not_validated"
+            assert screen.model.on_front() == {2, 4, 5, 6}
+            await pilot.press("3")
+            await pilot.pause(0.2)
+            matrix = screen.query_one("#gepa-matrix", DataTable)
+            assert matrix.row_count == 6 and len(matrix.columns) == 7 + 2
+            stars = [str(cell) for row in range(6) for cell in matrix.get_row_at(row) if str(cell).startswith("★")]
+            assert len(stars) >= 6  # someone is best on every instance
+            await pilot.press("2")
+            await pilot.pause(0.2)
+            detail = text_of(screen, "#gepa-candidate")
+            assert "candidate 6" in detail and "diff against its parent #3" in detail
+            assert "+Think step by step, briefly." in detail and "diff against the seed #0" in detail
+
+    asyncio.run(scenario())
+
+
+def test_gepa_frontier_updates_live(tmp_path: Path) -> None:
+    lines = fixture_lines("gepa-run")
+    first_frontier = next(i for i, line in enumerate(lines) if '"gepa.frontier"' in line)
+    run = recorded_run("gepa-run", events=first_frontier + 1)
+
+    async def scenario() -> None:
+        async with dashboard(tmp_path, "gepa-run", lambda screen: screen.model.frontier_updates) as (pilot, screen):
+            assert isinstance(screen, GepaDashboard)
+            await pilot.pause(0.2)
+            assert "1 candidates" in text_of(screen, "#gepa-status")
+            chart = screen.query_one(FrontierChart)
+            assert chart._labels == ["best so far", "best"]
+            with open(run.events_path, "a") as fh:
+                fh.writelines(lines[first_frontier + 1:])
+            await until(pilot, lambda: screen.model.iteration == 8)
+            await pilot.pause(0.2)
+            assert "7 candidates · 4 on the front" in text_of(screen, "#gepa-status")
+            assert chart._labels == ["best so far", "other", "front", "best"]
+
+    asyncio.run(scenario())
+
+
+WRITER = """
+import sys, time
+from lab.events import EventWriter
+writer = EventWriter(sys.argv[1], "orchestrator")
+for step in range(1, 41):
+    writer.metrics({"reward/mean": step / 40, "reward/std": 0.2}, step=step)
+    time.sleep(0.05)
+writer.close()
+"""
+
+
+def test_live_writer_process_and_the_chart_follows(tmp_path: Path) -> None:
+    run = recorded_run("rl-run", "rl-live", events=4)  # status events and the first logs only
+    run.update_status(state="running", ended_at=None)
+
+    async def scenario() -> None:
+        async with dashboard(tmp_path, "rl-live", lambda screen: True) as (pilot, screen):
+            assert isinstance(screen, RLDashboard)
+            chart = screen.query_one("#chart-reward", MetricChart)
+            writer = subprocess.Popen([sys.executable, "-c", WRITER, str(run.events_path)], cwd=REPO)
+            seen: set[int] = set()
+            while writer.poll() is None:
+                seen.add(chart.drawn_points)
+                await pilot.pause(0.05)
+            assert writer.returncode == 0
+            await until(pilot, lambda: screen.model.latest_step == 40)
+            await until(pilot, lambda: chart.drawn_points == 40 * 3)  # the mean and its std band
+            assert any(0 < points < 40 * 3 for points in seen)  # it grew while the writer wrote, not only at the end
+            assert list(chart._datasets[-1].y)[-1] == 1.0
+
+    asyncio.run(scenario())
+
+
+def test_event_writer_is_importable_without_textual() -> None:
+    # The writer side used above is lab's (no textual), as the launcher uses it.
+    assert EventWriter.__module__ == "lab.events"
+
+
+async def settle(pilot: Pilot[Any]) -> None:
+    await pilot.pause(0.5)
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause(0.2)
+
+
+def test_rl_dashboard_snapshot_with_an_alert(tmp_path: Path, snap_compare: Any) -> None:
+    recorded_run("rl-run")
+    assert snap_compare(make_app(lab_folder(tmp_path), run_id="rl-run"), terminal_size=SIZE, run_before=settle)
+
+
+def test_gepa_dashboard_snapshot(tmp_path: Path, snap_compare: Any) -> None:
+    recorded_run("gepa-run")
+    assert snap_compare(make_app(lab_folder(tmp_path), run_id="gepa-run"), terminal_size=SIZE, run_before=settle)
+
+
+def test_gepa_candidates_snapshot(tmp_path: Path, snap_compare: Any) -> None:
+    recorded_run("gepa-run")
+
+    async def candidates(pilot: Pilot[Any]) -> None:
+        await settle(pilot)
+        await pilot.press("2")
+        await settle(pilot)
+        assert pilot.app.screen.query_one(TabbedContent).active == "candidates"
+
+    assert snap_compare(make_app(lab_folder(tmp_path), run_id="gepa-run"), terminal_size=SIZE,
+                        run_before=candidates)

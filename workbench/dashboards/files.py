@@ -1,0 +1,67 @@
+"""Growing files of a run read from byte offsets: JSON-lines files and the processes' text logs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+FIRST_READ = 256 << 10  # of a text log first seen, only its last 256 KiB
+MAX_READ = 4 << 20
+
+
+def read_jsonl_from(path: Path, offset: int, max_bytes: int | None = None) -> tuple[list[dict[str, Any]], int]:
+    """Complete JSON-object lines of a growing file after `offset` (corrupt ones skipped), and the next offset."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read() if max_bytes is None else fh.read(max_bytes)
+    except OSError:
+        return [], offset
+    end = chunk.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    records = []
+    for raw in chunk[: end + 1].splitlines():
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records, offset + end + 1
+
+
+class TextLogs:
+    """Tails every `<process>.log` in a run's logs/ folder; `read()` returns the new complete lines per process."""
+
+    def __init__(self, logs_dir: Path) -> None:
+        self.logs_dir = logs_dir
+        self.offsets: dict[str, int] = {}
+
+    def read(self) -> list[tuple[str, list[str]]]:
+        try:
+            paths = sorted(p for p in self.logs_dir.iterdir() if p.suffix == ".log" and p.is_file())
+        except OSError:
+            return []
+        out = []
+        for path in paths:
+            try:
+                size = path.stat().st_size
+                offset = self.offsets.get(path.name)
+                if offset is None or offset > size:  # first seen, or rotated/truncated
+                    offset = max(0, size - FIRST_READ)
+                with open(path, "rb") as fh:
+                    fh.seek(offset)
+                    chunk = fh.read(MAX_READ)
+            except OSError:
+                continue
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                self.offsets[path.name] = offset
+                continue
+            self.offsets[path.name] = offset + end + 1
+            lines = chunk[: end + 1].decode("utf-8", "replace").splitlines()
+            if lines:
+                out.append((path.stem, lines))
+        return out

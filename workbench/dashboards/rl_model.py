@@ -1,0 +1,156 @@
+"""An RL run as its dashboard sees it, folded from events: bounded metric series, the latest merged metrics, recent
+samples, log lines, alerts (from the log, or raised here by `lab.alerts` for logs that carry none)."""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from lab.alerts import AlertMonitor
+from lab.events import BadLine, Event
+from workbench.dashboards.series import DEFAULT_CAPACITY, DownsampledSeries
+
+MAX_SERIES = 256  # metric names kept (a run emitting more has a bug; the rest are dropped)
+MAX_SAMPLES = 200
+MAX_LOG_LINES = 5000
+MAX_ALERTS = 200
+RECENT_STEPS = 8
+
+_LEVEL_RE = re.compile(r"\b(DEBUG|INFO|SUCCESS|WARNING|WARN|ERROR|CRITICAL|Traceback)\b")
+
+
+@dataclass(frozen=True)
+class LogLine:
+    process: str
+    level: str
+    text: str
+
+
+def guess_level(line: str) -> str:
+    """The level a plain text log line shows (INFO when it shows none)."""
+    match = _LEVEL_RE.search(line)
+    if match is None:
+        return "INFO"
+    word = match.group(1)
+    return {"WARN": "WARNING", "CRITICAL": "ERROR", "Traceback": "ERROR"}.get(word, word)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class EventFold:
+    """What every dashboard folds from a log: state changes, log lines, corrupt-line notices, a change counter."""
+
+    def __init__(self) -> None:
+        self.logs: deque[LogLine] = deque(maxlen=MAX_LOG_LINES)
+        self.log_total = 0  # lines ever added to `logs` (the logs pane writes only what is new)
+        self.bad_lines = 0
+        self.last_bad: BadLine | None = None
+        self.events = 0
+        self.first_time: float | None = None
+        self.last_time: float | None = None
+        self.state: str | None = None  # the latest `status` event's state
+        self.version = 0
+
+    def feed(self, items: Iterable[Event | BadLine]) -> None:
+        for item in items:
+            if isinstance(item, BadLine):
+                self.bad_lines += 1
+                self.last_bad = item
+                continue
+            self.events += 1
+            if self.first_time is None:
+                self.first_time = item.time
+            self.last_time = item.time
+            kind = item.kind
+            if kind == "log":
+                level = str(item.data.get("level", "INFO")).upper()
+                self.logs.append(LogLine(item.source, level, str(item.data.get("message", ""))))
+                self.log_total += 1
+            elif kind == "status":
+                self.state = str(item.data.get("state")) if item.data.get("state") else self.state
+            self.fold(item)
+        self.version += 1
+
+    def fold(self, event: Event) -> None:
+        """Per-dashboard handling of one event."""
+
+    def add_log_lines(self, process: str, lines: Iterable[str]) -> None:
+        """Lines of a process's text log (logs/<process>.log)."""
+        for line in lines:
+            if line.strip():
+                self.logs.append(LogLine(process, guess_level(line), line.rstrip()))
+                self.log_total += 1
+        self.version += 1
+
+
+class RLRunModel(EventFold):
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.series: dict[str, DownsampledSeries] = {}
+        self.recent: OrderedDict[int, dict[str, float]] = OrderedDict()  # step -> metrics of both sources
+        self.latest_step: int | None = None
+        self.samples: deque[dict[str, Any]] = deque(maxlen=MAX_SAMPLES)
+        self.sample_steps: set[int] = set()
+        self.log_alerts: deque[dict[str, Any]] = deque(maxlen=MAX_ALERTS)
+        self.local_alerts: deque[dict[str, Any]] = deque(maxlen=MAX_ALERTS)
+        self.alert_count = 0  # grows with every alert shown (the screen notifies on growth)
+        self.monitor = AlertMonitor()
+        self.checkpoints: list[int] = []
+
+    def fold(self, event: Event) -> None:
+        kind, step = event.kind, event.step
+        if kind == "metrics" and isinstance(step, int):
+            self._metrics(step, event.data)
+        elif kind == "sample":
+            self.samples.append({**event.data, "step": step})
+            if isinstance(step, int):
+                self.sample_steps.add(step)
+        elif kind == "alert":
+            self.log_alerts.append({**event.data, "step": step, "source": event.source})
+        elif kind == "checkpoint" and isinstance(step, int):
+            self.checkpoints.append(step)
+        if kind in ("metrics", "sample"):
+            for alert in self.monitor.observe(event):
+                self.local_alerts.append({**alert, "step": step, "source": "lab"})
+
+    def _metrics(self, step: int, data: dict[str, Any]) -> None:
+        merged = self.recent.get(step)
+        if merged is None:
+            merged = self.recent[step] = {}
+            while len(self.recent) > RECENT_STEPS:
+                self.recent.popitem(last=False)
+        for key, value in data.items():
+            if not is_number(value):
+                continue
+            merged[key] = float(value)
+            series = self.series.get(key)
+            if series is None:
+                if len(self.series) >= MAX_SERIES:
+                    continue
+                series = self.series[key] = DownsampledSeries(self.capacity)
+            series.append(float(step), float(value))
+        if self.latest_step is None or step >= self.latest_step:
+            self.latest_step = step
+
+    # Views ------------------------------------------------------------------------------------------------
+    @property
+    def alerts(self) -> list[dict[str, Any]]:
+        """The log's alerts; for a log that has none (a run from before the monitor), the ones raised here."""
+        return list(self.log_alerts) if self.log_alerts else list(self.local_alerts)
+
+    def latest(self) -> dict[str, float]:
+        """The newest value of every metric (the latest step's first, then older steps' for keys it lacks)."""
+        merged: dict[str, float] = {}
+        for step in sorted(self.recent, reverse=True):
+            for key, value in self.recent[step].items():
+                merged.setdefault(key, value)
+        return merged
+
+    def metric_keys(self) -> list[str]:
+        return sorted(self.series)

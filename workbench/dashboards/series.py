@@ -1,0 +1,80 @@
+"""Bounded metric series: a run of any length keeps at most `capacity` points per series.
+
+When a series fills up, neighbouring points are merged pairwise (x and y averaged, so the curve's shape and level
+survive) and every later point is first averaged over a bucket twice as wide as before. Memory stays bounded and
+a 100,000-step run still draws in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+DEFAULT_CAPACITY = 1024
+
+
+class DownsampledSeries:
+    """(x, y) points in increasing x, at most `capacity` of them (plus one partial bucket)."""
+
+    __slots__ = ("capacity", "xs", "ys", "bucket", "_pending_x", "_pending_y", "_pending_n", "last", "count",
+                 "version")
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 4 or capacity % 2:
+            raise ValueError("capacity must be an even number >= 4")
+        self.capacity = capacity
+        self.xs: list[float] = []
+        self.ys: list[float] = []
+        self.bucket = 1  # raw points per stored point
+        self._pending_x = 0.0
+        self._pending_y = 0.0
+        self._pending_n = 0
+        self.last: tuple[float, float] | None = None  # the latest raw point
+        self.count = 0  # raw points seen
+        self.version = 0  # bumped on every change (charts redraw only when it moved)
+
+    def append(self, x: float, y: float) -> None:
+        if not math.isfinite(y):
+            return  # a nan/inf cannot be drawn; the alerts report it
+        self.last = (x, y)
+        self.count += 1
+        self.version += 1
+        self._pending_x += x
+        self._pending_y += y
+        self._pending_n += 1
+        if self._pending_n >= self.bucket:
+            self.xs.append(self._pending_x / self._pending_n)
+            self.ys.append(self._pending_y / self._pending_n)
+            self._pending_x = self._pending_y = 0.0
+            self._pending_n = 0
+            if len(self.xs) >= self.capacity:
+                self._halve()
+
+    def _halve(self) -> None:
+        xs, ys = self.xs, self.ys
+        self.xs = [(xs[i] + xs[i + 1]) / 2 for i in range(0, len(xs) - 1, 2)]
+        self.ys = [(ys[i] + ys[i + 1]) / 2 for i in range(0, len(ys) - 1, 2)]
+        self.bucket *= 2
+
+    def points(self) -> tuple[list[float], list[float]]:
+        """The stored points, with the partial bucket's mean as the newest one."""
+        if self._pending_n:
+            return (self.xs + [self._pending_x / self._pending_n], self.ys + [self._pending_y / self._pending_n])
+        return list(self.xs), list(self.ys)
+
+    def __len__(self) -> int:
+        return len(self.xs) + (1 if self._pending_n else 0)
+
+
+def ema(values: Sequence[float], alpha: float) -> list[float]:
+    """Exponential moving average with weight `alpha` on the past (0 = no smoothing), debiased like W&B's."""
+    if alpha <= 0 or not values:
+        return list(values)
+    out: list[float] = []
+    smoothed = 0.0
+    weight = 0.0
+    for value in values:
+        smoothed = alpha * smoothed + (1 - alpha) * value
+        weight = alpha * weight + (1 - alpha)
+        out.append(smoothed / weight)
+    return out

@@ -1,0 +1,264 @@
+"""The RL run dashboard: a header (state, step/max, elapsed, ETA, tokens/s, progress), alerts, live charts with
+smoothing and series chosen by key, other runs overlaid for comparison, a samples browser and the logs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Footer, Header, ProgressBar, RichLog, Static, TabbedContent, TabPane
+
+from lab.events import BadLine, Event
+from lab.runs import FINAL_STATES, Run
+from workbench.dashboards.files import TextLogs
+from workbench.dashboards.rl_model import RLRunModel
+from workbench.dashboards.samples import EnvParsers, rollout_steps
+from workbench.screens.pick_many import PickManyScreen
+from workbench.screens.run import LOG_LINES, DashboardScreen
+from workbench.widgets.alerts_pane import AlertsPane
+from workbench.widgets.charts import RL_CHARTS, SMOOTHING_STEPS, ChartSpec, MetricChart, custom_chart
+from workbench.widgets.logs_pane import LogsPane
+from workbench.widgets.samples_browser import SamplesBrowser
+
+LATEST_KEYS = ("reward/mean", "reward/std", "val_reward/mean", "policy/entropy", "policy/kl", "policy/ref_kl", "loss",
+               "optim/lr", "optim/grad_norm", "rollout/mean_length", "rollout/truncated", "perf/tokens_per_s",
+               "time/step")
+CHART_WIDTH = 48  # columns per chart when the grid decides how many fit side by side
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None or seconds < 0:
+        return "-"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def human(value: float) -> str:
+    for unit, size in (("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.1f}{unit}"
+    return f"{value:.0f}"
+
+
+def covered(key: str) -> bool:
+    """Whether a standard chart draws this metric."""
+    return any(key in spec.keys() or key in spec.line_keys([key]) or key in spec.point_keys([key])
+               for spec in RL_CHARTS)
+
+
+class RLDashboard(DashboardScreen):
+    TAB_ACTIONS = {"charts": {"smoothing", "pick_series", "compare"}, "samples": {"step"},
+                   "logs": {"next_process", "next_level"}}
+
+    BINDINGS = [
+        Binding("1", "tab('charts')", "Charts", id="rl.tab_charts"),
+        Binding("2", "tab('samples')", "Samples", id="rl.tab_samples"),
+        Binding("3", "tab('logs')", "Logs", id="rl.tab_logs"),
+        Binding("e", "smoothing", "Smoothing", id="rl.smoothing"),
+        Binding("m", "pick_series", "Series", id="rl.series"),
+        Binding("c", "compare", "Compare", id="rl.compare"),
+        Binding("left_square_bracket", "step(-1)", "Prev step", id="rl.prev_step"),
+        Binding("right_square_bracket", "step(1)", "Next step", id="rl.next_step"),
+        Binding("p", "next_process", "Process", id="rl.next_process"),
+        Binding("v", "next_level", "Level", id="rl.next_level"),
+    ]
+
+    def __init__(self, run: Run) -> None:
+        super().__init__(run)
+        self.model = RLRunModel()
+        self.compared: dict[str, RLRunModel] = {}
+        self.smoothing = 0
+        self.specs: list[ChartSpec] = list(RL_CHARTS)
+        self.text_logs = TextLogs(run.logs_dir)
+        self.steps: list[int] = []
+        self.parsers = EnvParsers(self.status.get("envs") or [])
+        self._alerts_seen: int | None = None  # alerts shown so far (None until the first redraw)
+
+    # Layout -------------------------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with Vertical(id="dash"):
+            yield Static("", id="dash-status", markup=False)
+            yield ProgressBar(id="run-progress", show_eta=False)
+            yield AlertsPane(id="alerts")
+            with TabbedContent(initial="charts", id="dash-tabs"):
+                with TabPane("Charts", id="charts"), Horizontal(id="charts-row"):
+                    with VerticalScroll(id="charts-grid"):
+                        for spec in self.specs:
+                            yield MetricChart(spec)
+                    with Vertical(id="dash-side"):
+                        latest = Static("", id="latest", markup=False)
+                        latest.border_title = "Latest"
+                        yield latest
+                        log = RichLog(id="run-log", max_lines=LOG_LINES, wrap=False, markup=False, highlight=False)
+                        log.border_title = "Events"
+                        yield log
+                with TabPane("Samples", id="samples"):
+                    yield SamplesBrowser(self.run.rollouts_dir, self.parsers, self._sample_events, id="samples-browser")
+                with TabPane("Logs", id="logs"):
+                    yield LogsPane(id="logs-pane")
+        yield Footer()
+
+    def on_resize(self) -> None:
+        grid = self.query_one("#charts-grid")
+        grid.styles.grid_size_columns = max(1, grid.size.width // CHART_WIDTH)
+
+    # Following ----------------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.model = RLRunModel()
+        self._alerts_seen = None
+
+    def consume(self, items: list[Event | BadLine]) -> None:
+        self.model.feed(items)
+
+    def follow_files(self) -> None:
+        lines = self.text_logs.read()
+        steps = rollout_steps(self.run.rollouts_dir)
+        with self.fold_lock:
+            for process, chunk in lines:
+                self.model.add_log_lines(process, chunk)
+            self.steps = sorted(set(steps) | self.model.sample_steps)
+            if not self.parsers.env_ids:
+                self.parsers.env_ids = list(self.status.get("envs") or [])
+
+    def _sample_events(self, step: int) -> list[dict[str, Any]]:
+        with self.fold_lock:
+            return [dict(s) for s in self.model.samples if s.get("step") == step]
+
+    # Drawing ------------------------------------------------------------------------------------------------
+    def _refresh_if_changed(self) -> None:
+        super()._refresh_if_changed()
+        with self.fold_lock:
+            self.draw_charts()
+
+    def redraw(self) -> None:
+        model = self.model
+        self.query_one("#dash-status", Static).update(self.header_text())
+        self.update_progress(self.query_one(ProgressBar))
+        alerts = model.alerts
+        self.query_one(AlertsPane).show(alerts)
+        if self._alerts_seen is not None and len(alerts) > self._alerts_seen:
+            newest = alerts[-1]
+            self.notify(str(newest.get("message", "")), title=f"Alert: {newest.get('name')}",
+                        severity="error" if newest.get("level") == "ERROR" else "warning", timeout=8)
+        self._alerts_seen = len(alerts)
+        latest = model.latest()
+        step = f"step {model.latest_step}" if model.latest_step is not None else "no metrics yet"
+        rows = [f"{key:<18}{latest[key]:>9.4g}" for key in LATEST_KEYS if key in latest]
+        self.query_one("#latest", Static).update("\n".join([step, *rows]))
+        self.write_tail(self.query_one("#run-log", RichLog))
+        self.query_one(LogsPane).show(model.logs, total=model.log_total)
+        self.query_one(SamplesBrowser).set_steps(self.steps)
+
+    def header_text(self) -> str:
+        status, model = self.status, self.model
+        state = status.get("state") or model.state or "?"
+        step, max_steps = status.get("step") or model.latest_step or 0, status.get("max_steps")
+        now = self.lab.clock()
+        started = status.get("started_at") or status.get("created_at")
+        end = status.get("ended_at") if state in FINAL_STATES else None
+        elapsed = (end or now) - started if isinstance(started, (int, float)) else None
+        eta = None
+        if elapsed is not None and isinstance(max_steps, int) and step and state not in FINAL_STATES:
+            eta = elapsed / step * max(0, max_steps - step)
+        latest = model.latest()
+        parts = [self.run.id, str(state), f"step {step}/{max_steps or '?'}", f"elapsed {duration(elapsed)}",
+                 f"ETA {duration(eta) if eta is not None else '-'}"]
+        if "perf/tokens_per_s" in latest:
+            parts.append(f"{human(latest['perf/tokens_per_s'])} tok/s")
+        if "reward/mean" in latest:
+            parts.append(f"reward {latest['reward/mean']:.3f}")
+        second = [f"smoothing {SMOOTHING_STEPS[self.smoothing]:g} (e)"]
+        if self.compared:
+            second.append("comparing " + ", ".join(self.compared))
+        if status.get("reason"):
+            second.append(str(status["reason"]))
+        if self.bad_lines:
+            second.append(f"{self.bad_lines} corrupt line(s) skipped")
+        return " · ".join(parts) + "\n" + " · ".join(second)
+
+    def draw_charts(self) -> None:
+        if self.query_one(TabbedContent).active != "charts":
+            return
+        runs = [(self.run.id, self.model), *self.compared.items()]
+        available = set(self.model.series)
+        for other in self.compared.values():
+            available |= set(other.series)
+        smoothing = SMOOTHING_STEPS[self.smoothing]
+        for chart in self.query(MetricChart):
+            has_data = bool(chart.spec.line_keys(sorted(available)) or chart.spec.point_keys(sorted(available)))
+            if chart.display != has_data:
+                chart.display = has_data
+            if has_data and chart.is_on_screen:
+                chart.draw(runs, smoothing)
+
+    # Keys ---------------------------------------------------------------------------------------------------
+    def action_smoothing(self) -> None:
+        """Cycle the EMA smoothing of every chart."""
+        self.smoothing = (self.smoothing + 1) % len(SMOOTHING_STEPS)
+        self.refresh_now()
+
+    def action_pick_series(self) -> None:
+        """Choose the charts: the standard ones and any other metric of the run."""
+        shown = {spec.id for spec in self.specs}
+        with self.fold_lock:
+            keys = set(self.model.series)
+            for other in self.compared.values():
+                keys |= set(other.series)
+        options = [(spec.title, spec.id, spec.id in shown) for spec in RL_CHARTS]
+        for key in sorted(k for k in keys if not covered(k)):
+            spec = custom_chart(key)
+            options.append((key, spec.id, spec.id in shown))
+        by_id = {spec.id: spec for spec in RL_CHARTS} | {custom_chart(k).id: custom_chart(k) for k in keys}
+
+        def picked(ids: list[str] | None) -> None:
+            if ids is not None:
+                self.call_later(self.set_charts, [by_id[i] for i in [o[1] for o in options] if i in ids])
+
+        self.app.push_screen(PickManyScreen("Charts to show", options), picked)
+
+    async def set_charts(self, specs: list[ChartSpec]) -> None:
+        self.specs = specs
+        grid = self.query_one("#charts-grid")
+        await grid.remove_children()
+        await grid.mount_all([MetricChart(spec) for spec in specs])
+        self.call_after_refresh(self.refresh_now)
+
+    def action_compare(self) -> None:
+        """Overlay other RL runs' curves on these charts."""
+        runs = [r for r in self.lab.registry.runs() if r.id != self.run.id]
+        options = []
+        for other in runs:
+            status = other.read_status()
+            if status.get("kind") == "rl":
+                label = f"{other.id}  {status.get('state', '?')}  step {status.get('step') or 0}  " \
+                        f"{status.get('name') or ''}"
+                options.append((label, other.id, other.id in self.compared))
+        if not options:
+            self.notify("No other RL runs to compare with.")
+            return
+
+        def picked(ids: list[str] | None) -> None:
+            if ids is not None:
+                self.run_worker(lambda: self._load_compared(ids), thread=True, exclusive=True, group="compare",
+                                exit_on_error=False)
+
+        self.app.push_screen(PickManyScreen("Runs to overlay", options), picked)
+
+    def _load_compared(self, ids: list[str]) -> None:
+        loaded: dict[str, RLRunModel] = {}
+        for run_id in ids:
+            model = RLRunModel()
+            items, _ = self.lab.registry.get(run_id).event_log().read(0)
+            model.feed(items)
+            loaded[run_id] = model
+        with self.fold_lock:
+            self.compared = loaded
+        self.app.call_from_thread(self.refresh_now)
+
+    def action_step(self, delta: int) -> None:
+        self.query_one(SamplesBrowser).move(delta)

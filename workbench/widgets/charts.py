@@ -1,0 +1,148 @@
+"""Metric charts on textual-plot's PlotWidget: which metrics each chart draws, EMA smoothing, overlays of other runs.
+
+A chart redraws only when what it shows changed (series versions, smoothing, the runs compared) and only while it
+is on screen; the data are bounded series (workbench.dashboards.series), so a redraw costs a few milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from textual_plot import HiResMode, LegendLocation, PlotWidget
+
+from workbench.dashboards.rl_model import RLRunModel
+from workbench.dashboards.series import ema
+
+PALETTE = ("#4EBF71", "#0178D4", "#FFA62B", "#E06C75", "#C678DD", "#56B6C2", "#D19A66", "#98C379")
+BAND_STYLE = "grey42"
+POINT_STYLE = "bold #FFD700"
+SMOOTHING_STEPS = (0.0, 0.6, 0.9, 0.99)
+
+
+@dataclass(frozen=True)
+class ChartSpec:
+    """One chart: metric keys drawn as lines, keys matched by prefix (per-environment lines), keys drawn as points
+    (evaluations), and an optional (mean, std) band."""
+
+    id: str
+    title: str
+    lines: tuple[str, ...]
+    line_prefixes: tuple[str, ...] = ()
+    points: tuple[str, ...] = ()
+    point_patterns: tuple[tuple[str, str], ...] = ()  # (prefix, suffix)
+    band: tuple[str, str] | None = None
+
+    def line_keys(self, available: Sequence[str]) -> list[str]:
+        extra = [k for k in available if k not in self.lines and k not in self.excluded()
+                 and any(k.startswith(p) for p in self.line_prefixes)]
+        return [k for k in self.lines if k in available] + extra
+
+    def point_keys(self, available: Sequence[str]) -> list[str]:
+        return [k for k in available if k in self.points
+                or any(k.startswith(p) and k.endswith(s) for p, s in self.point_patterns)]
+
+    def excluded(self) -> set[str]:
+        return set(self.band or ()) | set(self.points)
+
+    def keys(self) -> set[str]:
+        return set(self.lines) | set(self.points) | set(self.band or ())
+
+
+RL_CHARTS: tuple[ChartSpec, ...] = (
+    ChartSpec("reward", "reward (mean ± std, per env; ● eval/val)", ("reward/mean",), line_prefixes=("reward/",),
+              points=("val_reward/mean",), point_patterns=(("eval/", "/reward"),), band=("reward/mean", "reward/std")),
+    ChartSpec("entropy", "policy/entropy", ("policy/entropy",)),
+    ChartSpec("kl", "KL: mismatch (policy/kl), reference (policy/ref_kl)", ("policy/kl", "policy/ref_kl")),
+    ChartSpec("loss", "loss", ("loss",)),
+    ChartSpec("lr", "optim/lr", ("optim/lr",)),
+    ChartSpec("grad", "optim/grad_norm", ("optim/grad_norm",)),
+    ChartSpec("length", "rollout/mean_length", ("rollout/mean_length",)),
+    ChartSpec("truncated", "rollout/truncated", ("rollout/truncated",)),
+    ChartSpec("throughput", "perf/tokens_per_s", ("perf/tokens_per_s",)),
+)
+
+
+def custom_chart(key: str) -> ChartSpec:
+    return ChartSpec("m-" + "".join(c if c.isalnum() else "-" for c in key), key, (key,))
+
+
+class MetricChart(PlotWidget, can_focus=False):
+    """A PlotWidget bound to a ChartSpec. Not focusable: the dashboard's keys stay the dashboard's."""
+
+    DEFAULT_CSS = """
+    MetricChart { height: 12; border: round $primary-darken-2; border-title-color: $text; }
+    """
+
+    def __init__(self, spec: ChartSpec) -> None:
+        super().__init__(id=f"chart-{spec.id}", allow_pan_and_zoom=False)
+        self.spec = spec
+        self.border_title = spec.title
+        self._signature: tuple[object, ...] | None = None
+        self.drawn_points = 0  # points drawn by the last redraw (tests and the bench read it)
+
+    def on_mount(self) -> None:
+        self.margin_top = 0
+        self.margin_bottom = 2
+        self.margin_left = 8
+
+    def signature(self, runs: Sequence[tuple[str, RLRunModel]], smoothing: float) -> tuple[object, ...]:
+        parts: list[object] = [smoothing]
+        for label, model in runs:
+            parts.append(label)
+            keys = self.spec.keys() | set(self.spec.line_keys(list(model.series)))
+            keys |= set(self.spec.point_keys(list(model.series)))
+            parts.extend((k, model.series[k].version) for k in sorted(keys) if k in model.series)
+        return tuple(parts)
+
+    def draw(self, runs: Sequence[tuple[str, RLRunModel]], smoothing: float) -> bool:
+        """Redraw from `runs` (this run first, then runs compared with it); False when nothing changed."""
+        signature = self.signature(runs, smoothing)
+        if signature == self._signature:
+            return False
+        self._signature = signature
+        self.clear()
+        drawn = 0
+        labelled = len(runs) > 1
+        legend = labelled
+        for r, (label, model) in enumerate(runs):
+            available = list(model.series)
+            line_keys = self.spec.line_keys(available)
+            if r > 0:  # a compared run: its main curves only, in its own colour
+                line_keys = [k for k in self.spec.lines if k in available]
+            if r == 0 and self.spec.band and all(k in model.series for k in self.spec.band):
+                drawn += self._band(model, smoothing)
+            for i, key in enumerate(line_keys):
+                xs, ys = model.series[key].points()
+                if not xs:
+                    continue
+                color = PALETTE[(r if r > 0 else i) % len(PALETTE)]
+                name = f"{label} {key}" if labelled else key
+                with_label = labelled or len(line_keys) > 1
+                legend |= with_label
+                self.plot(xs, ema(ys, smoothing), line_style=color, hires_mode=HiResMode.BRAILLE,
+                          label=name if with_label else None)
+                drawn += len(xs)
+            if r == 0:
+                for key in self.spec.point_keys(available):
+                    xs, ys = model.series[key].points()
+                    self.scatter(xs, ys, marker="●", marker_style=POINT_STYLE, label=key)
+                    drawn += len(xs)
+                    legend = True
+        self.show_legend(LegendLocation.BOTTOMRIGHT if self.spec.id == "reward" else LegendLocation.TOPRIGHT,
+                         is_visible=legend)
+        self.drawn_points = drawn
+        return True
+
+    def _band(self, model: RLRunModel, smoothing: float) -> int:
+        mean_key, std_key = self.spec.band or ("", "")
+        xs, means = model.series[mean_key].points()
+        sx, stds = model.series[std_key].points()
+        if not xs or len(sx) != len(xs):
+            return 0
+        means, stds = ema(means, smoothing), ema(stds, smoothing)
+        self.plot(xs, [m + s for m, s in zip(means, stds, strict=True)], line_style=BAND_STYLE,
+                  hires_mode=HiResMode.BRAILLE)
+        self.plot(xs, [m - s for m, s in zip(means, stds, strict=True)], line_style=BAND_STYLE,
+                  hires_mode=HiResMode.BRAILLE)
+        return 2 * len(xs)
