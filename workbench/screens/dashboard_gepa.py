@@ -23,6 +23,7 @@ from workbench.screens.run import DashboardScreen
 from workbench.widgets.logs_pane import LogsPane
 
 VERDICT_ROWS = 50
+NARROW = 110  # columns below which the overview stacks its chart above the verdicts
 MATRIX_CANDIDATES = 40
 VERDICT_STYLE = {"accepted": "bold green", "rejected": "red"}
 
@@ -51,6 +52,9 @@ class FrontierChart(PlotWidget, can_focus=False):
         self.margin_bottom = 2
         self.margin_left = 7
 
+    def on_resize(self) -> None:
+        self._signature = None  # redraw: the legend depends on the size
+
     def draw(self, model: GepaRunModel) -> None:
         signature = (len(model.candidates), model.frontier_updates, model.best_over_calls.version)
         if signature == self._signature:
@@ -72,7 +76,7 @@ class FrontierChart(PlotWidget, can_focus=False):
                              label=group)
         if model.max_calls:
             self.set_xlimits(0, model.max_calls)
-        self.show_legend(LegendLocation.BOTTOMRIGHT)
+        self.show_legend(LegendLocation.BOTTOMRIGHT, is_visible=self.size.height >= 16)  # else it covers the plot
 
 
 class GepaDashboard(DashboardScreen):
@@ -120,6 +124,10 @@ class GepaDashboard(DashboardScreen):
                 with TabPane("Logs", id="logs"):
                     yield LogsPane(id="logs-pane")
         yield Footer()
+
+    def on_resize(self) -> None:
+        """Chart beside the verdicts on a wide terminal, above them on a narrow one."""
+        self.query_one("#gepa-overview").set_class(self.size.width < NARROW, "narrow")
 
     def on_mount(self) -> None:
         self.query_one("#gepa-verdicts", DataTable).add_columns("it", "type", "parent", "before", "after",

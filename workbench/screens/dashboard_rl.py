@@ -166,8 +166,9 @@ class RLDashboard(DashboardScreen):
         if elapsed is not None and isinstance(max_steps, int) and step and state not in FINAL_STATES:
             eta = elapsed / step * max(0, max_steps - step)
         latest = model.latest()
-        parts = [self.run.id, str(state), f"step {step}/{max_steps or '?'}", f"elapsed {duration(elapsed)}",
-                 f"ETA {duration(eta) if eta is not None else '-'}"]
+        parts = [self.run.id, str(state), f"step {step}/{max_steps or '?'}", f"elapsed {duration(elapsed)}"]
+        if eta is not None:
+            parts.append(f"ETA {duration(eta)}")
         if "perf/tokens_per_s" in latest:
             parts.append(f"{human(latest['perf/tokens_per_s'])} tok/s")
         if "reward/mean" in latest:

@@ -18,6 +18,7 @@ PALETTE = ("#4EBF71", "#0178D4", "#FFA62B", "#E06C75", "#C678DD", "#56B6C2", "#D
 BAND_STYLE = "grey42"
 POINT_STYLE = "bold #FFD700"
 SMOOTHING_STEPS = (0.0, 0.6, 0.9, 0.99)
+LEGEND_MIN_WIDTH = 70
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,9 @@ class MetricChart(PlotWidget, can_focus=False):
         self._signature: tuple[object, ...] | None = None
         self.drawn_points = 0  # points drawn by the last redraw (tests and the bench read it)
 
+    def on_resize(self) -> None:
+        self._signature = None  # redraw: the legend depends on the width
+
     def on_mount(self) -> None:
         self.margin_top = 0
         self.margin_bottom = 2
@@ -120,8 +124,11 @@ class MetricChart(PlotWidget, can_focus=False):
                 name = f"{label} {key}" if labelled else key
                 with_label = labelled or len(line_keys) > 1
                 legend |= with_label
-                self.plot(xs, ema(ys, smoothing), line_style=color, hires_mode=HiResMode.BRAILLE,
-                          label=name if with_label else None)
+                if len(xs) == 1:  # a line needs two points
+                    self.scatter(xs, ys, marker="●", marker_style=color, label=name if with_label else None)
+                else:
+                    self.plot(xs, ema(ys, smoothing), line_style=color, hires_mode=HiResMode.BRAILLE,
+                              label=name if with_label else None)
                 drawn += len(xs)
             if r == 0:
                 for key in self.spec.point_keys(available):
@@ -129,8 +136,10 @@ class MetricChart(PlotWidget, can_focus=False):
                     self.scatter(xs, ys, marker="●", marker_style=POINT_STYLE, label=key)
                     drawn += len(xs)
                     legend = True
+        self._pad_flat_axes()
+        # A legend covers a narrow chart: there the title says what the lines are.
         self.show_legend(LegendLocation.BOTTOMRIGHT if self.spec.id == "reward" else LegendLocation.TOPRIGHT,
-                         is_visible=legend)
+                         is_visible=legend and self.size.width >= LEGEND_MIN_WIDTH)
         self.drawn_points = drawn
         return True
 
@@ -146,3 +155,17 @@ class MetricChart(PlotWidget, can_focus=False):
         self.plot(xs, [m - s for m, s in zip(means, stds, strict=True)], line_style=BAND_STYLE,
                   hires_mode=HiResMode.BRAILLE)
         return 2 * len(xs)
+
+    def _pad_flat_axes(self) -> None:
+        """One step or a constant metric: give the axis some room instead of ticks 1e-6 apart."""
+        xs = [v for d in self._datasets for v in (float(d.x.min()), float(d.x.max())) if len(d.x)]
+        ys = [v for d in self._datasets for v in (float(d.y.min()), float(d.y.max())) if len(d.y)]
+        if xs and max(xs) - min(xs) < 1e-9:
+            self.set_xlimits(xs[0] - 1, xs[0] + 1)
+        else:
+            self.set_xlimits(None, None)
+        if ys and max(ys) - min(ys) < 1e-9:
+            pad = max(abs(ys[0]) * 0.1, 0.1)
+            self.set_ylimits(ys[0] - pad, ys[0] + pad)
+        else:
+            self.set_ylimits(None, None)
