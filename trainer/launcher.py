@@ -32,8 +32,8 @@ from trainer.config import RLConfig
 from trainer.runtime import StopFlag, checkpoint_to_resume, load_config, step_dirs
 
 POLL_S = 0.25
-HEALTH_EVERY_S = 5.0
-UNHEALTHY_AFTER_S = 30.0
+UNHEALTHY_AFTER_S = float(os.environ.get("PRIME_LAB_SAMPLER_UNHEALTHY_S", "30"))  # tests shorten it
+HEALTH_EVERY_S = min(5.0, UNHEALTHY_AFTER_S / 3)
 STOP_GRACE_S = 120.0  # the trainer may be mid-step on a slow CPU
 EXTERNAL_TIMEOUT_S = 30.0
 

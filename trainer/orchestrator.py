@@ -15,7 +15,7 @@ import asyncio
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,7 @@ class Orchestrator:
         self.groups_in_flight = max(1, math.ceil(config.oversampling_factor * config.batch_size / self.group_size))
         self.tasks: set[asyncio.Task[Group]] = set()
         self.ready: list[Group] = []
+        self.rollouts_started = self.start_step * 100_000  # per-rollout seeds differ after a resume too
 
     def log(self, message: str, level: str = "INFO", step: int | None = None) -> None:
         self.events.log(message, level, step=step)
@@ -162,11 +163,22 @@ class Orchestrator:
 
     # Sampling ----------------------------------------------------------------------------------------------
     async def sample_group(self, env_name: str, row: dict[str, Any], version: int) -> Group:
+        """`rollouts_per_example` rollouts of one example, scored. With a `[sampling] seed`, each rollout gets its
+        own seed derived from it (one seed for all would make every rollout of a group the same)."""
         t0 = time.perf_counter()
-        rollouts = await self.envs[env_name].run_rollouts(self.client, self.model_name, [row], self.sampling,
-                                                          rollouts_per_example=self.group_size,
-                                                          max_concurrent=self.group_size)
-        return Group(env_name, rollouts, version, time.perf_counter() - t0)
+        env = self.envs[env_name]
+        first = self.rollouts_started
+        self.rollouts_started += self.group_size
+
+        async def one(i: int) -> Rollout:
+            args = self.sampling if self.sampling.seed is None else \
+                replace(self.sampling, seed=self.sampling.seed * 1_000_003 + first + i)
+            rollout = await env.rollout(self.client, self.model_name, row, args)
+            await env.score(rollout)
+            return rollout
+
+        rollouts = await asyncio.gather(*(one(i) for i in range(self.group_size)))
+        return Group(env_name, list(rollouts), version, time.perf_counter() - t0)
 
     def top_up(self) -> None:
         while len(self.tasks) < self.groups_in_flight:

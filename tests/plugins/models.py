@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from lab.models import build_tiny_model, resolve_model
+from lab.models.tiny import TinyModelShape
 
 TEST_MODELS_CACHE = Path(os.environ.get("PRIME_LAB_TEST_MODELS", "~/.cache/prime-lab-test-models")).expanduser()
 
@@ -32,3 +33,13 @@ def smollm2_dir() -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as session_env:
         session_env.setenv("PRIME_LAB_MODELS", str(TEST_MODELS_CACHE))
         yield resolve_model("smollm2-135m")
+
+
+LEARNABLE_SHAPE = TinyModelShape(initializer_range=0.1, char_class_strength=1.0)
+
+
+@pytest.fixture(scope="session")
+def learnable_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model whose embeddings cluster tokens by character class, so RL tests can see it learn in a few
+    steps (see tests/fixtures/envs/tiny_chars.py)."""
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-learnable", shape=LEARNABLE_SHAPE)

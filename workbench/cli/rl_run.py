@@ -49,8 +49,6 @@ def run(
     from lab.models import ModelNotFoundError, resolve_model
     from lab.runs import RunRegistry
     from trainer.config import validate_rl_file
-    from trainer.launcher import spawn
-
     path = config_path(config)
     result = validate_rl_file(path)
     if not result.ok or result.config is None:
@@ -72,8 +70,7 @@ def run(
     run_ = RunRegistry().create("rl", config_text=path.read_text(), resolved=cfg.model_dump(mode="json"),
                                 name=name, model=cfg.model, envs=envs, max_steps=cfg.max_steps)
     run_.update_status(model_path=str(model_path), config_file=str(path.resolve()))
-    run_.register_process("cli", os.getpid())
-    spawn(run_, env=extra_env)
+    _spawn(run_, resume=False, env=extra_env)
     _started(run_.id, foreground)
 
 
@@ -83,7 +80,7 @@ def restart(
 ) -> None:
     """Resume a stopped or failed RL run from its latest checkpoint."""
     from lab.runs import ACTIVE_STATES, RunRegistry
-    from trainer.launcher import LaunchFailed, prepare_resume, spawn
+    from trainer.launcher import LaunchFailed, prepare_resume
 
     run_ = RunRegistry().get(run_id)
     status = run_.status()
@@ -99,10 +96,19 @@ def restart(
         fail(f"{run_.id} already trained all {step} steps")
     run_.update_status(step=step, reason=None)
     run_.set_state("queued", reason=f"resuming after step {step}")
-    run_.register_process("cli", os.getpid())
-    spawn(run_, resume=True)
+    _spawn(run_, resume=True)
     err(f"Resuming {run_.id} from its checkpoint after step {step}.")
     _started(run_.id, foreground)
+
+
+def _spawn(run_: Any, *, resume: bool, env: dict[str, str] | None = None) -> None:
+    """Start the run's supervisor and register it (its own process group) before this command exits, so the run
+    never looks dead in between; `cli` records this command's pid (the workbench finds its run by it)."""
+    from trainer.launcher import spawn
+
+    process = spawn(run_, resume=resume, env=env)
+    run_.register_process("launcher", process.pid, pgid=process.pid)
+    run_.register_process("cli", os.getpid())
 
 
 def _started(run_id: str, foreground: bool) -> None:

@@ -1,0 +1,256 @@
+"""`prime rl run` end to end: a real sampler, orchestrator and trainer as processes, on a tiny model that can learn.
+
+The task (tests/fixtures/envs/tiny_chars.py, `target = "letters"`): reward = share of the reply's characters that
+are letters. The model (`learnable_model_dir`) is a random-init tiny Qwen3 whose embeddings cluster tokens by
+character class, as a pretrained model's do, so LoRA finds "more letters" within a few steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.events import Event
+from lab.runs import FINAL_STATES, Run, RunRegistry
+
+PRIME = str(Path(sys.executable).parent / "prime")
+FIXTURE_ENVS = Path(__file__).resolve().parents[1] / "fixtures" / "envs"
+pytestmark = pytest.mark.slow
+
+DESIGN_METRICS = ["reward/mean", "reward/std", "reward/tiny-chars", "policy/entropy", "policy/kl", "loss", "optim/lr",
+                  "optim/grad_norm", "rollout/mean_length", "rollout/truncated", "rollout/generation_time",
+                  "perf/tokens_per_s", "time/step", "time/wait_for_batch", "time/wait_for_weights",
+                  "batch/async_level", "buffer/easy", "buffer/hard", "buffer/filtered"]
+
+
+@pytest.fixture(autouse=True)
+def fixture_envs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's processes find the test environment as an installed module (PYTHONPATH)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FIXTURE_ENVS), os.environ.get("PYTHONPATH")])))
+
+
+def write_config(path: Path, model: Path, *, steps: int = 20, backend: str = "builtin", seed: int = 0,
+                 extra: str = "", lr: float = 1e-2, async_level: int = 1, checkpoint_interval: int = 10) -> Path:
+    path.write_text(f"""
+model = "{model}"
+max_steps = {steps}
+batch_size = 16
+rollouts_per_example = 4
+learning_rate = {lr}
+max_async_level = {async_level}
+
+[sampling]
+max_tokens = 8
+seed = {seed}
+
+[[env]]
+id = "tiny-chars"
+args = {{ target = "letters" }}
+
+[buffer]
+seed = {seed}
+
+[inference]
+backend = "{backend}"
+
+[lora]
+r = 8
+alpha = 16
+target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+[checkpoints]
+interval = {checkpoint_interval}
+{extra}
+""")
+    return path
+
+
+def prime(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def start(config: Path) -> Run:
+    proc = prime("rl", "run", f"@{config}")
+    assert proc.returncode == 0, proc.stderr
+    run_id = proc.stdout.strip()
+    assert f"prime rl logs {run_id} -f" in proc.stderr
+    return RunRegistry().get(run_id)
+
+
+def wait_final(run: Run, timeout: float = 300.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = run.status()
+        if status.get("state") in FINAL_STATES and not run.live_processes():
+            return status
+        time.sleep(0.25)
+    raise AssertionError(f"{run.id} did not end within {timeout:g} s: {run.status()}\n" + logs(run))
+
+
+def wait_step(run: Run, step: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while int(run.read_status().get("step") or 0) < step:
+        assert time.monotonic() < deadline, f"{run.id} never reached step {step}: {run.status()}\n" + logs(run)
+        assert run.state not in FINAL_STATES, logs(run)
+        time.sleep(0.1)
+
+
+def logs(run: Run) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(run.logs_dir.glob("*.log")))
+
+
+def metrics(run: Run, source: str) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    for e in run.event_log().events():
+        if e.kind == "metrics" and e.source == source and e.step is not None:
+            out.setdefault(e.step, {}).update(e.data)
+    return out
+
+
+def rewards(run: Run) -> list[float]:
+    by_step = metrics(run, "orchestrator")
+    return [by_step[k]["reward/mean"] for k in sorted(by_step)]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_reward_rises_over_20_steps(seed: int, learnable_model_dir: Path, tmp_path: Path) -> None:
+    run = start(write_config(tmp_path / "rl.toml", learnable_model_dir, seed=seed))
+    status = wait_final(run)
+    assert status["state"] == "completed", status.get("reason", "") + logs(run)
+    curve = rewards(run)
+    assert len(curve) == 20
+    first, last = sum(curve[:5]) / 5, sum(curve[-5:]) / 5
+    assert last > first + 0.2, f"seed {seed}: reward did not rise: {[round(r, 3) for r in curve]}"
+
+    # every metric DESIGN.md names, from the process that owns it
+    merged: dict[str, float] = {}
+    for source in ("orchestrator", "trainer"):
+        for values in metrics(run, source).values():
+            merged.update(values)
+    assert not [m for m in DESIGN_METRICS if m not in merged]
+    events = run.event_log().events()
+    samples = [e for e in events if e.kind == "sample"]
+    assert samples and {"prompt", "completion", "reward", "advantage"} <= set(samples[0].data)
+    assert {e.data["state"] for e in events if e.kind == "status"} >= {"starting", "running", "completed"}
+    # each process wrote its own log; the trainer's adapter and checkpoint are real peft folders
+    assert {p.stem for p in run.logs_dir.glob("*.log")} >= {"launcher", "inference", "orchestrator", "trainer"}
+    assert (run.adapters_dir / "step_20" / "adapter_config.json").is_file()
+    assert (run.checkpoints_dir / "step_20" / "trainer_state.pt").is_file()
+    batch = [json.loads(line) for line in (run.rollouts_dir / "step_20.jsonl").read_text().splitlines()]
+    assert len(batch) == 16 and all(sum(s["loss_mask"]) > 0 for s in batch)
+    # the sampler really served the adapter: the on-policy part of the mismatch KL stays small
+    assert metrics(run, "orchestrator")[20]["policy/version"] >= 18
+    # `prime rl logs` shows the run's events
+    proc = prime("rl", "logs", run.id, "-c", "trainer", "-n", "3")
+    assert proc.returncode == 0 and "loss" in proc.stdout
+
+
+def test_vllm_backend_takes_the_trainers_adapters(learnable_model_dir: Path, tmp_path: Path) -> None:
+    """Shorter, on the real vLLM CPU build: each step samples with the adapter of the step before
+    (max_async_level 0), so a sampler that ignored the adapter would show as a large mismatch KL."""
+    config = write_config(tmp_path / "rl.toml", learnable_model_dir, steps=6, backend="vllm", async_level=0)
+    run = start(config)
+    status = wait_final(run, timeout=540)
+    assert status["state"] == "completed", status.get("reason", "") + logs(run)
+    orch, train = metrics(run, "orchestrator"), metrics(run, "trainer")
+    assert [orch[k]["policy/version"] for k in sorted(orch)] == [0, 1, 2, 3, 4, 5]
+    # on-policy every step: vLLM sampled with exactly the weights the trainer had (float32 on both sides)
+    assert max(train[k]["policy/kl"] for k in train) < 0.05, {k: train[k]["policy/kl"] for k in train}
+    # and the policy did move between steps (so a sampler stuck on the base model would have shown)
+    assert rewards(run)[-1] != rewards(run)[0]
+
+
+def test_stop_checkpoints_and_restart_resumes(learnable_model_dir: Path, tmp_path: Path) -> None:
+    run = start(write_config(tmp_path / "rl.toml", learnable_model_dir, steps=12, checkpoint_interval=2))
+    wait_step(run, 3)
+    proc = prime("rl", "stop", run.id, "--grace", "120")
+    assert proc.returncode == 0, proc.stderr
+    status = wait_final(run)
+    assert status["state"] == "stopped"
+    stopped_at = int(status["step"])
+    checkpoints = sorted(int(p.name.split("_")[1]) for p in run.checkpoints_dir.glob("step_*"))
+    assert checkpoints and checkpoints[-1] == stopped_at  # the trainer checkpointed its last step on SIGTERM
+    assert not run.live_processes()
+
+    proc = prime("rl", "restart", run.id, "--foreground")
+    assert proc.returncode == 0, proc.stderr + logs(run)
+    status = run.status()
+    assert status["state"] == "completed" and status["step"] == 12
+    trainer_steps = [e.step for e in run.event_log().events() if e.kind == "metrics" and e.source == "trainer"]
+    assert trainer_steps == list(range(1, 13))  # nothing trained twice, nothing skipped
+
+
+def test_a_dead_trainer_fails_the_run_within_seconds(learnable_model_dir: Path, tmp_path: Path) -> None:
+    run = start(write_config(tmp_path / "rl.toml", learnable_model_dir, steps=200))
+    wait_step(run, 1)
+    os.kill(run.read_status()["processes"]["trainer"]["pid"], signal.SIGKILL)
+    t0 = time.monotonic()
+    status = wait_final(run, timeout=60)
+    assert time.monotonic() - t0 < 20
+    assert status["state"] == "failed"
+    assert "trainer" in status["reason"] and "-9" in status["reason"]
+    assert not run.live_processes()  # the sampler and the orchestrator were stopped too
+
+
+def test_a_sampler_that_stops_answering_fails_the_run(learnable_model_dir: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRIME_LAB_SAMPLER_UNHEALTHY_S", "3")
+    run = start(write_config(tmp_path / "rl.toml", learnable_model_dir, steps=200))
+    wait_step(run, 1)
+    server = run.read_status()["processes"]["inference"]["pid"]
+    os.kill(server, signal.SIGSTOP)
+    try:
+        status = wait_final(run, timeout=90)
+    finally:
+        try:
+            os.kill(server, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert status["state"] == "failed"
+    assert "stopped answering" in status["reason"]
+
+
+def test_every_group_filtered_fails_with_the_reason(learnable_model_dir: Path, tmp_path: Path) -> None:
+    extra = "\n[difficulty_filter]\nenabled = true\nmin_reward_variance = 5.0\n"
+    run = start(write_config(tmp_path / "rl.toml", learnable_model_dir, steps=5, extra=extra))
+    status = wait_final(run, timeout=120)
+    assert status["state"] == "failed"
+    assert "min_reward_variance" in status["reason"] and "groups in a row were dropped" in status["reason"]
+    errors = [e for e in run.event_log().events() if e.kind == "log" and e.data.get("level") == "ERROR"]
+    assert any("orchestrator" == e.source for e in errors)
+
+
+def test_bad_configs_and_models_fail_before_a_run_exists(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('model = "tiny-qwen3"\nmax_steps = 0\nbatch_size = 10\nrollouts_per_example = 4\n'
+                   '[sampling]\nmax_tokens = 8\n[[env]]\nid = "reverse-text"\n')
+    proc = prime("rl", "run", f"@{bad}")
+    assert proc.returncode == 1
+    assert f"{bad}:2: max_steps" in proc.stderr and f"{bad}:3: batch_size" in proc.stderr
+    missing = tmp_path / "missing.toml"
+    missing.write_text(bad.read_text().replace("max_steps = 0", "max_steps = 2").replace("10", "8")
+                       .replace('"tiny-qwen3"', '"no-such/model-xyz"'))
+    proc = prime("rl", "run", f"@{missing}")
+    assert proc.returncode == 1 and "no-such/model-xyz" in proc.stderr
+    assert RunRegistry().runs() == []
+
+
+def test_the_workbench_launch_path_starts_an_rl_run(learnable_model_dir: Path, tmp_path: Path) -> None:
+    from workbench.launch import config_argv, find_run, launch
+
+    config = write_config(tmp_path / "rl.toml", learnable_model_dir, steps=3)
+    launched = launch(config_argv("rl", config))
+    run = find_run(launched, RunRegistry())
+    assert wait_final(run)["state"] == "completed"
+    assert [e.step for e in run.event_log().events() if isinstance(e, Event) and e.kind == "metrics"
+            and e.source == "trainer"] == [1, 2, 3]
