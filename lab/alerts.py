@@ -20,7 +20,7 @@ import math
 import statistics
 import zlib
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +117,10 @@ class AlertMonitor:
         self._rewards: deque[float] = deque(maxlen=self.t.reward_history + self.t.reward_window)
         self._losses: deque[float] = deque(maxlen=self.t.loss_window)
         self._samples: deque[tuple[str, str, bool]] = deque(maxlen=self.t.repetition_window)  # example, text, bad
+        self._checks: tuple[tuple[str, Callable[[str, float, str], list[Alert]]], ...] = (
+            ("policy/entropy", self._entropy), ("reward/std", self._reward_std), ("policy/kl", self._kl_check),
+            ("policy/ref_kl", self._kl_check), ("reward/mean", self._reward), ("loss", self._loss),
+            ("optim/grad_norm", self._grad))
 
     # Entry points -------------------------------------------------------------------------------------------
     def observe(self, event: Event) -> list[Alert]:
@@ -134,9 +138,7 @@ class AlertMonitor:
         step may come separately, each key is checked on its own)."""
         alerts: list[Alert] = []
         at = f" at step {step}" if step is not None else ""
-        for key, check in (("policy/entropy", self._entropy), ("reward/std", self._reward_std),
-                           ("policy/kl", self._kl_check), ("policy/ref_kl", self._kl_check),
-                           ("reward/mean", self._reward), ("loss", self._loss), ("optim/grad_norm", self._grad)):
+        for key, check in self._checks:
             if key in metrics:
                 value = _number(metrics[key])
                 if value is not None:
@@ -153,7 +155,7 @@ class AlertMonitor:
         needed = max(2, math.ceil(self.t.repetition_fraction * len(self._samples)))
         alerts += self._episode(
             DEGENERATE_OUTPUTS, degenerate >= needed, degenerate == 0,
-            f"Degenerate outputs{at}: {degenerate} of the last {len(self._samples)} samples repeat themselves "
+            lambda: f"Degenerate outputs{at}: {degenerate} of the last {len(self._samples)} samples repeat themselves "
             "(loops of the same words). Look at the samples; if it spreads, restart from an earlier checkpoint "
             "with a lower learning rate or a higher temperature.")
         by_text: dict[str, set[str]] = {}
@@ -163,7 +165,8 @@ class AlertMonitor:
         same = max((len(examples) for examples in by_text.values()), default=0)
         alerts += self._episode(
             IDENTICAL_OUTPUTS, same >= self.t.identical_count, same <= 1,
-            f"Identical outputs{at}: {same} different prompts got the same completion. This is the model collapse "
+            lambda: f"Identical outputs{at}: {same} different prompts got the same completion. This is the "
+            f"model collapse "
             "the guide describes: restart from an earlier checkpoint, lower the learning rate, raise the KL "
             "penalty or the sampling temperature.", level="ERROR")
         return alerts
@@ -172,16 +175,17 @@ class AlertMonitor:
         return [alert for event in events for alert in self.observe(event)]
 
     # Checks -------------------------------------------------------------------------------------------------
-    def _episode(self, key: str, firing: bool, cleared: bool, message: str, *, level: str = "WARNING",
-                 name: str | None = None) -> list[Alert]:
-        """Fire when `firing` starts an episode; end the episode when `cleared`."""
+    def _episode(self, key: str, firing: bool, cleared: bool, message: Callable[[], str], *,
+                 level: str = "WARNING", name: str | None = None) -> list[Alert]:
+        """Fire when `firing` starts an episode; end the episode when `cleared`. The message is only formatted
+        when it fires (this runs for every metric of every step of a replayed log)."""
         if key in self.active:
             if cleared:
                 self.active.discard(key)
             return []
         if firing:
             self.active.add(key)
-            return [{"name": name or key, "message": message, "level": level}]
+            return [{"name": name or key, "message": message(), "level": level}]
         return []
 
     def _entropy(self, key: str, value: float, at: str) -> list[Alert]:
@@ -193,7 +197,7 @@ class AlertMonitor:
         cleared = value > max(self.t.entropy_floor * 2, self.t.entropy_rearm_ratio * baseline)
         return self._episode(
             ENTROPY_COLLAPSE, firing, cleared,
-            f"Entropy collapsing{at}: policy/entropy {_fmt(value)} is down from {_fmt(baseline)} at the start. "
+            lambda: f"Entropy collapsing{at}: policy/entropy {_fmt(value)} is down from {_fmt(baseline)} at the start. "
             "Outputs are becoming deterministic and exploration stops; lower the learning rate, raise the "
             "temperature, or restart from an earlier checkpoint.")
 
@@ -201,13 +205,15 @@ class AlertMonitor:
         self._std_zero_steps = self._std_zero_steps + 1 if value <= self.t.std_zero else 0
         return self._episode(
             REWARD_STD_COLLAPSE, self._std_zero_steps >= self.t.std_patience, value >= self.t.std_rearm,
-            f"Reward std collapsed to 0{at} ({self._std_zero_steps} steps in a row): every rollout of a group gets "
+            lambda: f"Reward std collapsed to 0{at} ({self._std_zero_steps} steps in a row): every rollout of a "
+            f"group gets "
             "the same reward, so advantages are 0 and nothing is learned. The task is too easy or too hard for the "
             "model, or the policy collapsed; enable difficulty filtering or raise rollouts_per_example.")
 
     def _kl_check(self, key: str, value: float, at: str) -> list[Alert]:
         history = self._kl.setdefault(key, deque(maxlen=self.t.kl_window))
-        median = statistics.median(history) if len(history) >= 3 else None
+        # The median matters only above kl_min (below it neither the ratio fires nor does it block re-arming).
+        median = statistics.median(history) if len(history) >= 3 and value > self.t.kl_min else None
         if not math.isfinite(value):
             firing, why = True, "is not finite"
         elif value > self.t.kl_limit:
@@ -223,7 +229,7 @@ class AlertMonitor:
         what = "mismatch KL between trainer and sampler" if key == "policy/kl" else "KL to the reference model"
         return self._episode(
             f"{KL_EXPLODING}:{key}", firing, cleared,
-            f"KL exploding{at}: {key} ({what}) = {_fmt(value)} {why}. The policy is moving too fast; lower the "
+            lambda: f"KL exploding{at}: {key} ({what}) = {_fmt(value)} {why}. The policy is moving too fast; lower the "
             "learning rate, raise the KL penalty, or lower max_async_level.", name=KL_EXPLODING)
 
     def _reward(self, key: str, value: float, at: str) -> list[Alert]:
@@ -239,12 +245,15 @@ class AlertMonitor:
         cleared = drop < self.t.reward_drop_min / 2 or drop < self.t.reward_drop_fraction / 2 * abs(peak)
         return self._episode(
             REWARD_DROP, firing, cleared,
-            f"Reward dropped sharply{at}: reward/mean averages {_fmt(current)} over the last {w} steps, down from "
+            lambda: f"Reward dropped sharply{at}: reward/mean averages {_fmt(current)} over the last {w} steps, "
+            f"down from "
             f"{_fmt(peak)}. Check the samples for degenerate outputs; consider restarting from the checkpoint "
             "before the drop with a lower learning rate.")
 
     def _loss(self, key: str, value: float, at: str) -> list[Alert]:
-        median = statistics.median(abs(v) for v in self._losses) if len(self._losses) >= 3 else None
+        # The median matters only for a loss above loss_min / 2 (below it the loss neither fires nor blocks).
+        median = statistics.median(abs(v) for v in self._losses) \
+            if len(self._losses) >= 3 and not abs(value) <= self.t.loss_min / 2 else None
         if not math.isfinite(value):
             firing, level, why = True, "ERROR", "is not finite"
         elif median is not None and abs(value) > self.t.loss_min and abs(value) > self.t.loss_ratio * median:
@@ -258,7 +267,8 @@ class AlertMonitor:
             self._losses.append(value)
         return self._episode(
             LOSS_DIVERGING, firing, cleared,
-            f"Loss diverging{at}: loss = {_fmt(value)} {why}. Lower the learning rate, enable gradient clipping, "
+            lambda: f"Loss diverging{at}: loss = {_fmt(value)} {why}. Lower the learning rate, enable gradient "
+            f"clipping, "
             "and resume from the last good checkpoint.", level=level)
 
     def _grad(self, key: str, value: float, at: str) -> list[Alert]:
@@ -266,5 +276,6 @@ class AlertMonitor:
             return []
         return self._episode(
             LOSS_DIVERGING, True, False,
-            f"Loss diverging{at}: optim/grad_norm is {value}. The update is not finite; lower the learning rate "
+            lambda: f"Loss diverging{at}: optim/grad_norm is {value}. The update is not finite; lower the "
+            f"learning rate "
             "and resume from the last good checkpoint.", level="ERROR")

@@ -8,8 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab.events import Event
-from workbench.dashboards.rl_model import EventFold, is_number
+from workbench.dashboards.rl_model import EventFold, RawEvent, is_number
 from workbench.dashboards.series import DownsampledSeries
 
 MAX_ITERATIONS = 200
@@ -55,13 +54,12 @@ class GepaRunModel(EventFold):
         self.iteration = 0
         self.best_over_calls = DownsampledSeries(512)
 
-    def fold(self, event: Event) -> None:
-        data = event.data
-        if event.kind == "gepa.budget":
+    def fold(self, kind: str, step: Any, data: dict[str, Any], raw: RawEvent) -> None:
+        if kind == "gepa.budget":
             self.used = int(data.get("used", self.used))
             if is_number(data.get("max")):
                 self.max_calls = int(data["max"])
-        elif event.kind == "gepa.candidate" and isinstance(data.get("idx"), int):
+        elif kind == "gepa.candidate" and isinstance(data.get("idx"), int):
             scores = [float(s) for s in data.get("val_scores") or [] if is_number(s)]
             texts = data.get("texts") if isinstance(data.get("texts"), dict) else {}
             self.candidates[data["idx"]] = CandidateInfo(
@@ -69,7 +67,7 @@ class GepaRunModel(EventFold):
                 texts={str(k): str(v) for k, v in (texts or {}).items()}, val_scores=scores,
                 score=float(data.get("score") or 0.0), iteration=int(data.get("iteration") or 0),
                 metric_calls=int(data.get("metric_calls") or 0))
-        elif event.kind == "gepa.frontier":
+        elif kind == "gepa.frontier":
             self.frontier = Frontier(
                 best_idx=int(data.get("best_idx") or 0), best_score=float(data.get("best_score") or 0.0),
                 frequencies={int(k): int(v) for k, v in (data.get("frequencies") or {}).items()},
@@ -77,7 +75,7 @@ class GepaRunModel(EventFold):
                 instance_fronts=[[int(c) for c in f] for f in data.get("instance_fronts") or []])
             self.frontier_updates += 1
             self.best_over_calls.append(float(self.used), self.frontier.best_score)
-        elif event.kind == "gepa.iteration":
+        elif kind == "gepa.iteration":
             self.iterations.append(data)
             self.iteration = max(self.iteration, int(data.get("iteration") or 0))
 

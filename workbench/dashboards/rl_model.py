@@ -9,10 +9,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from lab.alerts import AlertMonitor
+from lab.alerts import AlertMonitor, completion_text
 from lab.events import BadLine, Event
 from workbench.dashboards.series import DEFAULT_CAPACITY, DownsampledSeries
 
+RawEvent = dict[str, Any]  # one line of events.jsonl as parsed
 MAX_SERIES = 256  # metric names kept (a run emitting more has a bug; the rest are dropped)
 MAX_SAMPLES = 200
 MAX_LOG_LINES = 5000
@@ -51,32 +52,33 @@ class EventFold:
         self.bad_lines = 0
         self.last_bad: BadLine | None = None
         self.events = 0
-        self.first_time: float | None = None
-        self.last_time: float | None = None
         self.state: str | None = None  # the latest `status` event's state
         self.version = 0
 
-    def feed(self, items: Iterable[Event | BadLine]) -> None:
+    def feed(self, items: Iterable[RawEvent | Event | BadLine]) -> None:
+        """Fold events: the raw JSON objects of the log (what the dashboards' reader gives, no Event built per
+        line: a 100,000-event log must fold in well under a second) or Events."""
         for item in items:
             if isinstance(item, BadLine):
                 self.bad_lines += 1
                 self.last_bad = item
                 continue
+            raw = item.to_json() if isinstance(item, Event) else item
             self.events += 1
-            if self.first_time is None:
-                self.first_time = item.time
-            self.last_time = item.time
-            kind = item.kind
+            kind = raw["kind"]
+            data = raw.get("data")
+            if not isinstance(data, dict):
+                data = {}
             if kind == "log":
-                level = str(item.data.get("level", "INFO")).upper()
-                self.logs.append(LogLine(item.source, level, str(item.data.get("message", ""))))
+                level = str(data.get("level", "INFO")).upper()
+                self.logs.append(LogLine(str(raw.get("source", "")), level, str(data.get("message", ""))))
                 self.log_total += 1
             elif kind == "status":
-                self.state = str(item.data.get("state")) if item.data.get("state") else self.state
-            self.fold(item)
+                self.state = str(data.get("state")) if data.get("state") else self.state
+            self.fold(kind, raw.get("step"), data, raw)
         self.version += 1
 
-    def fold(self, event: Event) -> None:
+    def fold(self, kind: str, step: Any, data: dict[str, Any], raw: RawEvent) -> None:
         """Per-dashboard handling of one event."""
 
     def add_log_lines(self, process: str, lines: Iterable[str]) -> None:
@@ -96,28 +98,27 @@ class RLRunModel(EventFold):
         self.recent: OrderedDict[int, dict[str, float]] = OrderedDict()  # step -> metrics of both sources
         self.latest_step: int | None = None
         self.samples: deque[dict[str, Any]] = deque(maxlen=MAX_SAMPLES)
-        self.sample_steps: set[int] = set()
         self.log_alerts: deque[dict[str, Any]] = deque(maxlen=MAX_ALERTS)
         self.local_alerts: deque[dict[str, Any]] = deque(maxlen=MAX_ALERTS)
-        self.alert_count = 0  # grows with every alert shown (the screen notifies on growth)
         self.monitor = AlertMonitor()
         self.checkpoints: list[int] = []
 
-    def fold(self, event: Event) -> None:
-        kind, step = event.kind, event.step
-        if kind == "metrics" and isinstance(step, int):
-            self._metrics(step, event.data)
+    def fold(self, kind: str, step: Any, data: dict[str, Any], raw: RawEvent) -> None:
+        step = step if isinstance(step, int) else None
+        alerts: list[dict[str, Any]] = []
+        if kind == "metrics" and step is not None:
+            self._metrics(step, data)
+            alerts = self.monitor.observe_metrics(data, step)
         elif kind == "sample":
-            self.samples.append({**event.data, "step": step})
-            if isinstance(step, int):
-                self.sample_steps.add(step)
+            self.samples.append({**data, "step": step})
+            alerts = self.monitor.observe_sample(completion_text(data.get("completion")),
+                                                 str(data.get("example_id", "")), step)
         elif kind == "alert":
-            self.log_alerts.append({**event.data, "step": step, "source": event.source})
-        elif kind == "checkpoint" and isinstance(step, int):
+            self.log_alerts.append({**data, "step": step, "source": raw.get("source")})
+        elif kind == "checkpoint" and step is not None:
             self.checkpoints.append(step)
-        if kind in ("metrics", "sample"):
-            for alert in self.monitor.observe(event):
-                self.local_alerts.append({**alert, "step": step, "source": "lab"})
+        for alert in alerts:
+            self.local_alerts.append({**alert, "step": step, "source": "lab"})
 
     def _metrics(self, step: int, data: dict[str, Any]) -> None:
         merged = self.recent.get(step)
@@ -125,16 +126,19 @@ class RLRunModel(EventFold):
             merged = self.recent[step] = {}
             while len(self.recent) > RECENT_STEPS:
                 self.recent.popitem(last=False)
+        x = float(step)
+        all_series = self.series
         for key, value in data.items():
-            if not is_number(value):
+            if value.__class__ is not float and (value.__class__ is not int):  # (bool is not int here)
                 continue
-            merged[key] = float(value)
-            series = self.series.get(key)
+            value = float(value)
+            merged[key] = value
+            series = all_series.get(key)
             if series is None:
-                if len(self.series) >= MAX_SERIES:
+                if len(all_series) >= MAX_SERIES:
                     continue
-                series = self.series[key] = DownsampledSeries(self.capacity)
-            series.append(float(step), float(value))
+                series = all_series[key] = DownsampledSeries(self.capacity)
+            series.append(x, value)
         if self.latest_step is None or step >= self.latest_step:
             self.latest_step = step
 
@@ -151,6 +155,10 @@ class RLRunModel(EventFold):
             for key, value in self.recent[step].items():
                 merged.setdefault(key, value)
         return merged
+
+    def sample_steps(self) -> set[int]:
+        """Steps with sample events among those kept."""
+        return {s["step"] for s in self.samples if isinstance(s.get("step"), int)}
 
     def metric_keys(self) -> list[str]:
         return sorted(self.series)

@@ -15,10 +15,11 @@ from textual.widgets import DataTable, Footer, Header, ProgressBar, Static, Tabb
 from textual.widgets.tree import TreeNode
 from textual_plot import HiResMode, LegendLocation, PlotWidget
 
-from lab.events import BadLine, Event
+from lab.events import BadLine
 from lab.runs import Run
 from workbench.dashboards.files import TextLogs
 from workbench.dashboards.gepa_model import CandidateInfo, GepaRunModel
+from workbench.dashboards.rl_model import RawEvent
 from workbench.screens.run import DashboardScreen
 from workbench.widgets.logs_pane import LogsPane
 
@@ -140,7 +141,7 @@ class GepaDashboard(DashboardScreen):
         self._tree_size = -1
         self._matrix_key = self._verdicts_key = None
 
-    def consume(self, items: list[Event | BadLine]) -> None:
+    def consume(self, items: list[RawEvent | BadLine]) -> None:
         self.model.feed(items)
 
     def follow_files(self) -> None:

@@ -3,6 +3,7 @@ smoothing and series chosen by key, other runs overlaid for comparison, a sample
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from textual.app import ComposeResult
@@ -10,10 +11,10 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, ProgressBar, RichLog, Static, TabbedContent, TabPane
 
-from lab.events import BadLine, Event
+from lab.events import BadLine
 from lab.runs import FINAL_STATES, Run
-from workbench.dashboards.files import TextLogs
-from workbench.dashboards.rl_model import RLRunModel
+from workbench.dashboards.files import TextLogs, read_events
+from workbench.dashboards.rl_model import RawEvent, RLRunModel
 from workbench.dashboards.samples import EnvParsers, rollout_steps
 from workbench.screens.pick_many import PickManyScreen
 from workbench.screens.run import LOG_LINES, DashboardScreen
@@ -25,6 +26,7 @@ from workbench.widgets.samples_browser import SamplesBrowser
 LATEST_KEYS = ("reward/mean", "reward/std", "val_reward/mean", "policy/entropy", "policy/kl", "policy/ref_kl", "loss",
                "optim/lr", "optim/grad_norm", "rollout/mean_length", "rollout/truncated", "perf/tokens_per_s",
                "time/step")
+CHART_EVERY = 0.25  # seconds between chart redraws while data flows
 CHART_WIDTH = 48  # columns per chart when the grid decides how many fit side by side
 
 
@@ -77,6 +79,8 @@ class RLDashboard(DashboardScreen):
         self.steps: list[int] = []
         self.parsers = EnvParsers(self.status.get("envs") or [])
         self._alerts_seen: int | None = None  # alerts shown so far (None until the first redraw)
+        self._charts_drawn_at = 0.0
+        self.charts: list[MetricChart] = []  # (a query per redraw costs more than drawing)
 
     # Layout -------------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -103,6 +107,9 @@ class RLDashboard(DashboardScreen):
                     yield LogsPane(id="logs-pane")
         yield Footer()
 
+    def on_mount(self) -> None:
+        self.charts = list(self.query(MetricChart))
+
     def on_resize(self) -> None:
         grid = self.query_one("#charts-grid")
         grid.styles.grid_size_columns = max(1, grid.size.width // CHART_WIDTH)
@@ -112,7 +119,7 @@ class RLDashboard(DashboardScreen):
         self.model = RLRunModel()
         self._alerts_seen = None
 
-    def consume(self, items: list[Event | BadLine]) -> None:
+    def consume(self, items: list[RawEvent | BadLine]) -> None:
         self.model.feed(items)
 
     def follow_files(self) -> None:
@@ -121,7 +128,7 @@ class RLDashboard(DashboardScreen):
         with self.fold_lock:
             for process, chunk in lines:
                 self.model.add_log_lines(process, chunk)
-            self.steps = sorted(set(steps) | self.model.sample_steps)
+            self.steps = sorted(set(steps) | self.model.sample_steps())
             if not self.parsers.env_ids:
                 self.parsers.env_ids = list(self.status.get("envs") or [])
 
@@ -132,8 +139,15 @@ class RLDashboard(DashboardScreen):
     # Drawing ------------------------------------------------------------------------------------------------
     def _refresh_if_changed(self) -> None:
         super()._refresh_if_changed()
-        with self.fold_lock:
-            self.draw_charts()
+        now = time.monotonic()
+        if now - self._charts_drawn_at >= CHART_EVERY:  # a flood of events redraws the charts a few times a second
+            self._charts_drawn_at = now
+            with self.fold_lock:
+                self.draw_charts()
+
+    def refresh_now(self) -> None:
+        self._charts_drawn_at = 0.0  # a key changed what is shown: draw at once
+        super().refresh_now()
 
     def redraw(self) -> None:
         model = self.model
@@ -151,8 +165,11 @@ class RLDashboard(DashboardScreen):
         rows = [f"{key:<18}{latest[key]:>9.4g}" for key in LATEST_KEYS if key in latest]
         self.query_one("#latest", Static).update("\n".join([step, *rows]))
         self.write_tail(self.query_one("#run-log", RichLog))
-        self.query_one(LogsPane).show(model.logs, total=model.log_total)
-        self.query_one(SamplesBrowser).set_steps(self.steps)
+        active = self.query_one(TabbedContent).active
+        if active == "logs":
+            self.query_one(LogsPane).show(model.logs, total=model.log_total)
+        elif active == "samples":
+            self.query_one(SamplesBrowser).set_steps(self.steps)
 
     def header_text(self) -> str:
         status, model = self.status, self.model
@@ -190,7 +207,7 @@ class RLDashboard(DashboardScreen):
         for other in self.compared.values():
             available |= set(other.series)
         smoothing = SMOOTHING_STEPS[self.smoothing]
-        for chart in self.query(MetricChart):
+        for chart in self.charts:
             has_data = bool(chart.spec.line_keys(sorted(available)) or chart.spec.point_keys(sorted(available)))
             if chart.display != has_data:
                 chart.display = has_data
@@ -226,7 +243,8 @@ class RLDashboard(DashboardScreen):
         self.specs = specs
         grid = self.query_one("#charts-grid")
         await grid.remove_children()
-        await grid.mount_all([MetricChart(spec) for spec in specs])
+        self.charts = [MetricChart(spec) for spec in specs]
+        await grid.mount_all(self.charts)
         self.call_after_refresh(self.refresh_now)
 
     def action_compare(self) -> None:
@@ -254,8 +272,12 @@ class RLDashboard(DashboardScreen):
         loaded: dict[str, RLRunModel] = {}
         for run_id in ids:
             model = RLRunModel()
-            items, _ = self.lab.registry.get(run_id).event_log().read(0)
-            model.feed(items)
+            path, offset = self.lab.registry.get(run_id).events_path, 0
+            while True:
+                items, offset = read_events(path, offset)
+                if not items:
+                    break
+                model.feed(items)
             loaded[run_id] = model
         with self.fold_lock:
             self.compared = loaded

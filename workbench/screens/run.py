@@ -24,7 +24,8 @@ from textual.worker import get_current_worker
 
 from lab.events import BadLine, Event
 from lab.runs import ACTIVE_STATES, Run
-from workbench.dashboards.files import read_jsonl_from
+from workbench.dashboards.files import read_events, read_jsonl_from
+from workbench.dashboards.rl_model import RawEvent
 from workbench.screens.confirm import ConfirmScreen
 from workbench.widgets.logs_pane import LogsPane
 from workbench.widgets.runs_table import ago, short_env
@@ -36,6 +37,7 @@ LOG_LINES = 500
 RESULT_ROWS = 200
 STATUS_EVERY = 0.5  # seconds between status.json reads while following
 CHUNK = 5000  # events folded per lock hold
+TAIL_LINES = 50  # newest event lines written to the page's event log per redraw
 
 
 def event_line(event: Event) -> str:
@@ -90,9 +92,8 @@ class RunScreen(Screen[None]):
         self.event_offset = 0
         self.changed = threading.Event()
         self._generation = 0  # bumped by replay: the follower starts over from byte 0
-        self._bad_lines_shown = 0
         self.bad_lines = 0
-        self.tail: deque[str] = deque(maxlen=LOG_LINES)  # event lines not yet written to the page's event log
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)  # event lines not yet written to the page's event log
         self._clear_tail = False
 
     @property
@@ -107,7 +108,6 @@ class RunScreen(Screen[None]):
     # The follower thread ------------------------------------------------------------------------------------
     def _follow(self) -> None:
         worker = get_current_worker()
-        log = self.run.event_log()
         generation = -1
         next_status = 0.0
         poll = self.lab.settings.poll_interval
@@ -116,6 +116,7 @@ class RunScreen(Screen[None]):
                 generation = self._generation
                 with self.fold_lock:
                     self.event_offset = 0
+                    self.bad_lines = 0
                     self.tail.clear()
                     self._clear_tail = True
                     self.reset()
@@ -127,24 +128,25 @@ class RunScreen(Screen[None]):
                 next_status = now + min(STATUS_EVERY, poll)
                 self.follow_files()
                 self.changed.set()
-            items, offset = log.read(self.event_offset)
+            items, offset = read_events(self.run.events_path, self.event_offset)
             if items and generation == self._generation:
                 for start in range(0, len(items), CHUNK):  # the lock is let go between chunks: the UI keeps up
                     chunk = items[start:start + CHUNK]
                     with self.fold_lock:
                         self.bad_lines += sum(1 for item in chunk if isinstance(item, BadLine))
-                        self.tail.extend(event_line(e) for e in chunk[-LOG_LINES:] if isinstance(e, Event))
+                        self.tail.extend(event_line(Event.from_json(e)) for e in chunk[-TAIL_LINES:]
+                                         if not isinstance(e, BadLine))
                         self.consume(chunk)
                     self.changed.set()
                 with self.fold_lock:
                     self.event_offset = offset
-            else:
+            if len(items) < CHUNK:  # caught up (a full chunk means more is waiting: read on at once)
                 time.sleep(poll)
 
     def reset(self) -> None:
         """Forget what was folded (replay). Called with the lock held."""
 
-    def consume(self, items: list[Event | BadLine]) -> None:
+    def consume(self, items: list[RawEvent | BadLine]) -> None:
         """Fold new events (follower thread, lock held)."""
 
     def follow_files(self) -> None:
@@ -155,12 +157,7 @@ class RunScreen(Screen[None]):
             return
         self.changed.clear()
         with self.fold_lock:
-            self.redraw()
-            bad = self.bad_lines
-        if bad > self._bad_lines_shown:
-            self.notify(f"Skipped {bad - self._bad_lines_shown} corrupt or truncated line(s) in "
-                        f"{self.run.events_path.name}", severity="warning", timeout=4)
-            self._bad_lines_shown = bad
+            self.redraw()  # each page says how many corrupt lines it skipped (bad_lines) in its status line
 
     def redraw(self) -> None:
         """Show what changed (UI thread, lock held)."""
@@ -170,8 +167,8 @@ class RunScreen(Screen[None]):
         if self._clear_tail:
             log.clear()
             self._clear_tail = False
-        for line in self.tail:
-            log.write(line)
+        if self.tail:
+            log.write("\n".join(self.tail))  # one write: RichLog measures and lays out per call
         self.tail.clear()
 
     def refresh_now(self) -> None:
@@ -183,7 +180,6 @@ class RunScreen(Screen[None]):
     def action_replay(self) -> None:
         """Replay the event log from zero."""
         self._generation += 1
-        self._bad_lines_shown = 0
 
     def action_stop(self) -> None:
         def stop() -> None:
@@ -288,6 +284,8 @@ class EvalRunScreen(RunScreen):
     def redraw(self) -> None:
         status = self.status
         reason = f"\n{status['reason']}" if status.get("reason") else ""
+        if self.bad_lines:
+            reason += f"\n{self.bad_lines} corrupt line(s) in events.jsonl skipped"
         reward = status.get("reward")
         reward_text = f" · reward {reward:.3f}" if isinstance(reward, (int, float)) else ""
         self.query_one("#run-status", Static).update(status_line(self.run, status, self.lab.clock()) +

@@ -59,13 +59,16 @@ class SamplesBrowser(Horizontal):
     def set_steps(self, steps: list[int]) -> None:
         if steps == self.steps:
             return
-        self.steps = steps
         options = self.query_one(OptionList)
-        highlighted = options.highlighted
-        options.clear_options()
-        options.add_options([Option(f"step {s}", id=str(s)) for s in steps])
-        if highlighted is not None and steps:
-            options.highlighted = min(highlighted, len(steps) - 1)
+        if steps[: len(self.steps)] == self.steps:  # the usual case: new steps at the end
+            options.add_options([Option(f"step {s}", id=str(s)) for s in steps[len(self.steps):]])
+        else:
+            highlighted = options.highlighted
+            options.clear_options()
+            options.add_options([Option(f"step {s}", id=str(s)) for s in steps])
+            if highlighted is not None and steps:
+                options.highlighted = min(highlighted, len(steps) - 1)
+        self.steps = steps
         if self.step is None and steps:
             self.select_step(steps[-1])
 
