@@ -87,10 +87,10 @@ class Supervisor:
         self.events.log(message, level)
         print(f"[launcher] {level} {message}", flush=True)
 
-    def start_child(self, role: str, argv: list[str]) -> None:
+    def start_child(self, role: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         with open(self.run.log_path(role), "ab") as log:
             process = subprocess.Popen([sys.executable, "-m", *argv], stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=subprocess.STDOUT)
+                                       stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.children[role] = process
         self.run.register_process(role, process.pid)
 
@@ -100,7 +100,13 @@ class Supervisor:
         self.run.register_process("launcher", os.getpid(), pgid=os.getpgrp())
         run.set_state("starting")
         resume = ["--resume"] if self.resume else []
-        self.start_child("trainer", ["trainer.train", str(run.dir), "--model-path", str(self.model_path), *resume])
+        trainer_threads, sampler_threads = self.cpu_split()
+        if trainer_threads:
+            self.log(f"CPU only: {trainer_threads} thread(s) for the trainer, {sampler_threads} for the sampler "
+                     "(they run at the same time; oversubscribed cores make both slower)")
+            os.environ["OMP_NUM_THREADS"] = str(sampler_threads)  # the sampler inherits this process's environment
+        self.start_child("trainer", ["trainer.train", str(run.dir), "--model-path", str(self.model_path), *resume],
+                         env={"OMP_NUM_THREADS": str(trainer_threads)} if trainer_threads else None)
         base_url, model_name = self.start_sampler()
         if self.stop.set:
             return
@@ -108,6 +114,25 @@ class Supervisor:
         self.start_child("orchestrator", ["trainer.orchestrator", str(run.dir), "--base-url", base_url,
                                           "--model", model_name, *api_key, *resume])
         run.set_state("running")
+
+    def cpu_split(self) -> tuple[int, int]:
+        """On a CPU-only machine with the built-in sampler, the cores split between trainer and sampler: (trainer,
+        sampler) thread counts, or (0, 0) to leave both to their defaults (a GPU, vLLM binding its own cores,
+        an external sampler, or a user's OMP_NUM_THREADS)."""
+        from lab.inference.vllm import cuda_available
+
+        if "OMP_NUM_THREADS" in os.environ or self.config.inference.backend not in ("auto", "builtin") \
+                or self.config.trainer.device == "cuda" or cuda_available():
+            return 0, 0
+        if self.config.inference.backend == "auto":
+            from lab.inference.backend import choose_backend
+
+            if choose_backend("auto").backend != "builtin":
+                return 0, 0
+        cores = len(os.sched_getaffinity(0))
+        if cores < 2:
+            return 0, 0
+        return cores // 2, cores - cores // 2
 
     def start_sampler(self) -> tuple[str, str]:
         from lab.inference.backend import BackendUnavailableError, choose_backend

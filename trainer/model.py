@@ -18,10 +18,10 @@ if TYPE_CHECKING:
 
 
 def pick_device(requested: str = "auto") -> str:
-    import torch
+    from lab.inference.vllm import cuda_available
 
     if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if cuda_available() else "cpu"
     return requested
 
 
@@ -63,44 +63,58 @@ def _linear_names(model: Any) -> list[str]:
 
 
 def pad(samples: list[Sample], pad_id: int, device: str) -> dict[str, torch.Tensor]:
-    """Right-padded tensors for a micro-batch: input_ids, attention_mask, loss_mask, sampler_logprobs, advantages."""
+    """Left-padded tensors for a micro-batch (input_ids, attention_mask, position_ids, loss_mask, sampler_logprobs,
+    advantages). Left padding lines every completion up at the end, so logits are computed for the last `keep`
+    positions only (`keep`: the longest span from a sample's first trained token to its end)."""
     import torch
 
     length = max(len(s.input_ids) for s in samples)
 
     def rows(attr: str, fill: float | int) -> list[list[Any]]:
-        return [list(getattr(s, attr)) + [fill] * (length - len(s.input_ids)) for s in samples]
+        return [[fill] * (length - len(s.input_ids)) + list(getattr(s, attr)) for s in samples]
 
+    attention = torch.tensor([[0] * (length - len(s.input_ids)) + [1] * len(s.input_ids) for s in samples],
+                             dtype=torch.long, device=device)
+    keep = max((len(s.loss_mask) - s.loss_mask.index(1) for s in samples if 1 in s.loss_mask), default=1)
     return {
         "input_ids": torch.tensor(rows("input_ids", pad_id), dtype=torch.long, device=device),
-        "attention_mask": torch.tensor([[1] * len(s.input_ids) + [0] * (length - len(s.input_ids)) for s in samples],
-                                       dtype=torch.long, device=device),
+        "attention_mask": attention,
+        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
         "loss_mask": torch.tensor(rows("loss_mask", 0), dtype=torch.float32, device=device),
         "sampler_logprobs": torch.tensor(rows("sampler_logprobs", 0.0), dtype=torch.float32, device=device),
         "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
+        "keep": torch.tensor(min(keep, length - 1)),
     }
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
-                   *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   *, position_ids: torch.Tensor | None = None, keep: int | None = None,
+                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob of each token given the ones before it, from logits divided by the sampling temperature.
 
-    Returns [batch, seq] aligned with `input_ids` (position 0, which nothing predicts, is 0), and the entropy of the
+    Returns [batch, seq] aligned with `input_ids` (position 0, which nothing predicts, is 0) or, with `keep`, with
+    the last `keep` positions only (the model then computes logits for those alone); and the entropy of the
     distribution each token was drawn from (same alignment) when asked.
     """
     import torch
 
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    kwargs: dict[str, Any] = {"logits_to_keep": keep + 1} if keep is not None else {}
+    if position_ids is not None:
+        kwargs["position_ids"] = position_ids
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits[:, :-1].float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
-    chosen = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    zero = torch.zeros_like(chosen[:, :1])
+    targets = input_ids[:, -logits.shape[1]:]
+    chosen = logp.gather(-1, targets[:, :, None]).squeeze(-1)
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = torch.cat([zero, token_entropy(logits)], dim=1)
-    return torch.cat([zero, chosen], dim=1), entropy
+            entropy = token_entropy(logits)
+    if keep is not None:
+        return chosen, entropy
+    zero = torch.zeros_like(chosen[:, :1])
+    return torch.cat([zero, chosen], dim=1), (torch.cat([zero, entropy], dim=1) if entropy is not None else None)
 
 
 @dataclass
@@ -126,12 +140,15 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, pad_id: int
     tokens = 0
     for chunk in micro_batches(samples, micro_batch_size, accumulation_steps):
         t = pad(chunk, pad_id, device)
+        keep = int(t["keep"])
+        t["loss_mask"], t["sampler_logprobs"] = t["loss_mask"][:, -keep:], t["sampler_logprobs"][:, -keep:]
         ref = None
         if kl_beta > 0:
             with torch.no_grad(), model.disable_adapter():
-                ref, _ = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature)
+                ref, _ = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature,
+                                        position_ids=t["position_ids"], keep=keep)
         logprobs, entropy = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature,
-                                           with_entropy=True)
+                                           position_ids=t["position_ids"], keep=keep, with_entropy=True)
         out = policy_loss(logprobs, t["sampler_logprobs"], t["advantages"], t["loss_mask"], ratio_low=ratio_low,
                           ratio_high=ratio_high, ref_logprobs=ref, kl_beta=kl_beta,
                           num_loss_tokens=max(1, total_loss_tokens))
