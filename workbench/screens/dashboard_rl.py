@@ -89,22 +89,23 @@ class RLDashboard(DashboardScreen):
             yield Static("", id="dash-status", markup=False)
             yield ProgressBar(id="run-progress", show_eta=False)
             yield AlertsPane(id="alerts")
-            with TabbedContent(initial="charts", id="dash-tabs"):
-                with TabPane("Charts", id="charts"), Horizontal(id="charts-row"):
-                    with VerticalScroll(id="charts-grid"):
+            with Horizontal(id="dash-row"):
+                with TabbedContent(initial="charts", id="dash-tabs"):
+                    with TabPane("Charts", id="charts"), VerticalScroll(id="charts-grid"):
                         for spec in self.specs:
                             yield MetricChart(spec)
-                    with Vertical(id="dash-side"):
-                        latest = Static("", id="latest", markup=False)
-                        latest.border_title = "Latest"
-                        yield latest
-                        log = RichLog(id="run-log", max_lines=LOG_LINES, wrap=False, markup=False, highlight=False)
-                        log.border_title = "Events"
-                        yield log
-                with TabPane("Samples", id="samples"):
-                    yield SamplesBrowser(self.run.rollouts_dir, self.parsers, self._sample_events, id="samples-browser")
-                with TabPane("Logs", id="logs"):
-                    yield LogsPane(id="logs-pane")
+                    with TabPane("Samples", id="samples"):
+                        yield SamplesBrowser(self.run.rollouts_dir, self.parsers, self._sample_events,
+                                             id="samples-browser")
+                    with TabPane("Logs", id="logs"):
+                        yield LogsPane(id="logs-pane")
+                with Vertical(id="dash-side"):  # beside every tab: the latest metrics and the event tail
+                    latest = Static("", id="latest", markup=False)
+                    latest.border_title = "Latest"
+                    yield latest
+                    log = RichLog(id="run-log", max_lines=LOG_LINES, wrap=False, markup=False, highlight=False)
+                    log.border_title = "Events"
+                    yield log
         yield Footer()
 
     def on_mount(self) -> None:
