@@ -210,9 +210,12 @@ class Supervisor:
             if orchestrator is not None and orchestrator != 0:
                 raise LaunchFailed(self.reason("orchestrator", orchestrator))
             if trainer == 0:
-                done = int(self.run.read_status().get("step") or 0) >= self.config.max_steps
-                return "completed" if done else "stopped"
-            if orchestrator == 0 and not batch_path(self.run.rollouts_dir, self.config.max_steps).exists():
+                if int(self.run.read_status().get("step") or 0) < self.config.max_steps:
+                    return "stopped"
+                if orchestrator == 0:
+                    return "completed"
+                # else: the orchestrator is still running the final evaluation
+            elif orchestrator == 0 and not batch_path(self.run.rollouts_dir, self.config.max_steps).exists():
                 return "stopped"
             if self.server is not None:
                 code = self.server.process.poll()

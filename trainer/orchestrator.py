@@ -274,13 +274,68 @@ class Orchestrator:
                                         "completion": s.completion, "answer": s.answer, "reward": s.reward,
                                         "advantage": s.advantage, "metrics": s.metrics}, step=step)
 
+    # Validation and evaluation ---------------------------------------------------------------------------------
+    def eval_sets(self) -> list[tuple[str, Environment, int, int]]:
+        """(metric name, environment, examples, rollouts per example) for each `[eval]` environment."""
+        ev = self.config.eval
+        if ev is None:
+            return []
+        if not ev.env:
+            return [(name, env, ev.num_examples, ev.rollouts_per_example) for name, env in self.envs.items()]
+        out = []
+        for e in ev.env:
+            env = load_environment(e.id, **e.args)
+            out.append((e.name or e.id.rsplit("/", 1)[-1], env,
+                        e.num_examples if e.num_examples is not None else ev.num_examples,
+                        e.rollouts_per_example or ev.rollouts_per_example))
+        return out
+
+    async def mean_reward(self, env: Environment, rows: list[dict[str, Any]], rollouts_per_example: int) -> float:
+        sampling = replace(self.sampling, rl_fields=False)
+        rollouts = await env.run_rollouts(self.client, self.model_name, rows, sampling,
+                                          rollouts_per_example=rollouts_per_example, max_concurrent=32)
+        return sum(r.reward for r in rollouts) / max(1, len(rollouts))
+
+    async def validate(self, step: int) -> None:
+        val = self.config.val
+        if val is None or not val.interval or step % val.interval:
+            return
+        per_env = val.num_examples if val.num_examples == -1 else max(1, val.num_examples // len(self.envs))
+        rewards = [await self.mean_reward(env, env.get_eval_dataset(per_env, seed=0), val.rollouts_per_example)
+                   for env in self.envs.values()]
+        self.events.metrics({"val_reward/mean": sum(rewards) / len(rewards)}, step)
+
+    async def evaluate(self, step: int, sets: list[tuple[str, Environment, int, int]]) -> None:
+        metrics = {}
+        for name, env, n, r in sets:
+            metrics[f"eval/{name}/reward"] = await self.mean_reward(env, env.get_eval_dataset(n, seed=0), r)
+        self.events.emit("eval", {"metrics": metrics, "policy_version": self.version}, step=step)
+        self.events.metrics(metrics, step)
+        self.log(f"eval at step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()), step=step)
+
+    def eval_due(self, step: int) -> bool:
+        ev = self.config.eval
+        if ev is None:
+            return False
+        return step == self.config.max_steps or bool(ev.interval and step % ev.interval == 0)
+
     async def loop(self) -> int:
         cfg = self.config
+        eval_sets = self.eval_sets()
         self.log(f"sampling from {self.base_url} ({self.base_model}); environments: {', '.join(self.names)}; "
                  f"{self.groups_in_flight} groups of {self.group_size} in flight; max_async_level "
                  f"{cfg.max_async_level}")
         try:
+            if eval_sets and cfg.eval is not None and cfg.eval.eval_base_model and self.start_step == 0:
+                await self.wait_for_version(0)
+                await self.evaluate(0, eval_sets)
             for step in range(self.start_step + 1, cfg.max_steps + 1):
+                if eval_sets and self.eval_due(step - 1) and step > 1:
+                    # evaluate the policy after step - 1 with its own adapter (on-policy, not the async one)
+                    await self.wait_for_version(step - 1)
+                    await self.evaluate(step - 1, eval_sets)
+                if step > 1:
+                    await self.validate(step - 1)
                 waited = await self.wait_for_version(step - 1 - cfg.max_async_level)
                 t0 = time.perf_counter()
                 groups, buffer_metrics = await self.fill_batch(step)
@@ -295,6 +350,10 @@ class Orchestrator:
                 self.emit_samples(step, samples)
                 print(f"[orchestrator] step {step}: reward {metrics['reward/mean']:.3f} "
                       f"(policy version {self.version}, {fill:.1f}s)", flush=True)
+            await self.validate(cfg.max_steps)
+            if eval_sets and self.eval_due(cfg.max_steps):
+                await self.wait_for_version(cfg.max_steps)
+                await self.evaluate(cfg.max_steps, eval_sets)
         except asyncio.CancelledError:
             self.log("stopping: the run was asked to stop")
         finally:

@@ -254,3 +254,29 @@ def test_the_workbench_launch_path_starts_an_rl_run(learnable_model_dir: Path, t
     assert wait_final(run)["state"] == "completed"
     assert [e.step for e in run.event_log().events() if isinstance(e, Event) and e.kind == "metrics"
             and e.source == "trainer"] == [1, 2, 3]
+
+
+def test_eval_and_val_during_training(learnable_model_dir: Path, tmp_path: Path) -> None:
+    extra = """
+[eval]
+interval = 2
+num_examples = 4
+eval_base_model = true
+
+[[eval.env]]
+id = "tiny-chars"
+name = "digits"
+args = { target = "digits" }
+
+[val]
+num_examples = 4
+interval = 2
+"""
+    run = start(write_config(tmp_path / "rl.toml", learnable_model_dir, steps=4, extra=extra))
+    status = wait_final(run)
+    assert status["state"] == "completed", status.get("reason", "") + logs(run)
+    evals = {e.step: e.data["metrics"] for e in run.event_log().events() if e.kind == "eval"}
+    assert sorted(evals) == [0, 2, 4]  # the base model, every 2 steps, and the end
+    assert all(0.0 <= m["eval/digits/reward"] <= 1.0 for m in evals.values())
+    val = {k: v["val_reward/mean"] for k, v in metrics(run, "orchestrator").items() if "val_reward/mean" in v}
+    assert sorted(val) == [2, 4]
