@@ -44,7 +44,7 @@ def test_launch_an_rl_config_then_stop_and_delete_it(learnable_model_dir: Path, 
                 await pilot.pause(0.2)
             await pilot.press("s")  # stop: the trainer checkpoints, every process exits
             deadline = time.monotonic() + 120
-            while run.state != "stopped" and time.monotonic() < deadline:
+            while (run.state != "stopped" or run.live_processes()) and time.monotonic() < deadline:
                 await pilot.pause(0.2)
             assert run.state == "stopped" and not run.live_processes()
             assert list(run.checkpoints_dir.glob("step_*"))
