@@ -1,12 +1,16 @@
 """GEPA: our engine vs the reference `gepa` package (PyPI, 0.1.4) on the same environment, models, budget and seed,
 through the same local built-in server. Prints wall-clock seconds, final validation score (of each engine's best
-candidate, on the same validation rows) and metric calls for both, and the speed ratio.
+candidate, on the same validation rows) and metric calls for both, the speed ratio, and the machine's load average
+before and after (the server shares the CPU with whatever else runs). Both reflect at temperature 0 with the same
+token limit; ours runs its default number of parallel proposals unless --parallel says otherwise, the reference
+its default (one proposal per iteration).
 
 The reference package shares our import name, so it lives in its own virtual environment (created here on first
 use, under $PRIME_LAB_HOME/cache/gepa-ref-venv) and runs in a subprocess; its adapter scores rollouts with the same
 environment code (ours, appended to its sys.path after its site-packages), concurrently like ours.
 
     .venv/bin/python bench/gepa_vs_reference.py [--model smollm2-135m] [--budget 60] [--env reverse-text]
+                                                [--parallel 4]
 """
 
 from __future__ import annotations
@@ -129,7 +133,8 @@ def run_ours(params: dict[str, Any]) -> dict[str, Any]:
                             num_val=params["num_val"], max_metric_calls=params["budget"],
                             minibatch_size=params["minibatch_size"], seed=params["seed"],
                             max_concurrent=params["max_concurrent"],
-                            reflection_max_tokens=params["reflection_max_tokens"], sampling=params["sampling"])
+                            reflection_max_tokens=params["reflection_max_tokens"], reflection_temperature=0.0,
+                            sampling=params["sampling"], num_parallel_proposals=params["parallel"])
     endpoint = Endpoint(params["base_url"], params["model"])
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
@@ -140,7 +145,21 @@ def run_ours(params: dict[str, Any]) -> dict[str, Any]:
             "num_candidates": len(state.candidates), "best_prompt": state.candidates[state.best_idx]["system_prompt"]}
 
 
+def warm_up(base_url: str, model: str) -> None:
+    """One request before either engine is timed, so neither pays for the server's first batch."""
+    from openai import OpenAI
+
+    OpenAI(base_url=base_url, api_key="EMPTY").chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0.0)
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> None:
+    from gepa.runner import GepaSettings
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m", help="local preset or path, served by the built-in server")
     parser.add_argument("--env", default="reverse-text")
@@ -151,6 +170,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--reflection-max-tokens", type=int, default=96)
+    parser.add_argument("--parallel", type=int, default=GepaSettings.num_parallel_proposals,
+                        help="our parallel proposals (default: ours)")
     args = parser.parse_args()
 
     from lab.inference.launch import start_sampler
@@ -159,18 +180,21 @@ def main() -> None:
     path = resolve_model(args.model)
     log = Path(tempfile.mkdtemp()) / "server.log"
     server = start_sampler("builtin", path, log, served_name=args.model)
+    load_before = load()
     try:
+        warm_up(server.base_url, server.model_name)
         params: dict[str, Any] = {
             "env_id": args.env, "model": server.model_name, "base_url": server.base_url, "budget": args.budget,
             "num_train": args.num_train, "num_val": args.num_val, "minibatch_size": args.minibatch_size,
             "seed": args.seed, "max_concurrent": 32, "reflection_max_tokens": args.reflection_max_tokens,
-            "sampling": {"max_tokens": args.max_tokens, "temperature": 0.0}}
+            "sampling": {"max_tokens": args.max_tokens, "temperature": 0.0}, "parallel": args.parallel}
         ours = run_ours(params)
         reference = run_reference(params)
     finally:
         server.stop()
     print(f"env {args.env}  model {args.model}  budget {args.budget}  train {args.num_train}  val {args.num_val}  "
-          f"minibatch {args.minibatch_size}  seed {args.seed}")
+          f"minibatch {args.minibatch_size}  seed {args.seed}  ours: {args.parallel} parallel proposals")
+    print(f"load average (1, 5, 15 min) on {os.cpu_count()} CPUs: before {load_before}, after {load()}")
     for name, r in (("ours", ours), (f"gepa {REFERENCE_VERSION}", reference)):
         print(f"{name:>11}: {r['seconds']:7.1f} s  best val score {r['best_score']:.4f}  "
               f"metric calls {r['metric_calls']}  candidates {r['num_candidates']}")

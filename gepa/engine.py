@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +62,12 @@ class Proposal:
     minibatch: list[int]
     reservation: Reservation
     validate_now: bool  # the reservation holds a validation pass for an accepted child
+    parent_texts: Candidate
     record: dict[str, Any] = field(default_factory=dict)
     verdict: str | None = None
     child: Candidate | None = None
     val_scores: list[float] | None = None
     seconds: float = 0.0
-    error: BaseException | None = None
 
 
 class GepaEngine:
@@ -102,7 +103,7 @@ class GepaEngine:
         finished round is saved, with the calls spent since counted, and the exception goes on."""
         try:
             if not self.state.candidates:
-                self._evaluate_seed()
+                self._seed_round()
             while not self.state.finished:
                 if self.config.max_iterations is not None and self.state.iteration >= self.config.max_iterations:
                     self._finish("max_iterations")
@@ -126,13 +127,46 @@ class GepaEngine:
         snapshot.save(self.state_path)
 
     # ------------------------------------------------------------------------------------------------------
-    def _evaluate_seed(self) -> None:
-        self.state.num_val = min(len(self.valset), self.budget.available)
-        reservation = self.budget.reserve(self.state.num_val)
-        scores = self._evaluate(self._val_rows(), self.seed_candidate, reservation).scores
-        idx = self.state.add_candidate(self.seed_candidate, [], "seed", scores)
-        self._emit_candidate(idx)
+    def _seed_round(self) -> None:
+        """Score the seed on the validation set. With parallel proposals the first round runs at the same time:
+        the seed is the only candidate, so it is every first-round parent whatever its scores, and the round is
+        drawn exactly as it would be after the seed's scores came in. Once those are in they are saved as the
+        state to resume from, so an interruption later in the round does not score the seed again."""
+        state = self.state
+        state.num_val = min(len(self.valset), self.budget.available)
+        seed_reservation = self.budget.reserve(state.num_val)
+        sizes = self._round_sizes() if self.config.num_parallel_proposals > 1 else []
+        if not sizes:
+            scores = self._evaluate(self._val_rows(), self.seed_candidate, seed_reservation).scores
+            self._add_seed(state, scores)
+            self._emit_candidate(0)
+            self._end_iteration()
+            return
+        state.save_rng(self.rng)
+        before_round = state.to_json()
+        proposals = self._plan(sizes)
+        seed_scores: list[float] = []
+
+        def score_seed() -> None:
+            seed_scores.extend(self._evaluate(self._val_rows(), self.seed_candidate, seed_reservation).scores)
+            with self._lock:
+                checkpoint = GepaState.from_json(before_round)
+                self._add_seed(checkpoint, seed_scores)
+                checkpoint.metric_calls = self.budget.used
+                self._checkpoint = checkpoint.to_json()
+                if self.state_path is not None:
+                    checkpoint.save(self.state_path)
+                self._emit_candidate(0, checkpoint)
+                self._emit_frontier(checkpoint)
+
+        self._run_concurrently([score_seed, *(partial(self._propose, p) for p in proposals)])
+        self._add_seed(state, seed_scores)
+        self._settle(proposals)
         self._end_iteration()
+
+    def _add_seed(self, state: GepaState, scores: list[float]) -> None:
+        state.add_candidate(self.seed_candidate, [], "seed", scores)
+        state.found_at_calls[0] = state.num_val
 
     def _iterate(self) -> bool:
         """One round (a merge, or up to `num_parallel_proposals` reflections); False when the budget cannot pay
@@ -149,42 +183,60 @@ class GepaEngine:
                 reservation.release()
                 self._end_iteration()
                 return True
-        k = min(self.config.minibatch_size, len(self.trainset), (self.budget.available - nv) // 2)
-        if k < 1:
+        sizes = self._round_sizes()
+        if not sizes:
             return False
-        count = min(self.config.num_parallel_proposals, (self.budget.available - nv) // (2 * k))
-        if self.config.max_iterations is not None:
-            count = min(count, self.config.max_iterations - state.iteration)
-        proposals = self._plan(count, k)
-        self._run_each(proposals, self._propose)
+        proposals = self._plan(sizes)
+        self._run_concurrently([partial(self._propose, p) for p in proposals])
         self._settle(proposals)
         self._end_iteration()
         return True
 
-    def _plan(self, count: int, k: int) -> list[Proposal]:
+    def _round_sizes(self) -> list[int]:
+        """The minibatch size of each proposal of the next round: full minibatches while the budget still holds
+        both evaluations of each plus one validation pass, then a smaller one with what is left (as the
+        sequential algorithm shrinks its last minibatch)."""
+        limit = self.config.num_parallel_proposals
+        if self.config.max_iterations is not None:
+            limit = min(limit, self.config.max_iterations - self.state.iteration)
+        free = self.budget.available - self.state.num_val
+        sizes: list[int] = []
+        while len(sizes) < limit:
+            k = min(self.config.minibatch_size, len(self.trainset), free // 2)
+            if k < 1:
+                break
+            sizes.append(k)
+            free -= 2 * k
+        return sizes
+
+    def _plan(self, sizes: list[int]) -> list[Proposal]:
         """Draw the round's parents and minibatches in order and reserve their calls: both minibatch evaluations
         of every proposal, and a validation pass for as many (the first ones) as the budget allows, at least one."""
         state = self.state
         nv = state.num_val
-        validated = min(count, (self.budget.available - count * 2 * k) // nv)
+        validated = min(len(sizes), (self.budget.available - 2 * sum(sizes)) // nv)
         proposals = []
-        for j in range(count):
+        # before the seed is scored (the first round runs beside it) the seed is the only parent; drawing it
+        # from placeholder scores keeps the random stream of a run that scored it first
+        val_scores = state.val_scores if state.candidates else [[0.0] * nv]
+        for j, k in enumerate(sizes):
             iteration = state.iteration + j + 1
-            parent = select_parent(state.val_scores[: len(state.candidates)], self.rng)
+            parent = select_parent(val_scores, self.rng)
             ids = self._next_minibatch(k)
             reservation = self.budget.reserve(2 * k + (nv if j < validated else 0))
             component = self.components[(iteration - 1) % len(self.components)]
-            proposals.append(Proposal(iteration, parent, component, ids, reservation, j < validated,
+            texts = state.candidates[parent] if state.candidates else self.seed_candidate
+            proposals.append(Proposal(iteration, parent, component, ids, reservation, j < validated, dict(texts),
                                       record={"iteration": iteration, "type": "reflection", "parent": parent,
                                               "component": component, "minibatch": ids, "child_idx": None,
-                                              "round_size": count}))
+                                              "round_size": len(sizes)}))
         return proposals
 
     def _propose(self, p: Proposal) -> None:
         """A reflective mutation; reads the state (frozen during the round), writes only to `p`."""
         started = time.perf_counter()
         try:
-            parent = self.state.candidates[p.parent]
+            parent = p.parent_texts
             rows = [self.trainset[i] for i in p.minibatch]
             parent_eval = self._evaluate(rows, parent, p.reservation, capture_traces=True)
             p.record["parent_scores"] = parent_eval.scores
@@ -232,7 +284,7 @@ class GepaEngine:
                     late.append(p)
                 else:
                     p.verdict = "not_validated"  # improved on its minibatch, but no calls left to validate it
-        self._run_each(late, self._validate)
+        self._run_concurrently([partial(self._validate, p) for p in late])
         for p in late:
             p.reservation.release()
         for p in proposals:
@@ -248,30 +300,31 @@ class GepaEngine:
                     self._emit_candidate(p.record["child_idx"])
             self._record(p.record, p.verdict or "failed", p.seconds)
 
-    def _run_each(self, proposals: list[Proposal], work: Callable[[Proposal], None]) -> None:
-        """`work` on every proposal at once, one thread each; the first error (in proposal order) is raised
-        after all have ended. An error stops the others at their next evaluation."""
-        if len(proposals) <= 1:
-            for p in proposals:
-                work(p)
+    def _run_concurrently(self, jobs: list[Callable[[], None]]) -> None:
+        """Every job at once, one thread each; the first error (in job order) is raised after all have ended.
+        An error stops the others at their next evaluation."""
+        if len(jobs) <= 1:
+            for job in jobs:
+                job()
             return
+        errors: list[BaseException | None] = [None] * len(jobs)
 
-        def guarded(p: Proposal) -> None:
+        def guarded(n: int) -> None:
             try:
-                work(p)
+                jobs[n]()
             except BaseException as exc:  # noqa: BLE001 - handed to the calling thread below
-                p.error = exc
+                errors[n] = exc
                 self.budget.close()
 
-        threads = [threading.Thread(target=guarded, args=(p,), name=f"gepa-proposal-{p.iteration}", daemon=True)
-                   for p in proposals]
+        threads = [threading.Thread(target=guarded, args=(n,), name=f"gepa-job-{n}", daemon=True)
+                   for n in range(len(jobs))]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        errors = [p.error for p in proposals if p.error is not None]
-        if errors:
-            raise next((e for e in errors if not isinstance(e, BudgetClosed)), errors[0])
+        raised = [e for e in errors if e is not None]
+        if raised:
+            raise next((e for e in raised if not isinstance(e, BudgetClosed)), raised[0])
 
     # Merge --------------------------------------------------------------------------------------------------
     def _merge_pair(self) -> tuple[int, int, int, Candidate] | None:
@@ -384,15 +437,15 @@ class GepaEngine:
         self.emit("gepa.budget", {"used": self.budget.used, "max": self.budget.max_calls,
                                   "remaining": self.budget.remaining, "spent": spent})
 
-    def _emit_candidate(self, idx: int) -> None:
-        s = self.state
+    def _emit_candidate(self, idx: int, state: GepaState | None = None) -> None:
+        s = state or self.state
         self.emit("gepa.candidate", {"idx": idx, "parents": s.parents[idx], "origin": s.origins[idx],
                                      "texts": s.candidates[idx], "val_scores": s.val_scores[idx],
                                      "score": s.average(idx), "iteration": s.found_at_iteration[idx],
                                      "metric_calls": s.found_at_calls[idx]})
 
-    def _emit_frontier(self) -> None:
-        s = self.state
+    def _emit_frontier(self, state: GepaState | None = None) -> None:
+        s = state or self.state
         fronts = instance_fronts(s.val_scores)
         self.emit("gepa.frontier", {
             "num_candidates": len(s.candidates), "best_idx": s.best_idx, "best_score": s.average(s.best_idx),

@@ -62,6 +62,7 @@ class EnvironmentAdapter:
     max_concurrent: int = 32
     state_columns: list[str] = field(default_factory=list)
     reflection_max_tokens: int = 1024
+    reflection_temperature: float | None = None  # None: the endpoint's default
     on_rollout: Any = None  # optional callable(Rollout) -> None, e.g. for a progress display
 
     def __post_init__(self) -> None:
@@ -170,8 +171,9 @@ class EnvironmentAdapter:
     async def _propose(self, component: str, current: str, records: list[dict[str, Any]]) -> str:
         if self._reflection_client is None:
             self._reflection_client = self._client(self.reflection_model)
+        extra = {} if self.reflection_temperature is None else {"temperature": self.reflection_temperature}
         response = await self._reflection_client.chat.completions.create(
             model=self.reflection_model.model, max_tokens=self.reflection_max_tokens,
-            messages=[{"role": "user", "content": reflection_prompt(component, current, records)}])
+            messages=[{"role": "user", "content": reflection_prompt(component, current, records)}], **extra)
         reply = response.choices[0].message.content if response.choices else ""
         return parse_proposal(reply or "", current)

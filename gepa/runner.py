@@ -43,6 +43,7 @@ class GepaSettings:
     use_merge: bool = False
     max_merge_invocations: int = 5
     reflection_max_tokens: int = 1024
+    reflection_temperature: float | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
 
     def metadata_config(self) -> dict[str, Any]:
@@ -89,7 +90,8 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
                          "GEPA needs at least one of each")
     adapter = EnvironmentAdapter(env, task, reflection, sampling=settings.sampling_args(),
                                  max_concurrent=settings.max_concurrent, state_columns=settings.state_columns,
-                                 reflection_max_tokens=settings.reflection_max_tokens)
+                                 reflection_max_tokens=settings.reflection_max_tokens,
+                                 reflection_temperature=settings.reflection_temperature)
     writer = run.writer("gepa") if run is not None else None
     log = open(run.log_path("gepa"), "a") if run is not None else None  # noqa: SIM115 - closed in finally
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,26 @@ def test_a_round_reserves_every_call_it_may_spend(parallel: int) -> None:
         assert len(state.val_scores[idx]) == len(VAL)
 
 
+def test_a_round_fills_the_budget_with_a_smaller_last_minibatch() -> None:
+    """Budget 60, validation 10: after the seed, six proposals of three rows and one of two fit beside one
+    validation pass, so one round of seven spends what is left, as far as nothing is accepted."""
+    class NeverBetter(ScriptedAdapter):
+        def propose_new_texts(self, candidate: Candidate, dataset: Any, components: Any) -> dict[str, str]:
+            return {"system_prompt": candidate["system_prompt"] + "-" + str(dataset["system_prompt"][0]["row"])}
+
+        def evaluate(self, batch: Any, candidate: Candidate, capture_traces: bool) -> EvaluationBatch:
+            self.calls += len(batch)
+            score = 0.5 - candidate["system_prompt"].count("-") / 100
+            return EvaluationBatch(scores=[score] * len(batch), trajectories=[{"row": r} for r in batch])
+
+    events: list[tuple[str, dict[str, Any]]] = []
+    state = make_engine(60, NeverBetter(), events=events, parallel=8).run()
+    records = [d for k, d in events if k == "gepa.iteration"]
+    assert [len(r["minibatch"]) for r in records] == [3, 3, 3, 3, 3, 3, 2]
+    assert {r["round_size"] for r in records} == {7} and {r["verdict"] for r in records} == {"rejected"}
+    assert state.metric_calls == 10 + 2 * 20 and state.stop_reason == "budget"
+
+
 def test_a_validation_left_unused_pays_for_a_later_accepted_child() -> None:
     """Minibatches of one row: even rows make the reflection add '+' (better), odd rows '-' (worse). The round's
     one reserved validation belongs to proposal 1; when it is rejected, the next accepted child gets it."""
@@ -159,6 +180,60 @@ def test_a_validation_left_unused_pays_for_a_later_accepted_child() -> None:
     assert [r["verdict"] for r in evens] == ["accepted"] + ["not_validated"] * (len(evens) - 1)
     assert evens[0]["child_idx"] == 1 and state.parents[1] == [0] and len(state.val_scores[1]) == 2
     assert adapter.calls == state.metric_calls == budget
+
+
+def test_the_first_round_beside_the_seed_is_the_round_after_it(tmp_path: Path) -> None:
+    """Scoring the seed while the first round runs changes nothing: the same search as scoring it first."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    overlapped = make_engine(150, events=events, parallel=4).run()
+    path = tmp_path / "state.json"
+    make_engine(150, state_path=path, parallel=1, max_iterations=0).run()  # the seed alone, saved
+    state = GepaState.load(path)
+    assert len(state.candidates) == 1 and state.iteration == 0
+    state.finished = False
+    state.save(path)
+    after_seed = make_engine(150, state_path=path, parallel=4).run()
+    for key in ("candidates", "parents", "val_scores", "found_at_calls", "found_at_iteration", "metric_calls",
+                "iteration", "epoch_order", "rng_state"):
+        assert getattr(overlapped, key) == getattr(after_seed, key), key
+    # the seed's score is announced as soon as it is in, before the first round's outcomes
+    kinds = [(k, d.get("idx")) for k, d in events if k in ("gepa.candidate", "gepa.iteration")]
+    assert kinds[0] == ("gepa.candidate", 0)
+
+
+def test_an_interrupt_after_the_seed_is_scored_keeps_the_seed(tmp_path: Path) -> None:
+    """The first round runs beside the seed's validation; stopped after that validation, the resumed run does
+    not score the seed again."""
+    path = tmp_path / "state.json"
+
+    def seed_saved() -> bool:
+        return path.exists() and bool(GepaState.load(path).candidates)
+
+    class StopAfterSeed(ScriptedAdapter):
+        def propose_new_texts(self, candidate: Candidate, dataset: Any, components: Any) -> dict[str, str]:
+            deadline = time.monotonic() + 10
+            while not seed_saved() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            raise KeyboardInterrupt
+
+    class SeedCounter(ScriptedAdapter):
+        seed_validations = 0
+
+        def evaluate(self, batch: Any, candidate: Candidate, capture_traces: bool) -> EvaluationBatch:
+            if candidate == SEED and len(batch) == len(VAL):
+                self.seed_validations += 1
+            return super().evaluate(batch, candidate, capture_traces)
+
+    with pytest.raises(KeyboardInterrupt):
+        make_engine(150, StopAfterSeed(), state_path=path, parallel=4).run()
+    saved = GepaState.load(path)
+    assert saved.stop_reason == "interrupted" and len(saved.candidates) == 1 and saved.iteration == 0
+    assert len(VAL) < saved.metric_calls <= len(VAL) + 4 * 3  # the seed's validation and parents' minibatches
+    resumed_adapter = SeedCounter()
+    resumed = make_engine(150, resumed_adapter, state_path=path, parallel=4).run()
+    assert resumed_adapter.seed_validations == 0, "the resumed run scored the seed again"
+    assert resumed_adapter.calls == resumed.metric_calls - saved.metric_calls <= 150 - saved.metric_calls
+    assert resumed.candidates[0] == SEED and resumed.val_scores[0] == saved.val_scores[0]
 
 
 @pytest.mark.parametrize("parallel", [1, 4])
