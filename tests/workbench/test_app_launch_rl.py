@@ -4,7 +4,6 @@ the run's dashboard, and its stop and delete keys act on the real run (sampler, 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 
