@@ -1,5 +1,6 @@
 """The search state: every candidate with its lineage and validation scores, the budget spent, the RNG and the
-minibatch epoch. Saved whole (atomic rename) after every iteration; a run resumes from it without re-spending."""
+minibatch epoch. Saved whole (atomic rename) after every round of proposals; a run resumes from it without
+re-spending."""
 
 from __future__ import annotations
 

@@ -14,6 +14,8 @@ class GepaProgress:
                    TextColumn("best {task.fields[best]}"), TextColumn("{task.fields[last]}"), TimeElapsedColumn())
         self.progress = Progress(*columns, transient=False, disable=not enabled)
         self.task = self.progress.add_task("budget", total=max_calls, best="-", last="seed validation")
+        self.proposals = 0
+        self.accepted = 0
 
     def on_event(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "gepa.budget":
@@ -22,7 +24,10 @@ class GepaProgress:
             self.progress.update(self.task, best=f"{data['best_score']:.3f} (#{data['best_idx']} of "
                                                  f"{data['num_candidates']})")
         elif kind == "gepa.iteration":
-            self.progress.update(self.task, last=f"iter {data['iteration']} {data['type']}: {data['verdict']}")
+            self.proposals += 1
+            self.accepted += data["verdict"] == "accepted"
+            self.progress.update(self.task, last=f"iter {data['iteration']} {data['type']}: {data['verdict']} "
+                                                 f"({self.accepted} of {self.proposals} accepted)")
 
     def __enter__(self) -> GepaProgress:
         self.progress.start()
