@@ -33,7 +33,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--lr", type=float, default=None, help="Override learning_rate.")
     parser.add_argument("--window", type=int, default=10, help="Steps averaged at each end for the rise.")
+    parser.add_argument("--run", default=None, help="Report on a finished run instead of starting one.")
     args = parser.parse_args()
+    if args.run:
+        run = RunRegistry().get(args.run)
+        status = run.status()
+        return report(run.id, float(status.get("ended_at", 0)) - float(status.get("created_at", 0)), args.window)
 
     doc = tomlkit.parse(args.config.read_text())
     doc["max_steps"] = args.steps
@@ -53,6 +58,10 @@ def main() -> int:
         print(proc.stderr[-3000:])
         print(f"the run did not complete (exit {proc.returncode})")
         return 1
+    return report(run_id, wall, args.window)
+
+
+def report(run_id: str, wall: float, window: int) -> int:
     run = RunRegistry().get(run_id)
     by_step: dict[int, float] = {}
     for event in run.event_log().events():
@@ -61,7 +70,7 @@ def main() -> int:
     curve = [by_step[k] for k in sorted(by_step)]
     for k, reward in zip(sorted(by_step), curve, strict=True):
         print(f"step {k:3d}  reward {reward:.3f}  {'#' * round(reward * 50)}")
-    w = min(args.window, len(curve) // 2)
+    w = min(window, len(curve) // 2)
     first, last = sum(curve[:w]) / w, sum(curve[-w:]) / w
     rise = last - first
     print(f"run {run_id}: {len(curve)} steps in {wall / 60:.1f} min ({wall / max(1, len(curve)):.1f} s/step), "

@@ -112,8 +112,8 @@ def _spawn(run_: Any, *, resume: bool, env: dict[str, str] | None = None) -> Non
 
 
 def _started(run_id: str, foreground: bool) -> None:
+    typer.echo(run_id)  # on stdout, for scripts: `id=$(prime rl run @cfg)`
     if not foreground:
-        typer.echo(run_id)
         err(f"Started {run_id} in the background.\n  follow: prime rl logs {run_id} -f\n  watch:  prime lab --run "
             f"{run_id}\n  stop:   prime rl stop {run_id}")
         return
