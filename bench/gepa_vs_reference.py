@@ -5,22 +5,30 @@ before and after (the server shares the CPU with whatever else runs). Both refle
 token limit; ours runs its default number of parallel proposals unless --parallel says otherwise, the reference
 its default (one proposal per iteration).
 
+`--simulated-latency S` replaces the built-in server by a stand-in endpoint that answers every request after S
+seconds however many are in flight (as a GPU server or a hosted API does at these loads): the task model's reply is
+a deterministic function of the system prompt (a reversal it truncates by an amount the prompt decides), the
+reflection model's a fenced variant of the prompt. It measures the engines' scheduling alone, apart from how well
+one CPU's server batches.
+
 The reference package shares our import name, so it lives in its own virtual environment (created here on first
 use, under $PRIME_LAB_HOME/cache/gepa-ref-venv) and runs in a subprocess; its adapter scores rollouts with the same
 environment code (ours, appended to its sys.path after its site-packages), concurrently like ours.
 
     .venv/bin/python bench/gepa_vs_reference.py [--model smollm2-135m] [--budget 60] [--env reverse-text]
-                                                [--parallel 4]
+                                                [--parallel 8] [--simulated-latency 0.5]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -70,7 +78,7 @@ class EnvAdapter:
 
 sync = OpenAI(base_url=p["base_url"], api_key="EMPTY")
 def reflection_lm(prompt):
-    r = sync.chat.completions.create(model=p["model"], messages=[{"role": "user", "content": prompt}],
+    r = sync.chat.completions.create(model=p["reflection_model"], messages=[{"role": "user", "content": prompt}],
                                      max_tokens=p["reflection_max_tokens"], temperature=0.0)
     return r.choices[0].message.content or ""
 
@@ -128,6 +136,7 @@ def run_reference(params: dict[str, Any]) -> dict[str, Any]:
 def run_ours(params: dict[str, Any]) -> dict[str, Any]:
     from gepa.env_adapter import Endpoint
     from gepa.runner import GepaSettings, run_gepa
+    from lab.envs import load_environment
 
     settings = GepaSettings(env_id=params["env_id"], model=params["model"], num_train=params["num_train"],
                             num_val=params["num_val"], max_metric_calls=params["budget"],
@@ -135,14 +144,74 @@ def run_ours(params: dict[str, Any]) -> dict[str, Any]:
                             max_concurrent=params["max_concurrent"],
                             reflection_max_tokens=params["reflection_max_tokens"], reflection_temperature=0.0,
                             sampling=params["sampling"], num_parallel_proposals=params["parallel"])
-    endpoint = Endpoint(params["base_url"], params["model"])
+    task = Endpoint(params["base_url"], params["model"])
+    reflection = Endpoint(params["base_url"], params["reflection_model"])
+    import openai  # noqa: F401 - imported before the clock starts, as the reference script does
+
+    env = load_environment(params["env_id"])  # loaded before the clock too, as for the reference
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        outcome = run_gepa(settings, endpoint, endpoint, Path(tmp))
+        outcome = run_gepa(settings, task, reflection, Path(tmp), env=env)
         seconds = time.perf_counter() - start
     state = outcome.state
     return {"seconds": seconds, "best_score": state.average(state.best_idx), "metric_calls": state.metric_calls,
             "num_candidates": len(state.candidates), "best_prompt": state.candidates[state.best_idx]["system_prompt"]}
+
+
+class SimulatedModels:
+    """An OpenAI-compatible stand-in: every chat completion answered after a fixed latency, concurrently."""
+
+    TASK, REFLECTION = "sim-task", "sim-reflection"
+
+    def __init__(self, latency: float) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        models = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive: no new connection per request
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                time.sleep(latency)
+                payload = json.dumps(models.reply(body)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 256  # the default 5 makes bursts of connections wait a second for a retry
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    @staticmethod
+    def reply(request: dict[str, Any]) -> dict[str, Any]:
+        messages = request["messages"]
+        if request.get("model") == SimulatedModels.REFLECTION:
+            tag = hashlib.sha256(messages[-1]["content"].encode()).hexdigest()[:8]
+            content = f"```\nReverse the text character by character; answer in <reversed_text> tags ({tag}).\n```"
+        else:
+            system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+            quality = int(hashlib.sha256(system.encode()).hexdigest(), 16) % 1000 / 1000
+            reversed_text = messages[-1]["content"][::-1]
+            content = f"<reversed_text>\n{reversed_text[: round(len(reversed_text) * quality)]}\n</reversed_text>"
+        return {"id": "sim", "object": "chat.completion", "created": 0, "model": request.get("model"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def warm_up(base_url: str, model: str) -> None:
@@ -172,19 +241,28 @@ def main() -> None:
     parser.add_argument("--reflection-max-tokens", type=int, default=96)
     parser.add_argument("--parallel", type=int, default=GepaSettings.num_parallel_proposals,
                         help="our parallel proposals (default: ours)")
+    parser.add_argument("--simulated-latency", type=float, default=None, metavar="S",
+                        help="a stand-in endpoint answering after S seconds instead of the built-in server")
     args = parser.parse_args()
 
-    from lab.inference.launch import start_sampler
-    from lab.models import resolve_model
+    server: Any
+    if args.simulated_latency is not None:
+        server = SimulatedModels(args.simulated_latency)
+        model, reflection_model = SimulatedModels.TASK, SimulatedModels.REFLECTION
+        args.model = f"simulated ({args.simulated_latency:g} s a request)"
+    else:
+        from lab.inference.launch import start_sampler
+        from lab.models import resolve_model
 
-    path = resolve_model(args.model)
-    log = Path(tempfile.mkdtemp()) / "server.log"
-    server = start_sampler("builtin", path, log, served_name=args.model)
+        server = start_sampler("builtin", resolve_model(args.model), Path(tempfile.mkdtemp()) / "server.log",
+                               served_name=args.model)
+        model = reflection_model = server.model_name
     load_before = load()
     try:
-        warm_up(server.base_url, server.model_name)
+        warm_up(server.base_url, model)
         params: dict[str, Any] = {
-            "env_id": args.env, "model": server.model_name, "base_url": server.base_url, "budget": args.budget,
+            "env_id": args.env, "model": model, "reflection_model": reflection_model, "base_url": server.base_url,
+            "budget": args.budget,
             "num_train": args.num_train, "num_val": args.num_val, "minibatch_size": args.minibatch_size,
             "seed": args.seed, "max_concurrent": 32, "reflection_max_tokens": args.reflection_max_tokens,
             "sampling": {"max_tokens": args.max_tokens, "temperature": 0.0}, "parallel": args.parallel}

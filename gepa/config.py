@@ -38,7 +38,7 @@ class GepaSearchSection(Section):
                                                                        "reflection model.")
     seed: int = Field(default=0, description="Seeds the data split, minibatches and parent selection.")
     max_concurrent: int = Field(default=32, ge=1, description="Rollouts in flight at once.")
-    num_parallel_proposals: int = Field(default=4, ge=1, description="Reflective proposals run at once, a round "
+    num_parallel_proposals: int = Field(default=8, ge=1, description="Reflective proposals run at once, a round "
                                                                      "at a time (1: one after another).")
     use_merge: bool = Field(default=False, description="Try merging candidates that improved different parts.")
     max_merge_invocations: int = Field(default=5, ge=0)

@@ -48,7 +48,7 @@ class EngineConfig:
     seed: int = 0
     use_merge: bool = False
     max_merge_invocations: int = 5
-    num_parallel_proposals: int = 4  # reflective mutations run at once in a round (1: the sequential algorithm)
+    num_parallel_proposals: int = 8  # reflective mutations run at once in a round (1: the sequential algorithm)
     max_iterations: int | None = None  # stop after this many iterations (tests, smoke runs)
 
 
@@ -67,6 +67,7 @@ class Proposal:
     verdict: str | None = None
     child: Candidate | None = None
     val_scores: list[float] | None = None
+    gain: float = 0.0  # the child's mean improvement over its parent on the minibatch
     seconds: float = 0.0
 
 
@@ -144,7 +145,7 @@ class GepaEngine:
             return
         state.save_rng(self.rng)
         before_round = state.to_json()
-        proposals = self._plan(sizes)
+        proposals, pool = self._plan(sizes)
         seed_scores: list[float] = []
 
         def score_seed() -> None:
@@ -161,7 +162,7 @@ class GepaEngine:
 
         self._run_concurrently([score_seed, *(partial(self._propose, p) for p in proposals)])
         self._add_seed(state, seed_scores)
-        self._settle(proposals)
+        self._settle(proposals, pool)
         self._end_iteration()
 
     def _add_seed(self, state: GepaState, scores: list[float]) -> None:
@@ -186,9 +187,9 @@ class GepaEngine:
         sizes = self._round_sizes()
         if not sizes:
             return False
-        proposals = self._plan(sizes)
+        proposals, pool = self._plan(sizes)
         self._run_concurrently([partial(self._propose, p) for p in proposals])
-        self._settle(proposals)
+        self._settle(proposals, pool)
         self._end_iteration()
         return True
 
@@ -209,12 +210,16 @@ class GepaEngine:
             free -= 2 * k
         return sizes
 
-    def _plan(self, sizes: list[int]) -> list[Proposal]:
+    def _plan(self, sizes: list[int]) -> tuple[list[Proposal], Reservation]:
         """Draw the round's parents and minibatches in order and reserve their calls: both minibatch evaluations
-        of every proposal, and a validation pass for as many (the first ones) as the budget allows, at least one."""
+        of every proposal, and a validation pass for each when the budget holds them all (an accepted child is
+        then validated at once). Otherwise as many validation passes as it holds, at least one, go to a pool
+        that, after the round, validates the accepted children that improved most on their minibatches."""
         state = self.state
         nv = state.num_val
         validated = min(len(sizes), (self.budget.available - 2 * sum(sizes)) // nv)
+        each = validated == len(sizes)
+        pool = self.budget.reserve(0 if each else validated * nv)
         proposals = []
         # before the seed is scored (the first round runs beside it) the seed is the only parent; drawing it
         # from placeholder scores keeps the random stream of a run that scored it first
@@ -223,14 +228,14 @@ class GepaEngine:
             iteration = state.iteration + j + 1
             parent = select_parent(val_scores, self.rng)
             ids = self._next_minibatch(k)
-            reservation = self.budget.reserve(2 * k + (nv if j < validated else 0))
+            reservation = self.budget.reserve(2 * k + (nv if each else 0))
             component = self.components[(iteration - 1) % len(self.components)]
             texts = state.candidates[parent] if state.candidates else self.seed_candidate
-            proposals.append(Proposal(iteration, parent, component, ids, reservation, j < validated, dict(texts),
+            proposals.append(Proposal(iteration, parent, component, ids, reservation, each, dict(texts),
                                       record={"iteration": iteration, "type": "reflection", "parent": parent,
                                               "component": component, "minibatch": ids, "child_idx": None,
                                               "round_size": len(sizes)}))
-        return proposals
+        return proposals, pool
 
     def _propose(self, p: Proposal) -> None:
         """A reflective mutation; reads the state (frozen during the round), writes only to `p`."""
@@ -259,6 +264,7 @@ class GepaEngine:
                 p.verdict = "rejected"
                 return
             p.verdict, p.child = "accepted", child
+            p.gain = (sum(child_scores) - sum(parent_eval.scores)) / len(rows)
             if p.validate_now:
                 p.val_scores = self._evaluate(self._val_rows(), child, p.reservation).scores
         finally:
@@ -270,20 +276,23 @@ class GepaEngine:
         p.val_scores = self._evaluate(self._val_rows(), p.child, p.reservation).scores
         p.seconds += time.perf_counter() - started
 
-    def _settle(self, proposals: list[Proposal]) -> None:
-        """Validate accepted children that had no validation reserved (in order, while calls are left), then add
-        the validated children to the state in proposal order."""
+    def _settle(self, proposals: list[Proposal], pool: Reservation) -> None:
+        """Validate the accepted children that had no validation reserved, the largest minibatch improvement
+        first, while calls are left; then add the validated children to the state in proposal order."""
         state = self.state
         for p in proposals:
             p.reservation.release()
-        late = []
-        for p in proposals:
-            if p.verdict == "accepted" and p.val_scores is None:
-                if self.budget.available >= state.num_val:
-                    p.reservation = self.budget.reserve(state.num_val)
-                    late.append(p)
-                else:
-                    p.verdict = "not_validated"  # improved on its minibatch, but no calls left to validate it
+        pool.release()
+        waiting = [p for p in proposals if p.verdict == "accepted" and p.val_scores is None]
+        late: list[Proposal] = []
+        for p in sorted(waiting, key=lambda p: (-p.gain, p.iteration)):
+            if any(p.child == q.child for q in late):
+                p.verdict = "duplicate"
+            elif self.budget.available >= state.num_val:
+                p.reservation = self.budget.reserve(state.num_val)
+                late.append(p)
+            else:
+                p.verdict = "not_validated"  # improved on its minibatch, but no calls left to validate it
         self._run_concurrently([partial(self._validate, p) for p in late])
         for p in late:
             p.reservation.release()

@@ -39,7 +39,7 @@ class GepaSettings:
     state_columns: list[str] = field(default_factory=list)
     seed: int = 0
     max_concurrent: int = 32
-    num_parallel_proposals: int = 4
+    num_parallel_proposals: int = 8
     use_merge: bool = False
     max_merge_invocations: int = 5
     reflection_max_tokens: int = 1024

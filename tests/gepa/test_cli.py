@@ -32,11 +32,14 @@ def test_every_gepa_config_validates_and_loads_its_environment(path: Path) -> No
 
 def test_config_problems_carry_lines_and_suggestions(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
-    bad.write_text('[env]\nid = "reverse-text"\n[gepa]\nmax_cals = 3\nnum_val = 0\n')
+    bad.write_text('[env]\nid = "reverse-text"\n[gepa]\nmax_cals = 3\nnum_val = 0\nnum_parallel_proposals = 0\n')
     proc = prime("gepa", "run", f"@{bad}", cwd=tmp_path)
     assert proc.returncode == 1
     assert f"{bad}:4: gepa.max_cals: unknown key (did you mean `max_calls`?)" in proc.stderr
     assert f"{bad}:5: gepa.num_val" in proc.stderr
+    assert f"{bad}:6: gepa.num_parallel_proposals" in proc.stderr
+    proc = prime("gepa", "run", "reverse-text", "-P", "0", cwd=tmp_path)
+    assert proc.returncode == 2 and "--num-parallel-proposals" in proc.stderr
 
 
 def test_unknown_environment_and_bad_json_fail_cleanly(tmp_path: Path) -> None:

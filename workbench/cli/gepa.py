@@ -17,7 +17,7 @@ from workbench.cli.eval import _json_arg
 gepa_app = typer.Typer(help="GEPA prompt optimization.", no_args_is_help=True)
 
 FLAG_DEFAULTS: dict[str, Any] = {"max_metric_calls": 500, "num_train": 100, "num_val": 50, "minibatch_size": 3,
-                                 "num_test": 0, "seed": 0, "max_concurrent": 32, "num_parallel_proposals": 4}
+                                 "num_test": 0, "seed": 0, "max_concurrent": 32, "num_parallel_proposals": 8}
 
 
 class _Stopped(Exception):
@@ -56,7 +56,7 @@ def run(
     sampling_args: str | None = typer.Option(None, "-S", "--sampling-args", help="Sampling args as JSON."),
     concurrency: int | None = typer.Option(None, "-c", "--max-concurrent", min=1, help="Rollouts at once [32]."),
     parallel: int | None = typer.Option(None, "-P", "--num-parallel-proposals", min=1,
-                                        help="Reflective proposals run at once [4]; 1 runs them one by one."),
+                                        help="Reflective proposals run at once [8]; 1 runs them one by one."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of the split, minibatches, selection [0]."),
     output_dir: Path | None = typer.Option(None, "-o", "--output-dir", help="Put the run directory here."),
     base_url: str | None = typer.Option(None, "-b", "--api-base-url", help="OpenAI-compatible endpoint."),
