@@ -11,13 +11,13 @@ drawn in order on the calling thread from the state as it stood when the round b
 concurrently (each on its own thread; the adapter's calls are I/O), and their outcomes are settled in proposal order
 (a child accepted by proposal 1 gets a smaller index than one accepted by proposal 2, whatever finished first).
 So a seed gives the same search whenever the models answer the same, and one proposal per round is the sequential
-algorithm.
+algorithm. The first round runs beside the seed's validation (the seed is its only possible parent).
 
 The metric-call budget is hard: a round reserves, before anything is spent, the parent and child minibatches of
-every proposal plus at least one validation pass, so the total never exceeds the cap however the proposals
-interleave; an accepted child whose validation was not reserved is validated after the round only if the calls
-are still there. The state is saved after every round; `run()` on a saved state continues exactly where it
-stopped (the RNG included), spending nothing twice.
+every proposal and a validation pass for each, or, when they do not all fit, a pool of as many passes as fit (at
+least one) that goes after the round to the accepted children that improved most on their minibatches; so the
+total never exceeds the cap however the proposals interleave. The state is saved after every round; `run()` on a
+saved state continues exactly where it stopped (the RNG included), spending nothing twice.
 """
 
 from __future__ import annotations
