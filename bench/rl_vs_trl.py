@@ -7,7 +7,8 @@ optimizer step. Ours runs as a user would run it (`prime rl run @config --foregr
 PRIME_LAB_HOME); its time per step is the wall time between consecutive trainer `metrics` events in the run's event
 log, so sampling that overlaps training (`max_async_level`) counts as the user sees it. TRL's is the wall time between
 consecutive `on_step_end` callbacks. The first step of each is warm-up (server start, model load, first adapter) and
-is left out. Prints both, and the ratio ours / TRL's (the goal is at most 0.5).
+is left out. Prints both (mean and median), the ratio ours / TRL's (the goal is at most 0.5), and the load
+average, since another process on the same cores slows whichever side it overlaps.
 
 TRL runs with its loss set to ours (loss_type="dapo", scale_rewards="none", beta=0), float32 (bf16=False, as our
 trainer on a CPU) and without gradient checkpointing (TRL's default recomputes activations: slower, not needed here).
@@ -66,6 +67,11 @@ class Timing:
     @property
     def per_step(self) -> float:
         return statistics.fmean(self.measured)
+
+    @property
+    def median(self) -> float:
+        """Less swayed than the mean by a step slowed by another process on a shared machine."""
+        return statistics.median(self.measured)
 
 
 def our_config(s: Settings) -> str:
@@ -260,11 +266,15 @@ def main() -> None:
         steps = " ".join(f"{x:.2f}" for x in t.step_seconds)
         lengths = " ".join(f"{x:.0f}" for x in t.mean_length)
         rewards = " ".join(f"{x:.3f}" for x in t.reward)
-        print(f"{t.name:>5}: {t.per_step:7.2f} s/step over steps 2-{args.steps}  (every step: {steps}; "
+        print(f"{t.name:>5}: {t.per_step:7.2f} s/step over steps 2-{args.steps} (median {t.median:.2f})  "
+              f"(every step: {steps}; "
               f"mean completion tokens: {lengths}; reward: {rewards})")
     if len(timings) == 2:
         ours, trl = timings
-        print(f"ratio ours / TRL: {ours.per_step / trl.per_step:.2f}x  (goal: at most 0.5x)")
+        print(f"ratio ours / TRL: {ours.per_step / trl.per_step:.2f}x  "
+              f"(of the medians: {ours.median / trl.median:.2f}x; goal: at most 0.5x)")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (figures from a busy machine "
+          "are not comparable)")
 
 
 if __name__ == "__main__":
