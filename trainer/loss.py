@@ -68,7 +68,9 @@ def policy_loss(
         ref_kl = float((ref_k3.detach() * loss_mask).sum() / loss_mask.sum().clamp(min=1))
     with torch.no_grad():
         tokens = loss_mask.sum().clamp(min=1)
-        mismatch = float((k3(-log_ratio) * loss_mask).sum() / tokens)
+        # KL(sampler || trainer) from the sampler's own tokens: k3 of log(p_trainer / p_sampler), on loss tokens only
+        # (elsewhere the sampler logprob is a 0 placeholder, whose exp could overflow to inf and make inf * 0 = nan)
+        mismatch = float((k3(log_ratio.detach() * loss_mask) * loss_mask).sum() / tokens)
         masked = float((loss_mask * (1 - within)).sum() / tokens)
     return LossOutput(loss=loss, mismatch_kl=mismatch, masked_fraction=masked, ref_kl=ref_kl)
 
