@@ -121,3 +121,12 @@ def test_batch_gradients_match_a_hand_computation_whole_or_micro_batched(tiny_mo
             scale = float(hand_grads[name].abs().max())  # float32 sums in another order: 1e-5 of the largest entry
             torch.testing.assert_close(param.grad, hand_grads[name], rtol=1e-4, atol=1e-5 * scale,
                                        msg=f"{name}, micro-batch {micro_batch_size}: gradient differs")
+
+
+def test_mismatch_kl_ignores_masked_placeholders_and_has_the_sampler_direction() -> None:
+    out = policy_loss(torch.tensor([[-100.0, -1.0, -2.0]]), torch.tensor([[0.0, -1.0, -2.0]]), torch.tensor([1.0]),
+                      torch.tensor([[0, 1, 1]]))
+    assert out.mismatch_kl == 0.0  # not nan: the prompt position's placeholder is ignored
+    x = 0.5  # log(p_trainer / p_sampler) on the one loss token
+    out = policy_loss(torch.tensor([[-1.0 + x]]), torch.tensor([[-1.0]]), torch.tensor([0.0]), torch.tensor([[1]]))
+    assert out.mismatch_kl == pytest.approx(math.exp(x) - x - 1, rel=1e-6)
