@@ -16,7 +16,7 @@ use, under $PRIME_LAB_HOME/cache/gepa-ref-venv) and runs in a subprocess; its ad
 environment code (ours, appended to its sys.path after its site-packages), concurrently like ours.
 
     .venv/bin/python bench/gepa_vs_reference.py [--model smollm2-135m] [--budget 60] [--env reverse-text]
-                                                [--parallel 8] [--simulated-latency 0.5]
+                                                [--parallel 8] [--repeat 3] [--simulated-latency 0.5]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -241,6 +242,7 @@ def main() -> None:
     parser.add_argument("--reflection-max-tokens", type=int, default=96)
     parser.add_argument("--parallel", type=int, default=GepaSettings.num_parallel_proposals,
                         help="our parallel proposals (default: ours)")
+    parser.add_argument("--repeat", type=int, default=1, help="pairs of runs, alternating who goes first")
     parser.add_argument("--simulated-latency", type=float, default=None, metavar="S",
                         help="a stand-in endpoint answering after S seconds instead of the built-in server")
     args = parser.parse_args()
@@ -257,7 +259,9 @@ def main() -> None:
         server = start_sampler("builtin", resolve_model(args.model), Path(tempfile.mkdtemp()) / "server.log",
                                served_name=args.model)
         model = reflection_model = server.model_name
-    load_before = load()
+    print(f"env {args.env}  model {args.model}  budget {args.budget}  train {args.num_train}  val {args.num_val}  "
+          f"minibatch {args.minibatch_size}  seed {args.seed}  ours: {args.parallel} parallel proposals", flush=True)
+    ratios: list[float] = []
     try:
         warm_up(server.base_url, model)
         params: dict[str, Any] = {
@@ -266,20 +270,25 @@ def main() -> None:
             "num_train": args.num_train, "num_val": args.num_val, "minibatch_size": args.minibatch_size,
             "seed": args.seed, "max_concurrent": 32, "reflection_max_tokens": args.reflection_max_tokens,
             "sampling": {"max_tokens": args.max_tokens, "temperature": 0.0}, "parallel": args.parallel}
-        ours = run_ours(params)
-        reference = run_reference(params)
+        for n in range(args.repeat):
+            load_before = load()
+            if n % 2 == 0:  # alternate who goes first, so a load that drifts favours neither
+                ours, reference = run_ours(params), run_reference(params)
+            else:
+                reference, ours = run_reference(params), run_ours(params)
+            print(f"run {n + 1}: load average (1, 5, 15 min) on {os.cpu_count()} CPUs: before {load_before}, "
+                  f"after {load()}")
+            for name, r in (("ours", ours), (f"gepa {REFERENCE_VERSION}", reference)):
+                print(f"{name:>11}: {r['seconds']:7.1f} s  best val score {r['best_score']:.4f}  "
+                      f"metric calls {r['metric_calls']}  candidates {r['num_candidates']}")
+            ratios.append(reference["seconds"] / ours["seconds"])
+            print(f"speed ratio (reference / ours): {ratios[-1]:.2f}x  "
+                  f"score: ours {ours['best_score']:.4f} vs {reference['best_score']:.4f}", flush=True)
     finally:
         server.stop()
-    print(f"env {args.env}  model {args.model}  budget {args.budget}  train {args.num_train}  val {args.num_val}  "
-          f"minibatch {args.minibatch_size}  seed {args.seed}  ours: {args.parallel} parallel proposals")
-    print(f"load average (1, 5, 15 min) on {os.cpu_count()} CPUs: before {load_before}, after {load()}")
-    for name, r in (("ours", ours), (f"gepa {REFERENCE_VERSION}", reference)):
-        print(f"{name:>11}: {r['seconds']:7.1f} s  best val score {r['best_score']:.4f}  "
-              f"metric calls {r['metric_calls']}  candidates {r['num_candidates']}")
-    ratio = reference["seconds"] / ours["seconds"]
-    print(f"speed ratio (reference / ours): {ratio:.2f}x  "
-          f"score: ours {ours['best_score']:.4f} vs {reference['best_score']:.4f}")
-
+    if len(ratios) > 1:
+        print(f"median speed ratio over {len(ratios)} runs: {statistics.median(ratios):.2f}x "
+              f"(each: {', '.join(f'{r:.2f}' for r in ratios)})")
 
 if __name__ == "__main__":
     main()
