@@ -216,11 +216,25 @@ class SimulatedModels:
 
 
 def warm_up(base_url: str, model: str) -> None:
-    """One request before either engine is timed, so neither pays for the server's first batch."""
-    from openai import OpenAI
+    """A burst of short and long requests before either engine is timed, so that neither pays for the server's
+    first batches of each shape (the first run of a pair was otherwise up to 1.6x slower)."""
+    import asyncio
 
-    OpenAI(base_url=base_url, api_key="EMPTY").chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0.0)
+    from openai import AsyncOpenAI
+
+    async def burst() -> None:
+        client = AsyncOpenAI(base_url=base_url, api_key="EMPTY")
+        short: Any = [{"role": "user", "content": "Reverse: comet desert river"}]
+        long: Any = [{"role": "user", "content": "Improve these instructions for an assistant. " * 40}]
+        try:
+            for n in (1, 4, 16, 32):
+                await asyncio.gather(*(client.chat.completions.create(
+                    model=model, messages=long if i % 4 == 3 else short, max_tokens=8, temperature=0.0)
+                    for i in range(n)))
+        finally:
+            await client.close()
+
+    asyncio.run(burst())
 
 
 def load() -> str:
