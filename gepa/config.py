@@ -40,6 +40,9 @@ class GepaSearchSection(Section):
     max_concurrent: int = Field(default=32, ge=1, description="Rollouts in flight at once.")
     num_parallel_proposals: int = Field(default=8, ge=1, description="Reflective proposals run at once, a round "
                                                                      "at a time (1: one after another).")
+    reflection_temperature: float | None = Field(default=None, ge=0, description="Sampling temperature of the "
+                                                 "reflection model (default: the endpoint's); 0 makes a seeded "
+                                                 "search repeatable with a deterministic server.")
     use_merge: bool = Field(default=False, description="Try merging candidates that improved different parts.")
     max_merge_invocations: int = Field(default=5, ge=0)
 

@@ -45,7 +45,7 @@ def test_sigterm_mid_round_then_resume_spends_nothing_twice(builtin_server: Any,
         config.write_text(f'model = "{builtin_server.model_name}"\nreflection_model = "stand-in"\n'
                           f'base_url = "{builtin_server.base_url}"\nreflection_base_url = "{reflection.base_url}"\n'
                           f'[env]\nid = "reverse-text"\n[gepa]\nmax_calls = {BUDGET}\nnum_train = 8\nnum_val = 4\n'
-                          'minibatch_size = 2\nnum_parallel_proposals = 2\nseed = 3\n'
+                          'minibatch_size = 2\nnum_parallel_proposals = 2\nreflection_temperature = 0.0\nseed = 3\n'
                           '[sampling]\nmax_tokens = 8\ntemperature = 0.0\n')
         proc = subprocess.Popen([PRIME, "gepa", "run", f"@{config}", "-o", str(run_dir)], cwd=tmp_path,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -58,6 +58,7 @@ def test_sigterm_mid_round_then_resume_spends_nothing_twice(builtin_server: Any,
                 proc.kill()
         assert proc.returncode == 1, stderr
         assert "Traceback" not in stderr and "stopped" in stderr and f"--resume {run_dir}" in stderr
+        assert reflection.requests and all(r["temperature"] == 0.0 for r in reflection.requests)
 
         out = run_dir / "gepa"
         assert Run(run_dir).state == "stopped"

@@ -131,7 +131,7 @@ def _from_toml(path: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
                 "num_train": g.num_train, "num_val": g.num_val, "num_test": g.num_test,
                 "minibatch_size": g.minibatch_size, "perfect_score": g.perfect_score,
                 "state_columns": g.state_columns, "seed": g.seed, "max_concurrent": g.max_concurrent,
-                "num_parallel_proposals": g.num_parallel_proposals,
+                "num_parallel_proposals": g.num_parallel_proposals, "reflection_temperature": g.reflection_temperature,
                 "use_merge": g.use_merge, "max_merge_invocations": g.max_merge_invocations, "sampling": cfg.sampling}
     endpoints = {"base_url": cfg.base_url, "reflection_base_url": cfg.reflection_base_url,
                  "api_key_var": cfg.api_key_var}
