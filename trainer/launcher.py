@@ -22,14 +22,15 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
+from lab.alerts import AlertMonitor
 from lab.events import Event, EventLog
+from lab.inference.backend import BackendChoice
 from lab.inference.process import RunningServer, log_tail
 from lab.runs import Run
 from trainer.batch import batch_path
 from trainer.config import RLConfig
-from trainer.runtime import StopFlag, checkpoint_to_resume, load_config, step_dirs
+from trainer.runtime import StopFlag, checkpoint_to_resume, load_config, log_both, step_dirs
 
 POLL_S = 0.25
 UNHEALTHY_AFTER_S = float(os.environ.get("PRIME_LAB_SAMPLER_UNHEALTHY_S", "30"))  # tests shorten it
@@ -81,11 +82,10 @@ class Supervisor:
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.offset = 0
         self.last_error: dict[str, str] = {}
-        self.monitor = _alert_monitor()
+        self.monitor = AlertMonitor()
 
     def log(self, message: str, level: str = "INFO") -> None:
-        self.events.log(message, level)
-        print(f"[launcher] {level} {message}", flush=True)
+        log_both(self.events, message, level)
 
     def start_child(self, role: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         with open(self.run.log_path(role), "ab") as log:
@@ -100,50 +100,50 @@ class Supervisor:
         self.run.register_process("launcher", os.getpid(), pgid=os.getpgrp())
         run.set_state("starting")
         resume = ["--resume"] if self.resume else []
-        trainer_threads, sampler_threads = self.cpu_split()
+        choice = self.choose_backend()
+        trainer_threads, sampler_threads = self.cpu_split(choice.backend)
         if trainer_threads:
             self.log(f"CPU only: {trainer_threads} thread(s) for the trainer, {sampler_threads} for the sampler "
                      "(they run at the same time; oversubscribed cores make both slower)")
             os.environ["OMP_NUM_THREADS"] = str(sampler_threads)  # the sampler inherits this process's environment
         self.start_child("trainer", ["trainer.train", str(run.dir), "--model-path", str(self.model_path), *resume],
                          env={"OMP_NUM_THREADS": str(trainer_threads)} if trainer_threads else None)
-        base_url, model_name = self.start_sampler()
+        base_url, model_name = self.start_sampler(choice)
         if self.stop.set:
             return
-        api_key = ["--api-key-var", cfg.inference.api_key_var] if cfg.inference.backend == "external" else []
+        api_key = ["--api-key-var", cfg.inference.api_key_var] if choice.backend == "external" else []
         self.start_child("orchestrator", ["trainer.orchestrator", str(run.dir), "--base-url", base_url,
                                           "--model", model_name, *api_key, *resume])
         run.set_state("running")
 
-    def cpu_split(self) -> tuple[int, int]:
+    def choose_backend(self) -> BackendChoice:
+        from lab.inference.backend import BackendUnavailableError, choose_backend
+
+        inf = self.config.inference
+        try:
+            return choose_backend(inf.backend, external_url=inf.base_url)
+        except BackendUnavailableError as exc:
+            raise LaunchFailed(str(exc)) from exc
+
+    def cpu_split(self, backend: str) -> tuple[int, int]:
         """On a CPU-only machine with the built-in sampler, the cores split between trainer and sampler: (trainer,
         sampler) thread counts, or (0, 0) to leave both to their defaults (a GPU, vLLM binding its own cores,
         an external sampler, or a user's OMP_NUM_THREADS)."""
         from lab.inference.vllm import cuda_available
 
-        if "OMP_NUM_THREADS" in os.environ or self.config.inference.backend not in ("auto", "builtin") \
-                or self.config.trainer.device == "cuda" or cuda_available():
+        if "OMP_NUM_THREADS" in os.environ or backend != "builtin" or self.config.trainer.device == "cuda" \
+                or cuda_available():
             return 0, 0
-        if self.config.inference.backend == "auto":
-            from lab.inference.backend import choose_backend
-
-            if choose_backend("auto").backend != "builtin":
-                return 0, 0
         cores = len(os.sched_getaffinity(0))
         if cores < 2:
             return 0, 0
         return cores // 2, cores - cores // 2
 
-    def start_sampler(self) -> tuple[str, str]:
-        from lab.inference.backend import BackendUnavailableError, choose_backend
+    def start_sampler(self, choice: BackendChoice) -> tuple[str, str]:
         from lab.inference.launch import SamplerOptions, start_sampler
         from lab.inference.process import ServerStartError
 
         inf = self.config.inference
-        try:
-            choice = choose_backend(inf.backend, external_url=inf.base_url)
-        except BackendUnavailableError as exc:
-            raise LaunchFailed(str(exc)) from exc
         self.log(f"sampler: {choice.reason}")
         if choice.backend == "external":
             assert inf.base_url is not None
@@ -186,7 +186,7 @@ class Supervisor:
                 continue
             if item.kind == "log" and item.data.get("level") == "ERROR":
                 self.last_error[item.source] = str(item.data.get("message", ""))
-            if self.monitor is not None and item.kind != "alert":
+            if item.kind != "alert":
                 for alert in self.monitor.observe(item):
                     self.events.emit("alert", alert, step=item.step)
 
@@ -268,14 +268,6 @@ class Supervisor:
             self.log(reason, "ERROR")
         self.run.set_state(final, reason=reason)  # type: ignore[arg-type]
         return 0 if final != "failed" else 1
-
-
-def _alert_monitor() -> Any:
-    try:
-        from lab.alerts import AlertMonitor
-    except ImportError:  # the alerts module is optional for the launcher
-        return None
-    return AlertMonitor()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,8 +64,8 @@ def _linear_names(model: Any) -> list[str]:
 
 def pad(samples: list[Sample], pad_id: int, device: str) -> dict[str, torch.Tensor]:
     """Left-padded tensors for a micro-batch (input_ids, attention_mask, position_ids, loss_mask, sampler_logprobs,
-    advantages). Left padding lines every completion up at the end, so logits are computed for the last `keep`
-    positions only (`keep`: the longest span from a sample's first trained token to its end)."""
+    advantages). Left padding lines every completion up at the end, so logits are needed for the last
+    `trained_tail(samples)` positions only."""
     import torch
 
     length = max(len(s.input_ids) for s in samples)
@@ -75,7 +75,6 @@ def pad(samples: list[Sample], pad_id: int, device: str) -> dict[str, torch.Tens
 
     attention = torch.tensor([[0] * (length - len(s.input_ids)) + [1] * len(s.input_ids) for s in samples],
                              dtype=torch.long, device=device)
-    keep = max((len(s.loss_mask) - s.loss_mask.index(1) for s in samples if 1 in s.loss_mask), default=1)
     return {
         "input_ids": torch.tensor(rows("input_ids", pad_id), dtype=torch.long, device=device),
         "attention_mask": attention,
@@ -83,8 +82,15 @@ def pad(samples: list[Sample], pad_id: int, device: str) -> dict[str, torch.Tens
         "loss_mask": torch.tensor(rows("loss_mask", 0), dtype=torch.float32, device=device),
         "sampler_logprobs": torch.tensor(rows("sampler_logprobs", 0.0), dtype=torch.float32, device=device),
         "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
-        "keep": torch.tensor(min(keep, length - 1)),
     }
+
+
+def trained_tail(samples: list[Sample]) -> int:
+    """How many positions at the end of a left-padded micro-batch hold every trained token (at least 1, and fewer
+    than the padded length: position 0 has nothing before it to predict it)."""
+    length = max(len(s.input_ids) for s in samples)
+    keep = max((len(s.loss_mask) - s.loss_mask.index(1) for s in samples if 1 in s.loss_mask), default=1)
+    return min(keep, length - 1)
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
@@ -140,7 +146,7 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, pad_id: int
     tokens = 0
     for chunk in micro_batches(samples, micro_batch_size, accumulation_steps):
         t = pad(chunk, pad_id, device)
-        keep = int(t["keep"])
+        keep = trained_tail(chunk)
         t["loss_mask"], t["sampler_logprobs"] = t["loss_mask"][:, -keep:], t["sampler_logprobs"][:, -keep:]
         ref = None
         if kl_beta > 0:

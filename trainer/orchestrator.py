@@ -34,6 +34,7 @@ from trainer.runtime import (
     guarded_main,
     latest_step,
     load_config,
+    log_both,
     step_dirs,
 )
 
@@ -123,8 +124,7 @@ class Orchestrator:
         self.rollouts_started = self.start_step * 100_000  # per-rollout seeds differ after a resume too
 
     def log(self, message: str, level: str = "INFO", step: int | None = None) -> None:
-        self.events.log(message, level, step=step)
-        print(f"[orchestrator] {level} {message}", flush=True)
+        log_both(self.events, message, level, step)
 
     # Weights -----------------------------------------------------------------------------------------------
     def needs_adapter(self) -> bool:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from lab.events import EventWriter
 from lab.runs import Run
 from trainer.config import RLConfig
 
@@ -104,6 +105,12 @@ class StopFlag:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.set = True
         self.signal = signum
+
+
+def log_both(events: EventWriter, message: str, level: str = "INFO", step: int | None = None) -> None:
+    """A process's log line: a `log` event for every view, and the same line in its own log file (stdout)."""
+    events.log(message, level, step=step)
+    print(f"[{events.source}] {level} {message}", flush=True)
 
 
 def guarded_main(run: Run, role: str, body: Callable[[], int]) -> int:

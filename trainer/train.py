@@ -25,6 +25,7 @@ from trainer.runtime import (
     checkpoint_to_resume,
     guarded_main,
     load_config,
+    log_both,
     publish_dir,
     staging_dir,
     step_dirs,
@@ -82,8 +83,7 @@ class Trainer:
                  + (f"resuming after step {self.start_step}" if self.start_step else "starting at step 1"))
 
     def log(self, message: str, level: str = "INFO", step: int | None = None) -> None:
-        self.events.log(message, level, step=step)
-        print(f"[trainer] {level} {message}", flush=True)
+        log_both(self.events, message, level, step)
 
     def lr_at(self, step: int) -> float:
         warmup = self.config.warmup_steps

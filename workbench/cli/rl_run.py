@@ -134,6 +134,7 @@ def follow_progress(run_id: str, poll: float = 0.5) -> int:
     by_step: dict[int, dict[str, Any]] = {}
     tty = sys.stderr.isatty()
     started = time.monotonic()
+    max_steps = int(run_.read_status().get("max_steps") or 0)
     try:
         while True:
             items, offset = log.read(offset)
@@ -143,8 +144,7 @@ def follow_progress(run_id: str, poll: float = 0.5) -> int:
                 if item.kind == "metrics" and item.step is not None:
                     by_step.setdefault(item.step, {}).update(item.data)
                     if item.source == "trainer":  # the orchestrator's metrics of this step came before
-                        _progress(item.step, int(run_.read_status().get("max_steps") or 0), by_step.pop(item.step),
-                                  time.monotonic() - started, tty)
+                        _progress(item.step, max_steps, by_step.pop(item.step), time.monotonic() - started, tty)
                 elif item.kind == "log" and item.data.get("level") in ("WARNING", "ERROR"):
                     _line(f"{item.source}: {item.data.get('level')}: {item.data.get('message')}", tty)
                 elif item.kind == "alert":
