@@ -21,6 +21,7 @@ from typing import Any
 
 from lab.envs import Environment, Rollout, SamplingArgs, load_env_files, load_environment
 from lab.events import EventWriter
+from lab.inference.process import answers_health
 from lab.inference.vllm import AdapterLoadError, RuntimeAdapters
 from lab.runs import Run
 from trainer.batch import Sample, rollout_samples, write_batch
@@ -112,7 +113,8 @@ class Orchestrator:
         self.filter = GroupFilter(config.buffer, config.difficulty_filter)
         self.sampling = sampling_args(config)
         self.client = AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=REQUEST_TIMEOUT_S, max_retries=1)
-        self.adapters = RuntimeAdapters(base_url.rstrip("/").removesuffix("/v1"))
+        self.root_url = base_url.rstrip("/").removesuffix("/v1")
+        self.adapters = RuntimeAdapters(self.root_url)
         found = checkpoint_to_resume(run) if resume else None
         self.start_step = found[0] if found else 0
         self.version = -1  # the policy version the sampler serves; -1: not loaded yet
@@ -238,21 +240,12 @@ class Orchestrator:
 
     async def check_sampler(self, error: str) -> None:
         """A failed request: if the sampler no longer answers /health within the grace period, give up."""
-        import httpx
-
         deadline = time.monotonic() + HEALTH_GRACE_S
-        root = self.base_url.rstrip("/").removesuffix("/v1")
-        async with httpx.AsyncClient(timeout=5.0) as http:
-            while True:
-                try:
-                    if (await http.get(root + "/health")).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise OrchestratorError(f"the sampler at {self.base_url} stopped answering (no /health for "
-                                            f"{HEALTH_GRACE_S:g} s); last request error: {error.splitlines()[0]}")
-                await asyncio.sleep(1.0)
+        while not await asyncio.to_thread(answers_health, self.root_url, 5.0):
+            if time.monotonic() > deadline:
+                raise OrchestratorError(f"the sampler at {self.base_url} stopped answering (no /health for "
+                                        f"{HEALTH_GRACE_S:g} s); last request error: {error.splitlines()[0]}")
+            await asyncio.sleep(1.0)
 
     # Steps -------------------------------------------------------------------------------------------------
     def to_samples(self, groups: list[Group]) -> list[Sample]:

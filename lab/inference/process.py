@@ -43,6 +43,15 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def answers_health(root_url: str, timeout: float = 2.0) -> bool:
+    """Whether the server at `root_url` (no `/v1`) answers `GET /health` with 200 within `timeout` seconds."""
+    try:
+        with urllib.request.urlopen(f"{root_url.rstrip('/')}/health", timeout=timeout) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 class ServerProcess:
     """One server process serving an OpenAI-compatible API on 127.0.0.1:`port`."""
 
@@ -98,11 +107,7 @@ class ServerProcess:
         return self._process.poll() if self._process is not None else None
 
     def is_healthy(self, timeout: float = 2.0) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.root_url}/health", timeout=timeout) as response:
-                return bool(response.status == 200)
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
+        return answers_health(self.root_url, timeout)
 
     def wait_ready(self, timeout: float = 120.0, interval: float = 0.25) -> None:
         """Block until `GET /health` answers 200; raise ServerStartError if it exits or `timeout` passes."""
