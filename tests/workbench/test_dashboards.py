@@ -20,6 +20,7 @@ from tests.workbench.lab_fixtures import REPO, SIZE, fixture_lines, lab_folder, 
 from workbench.screens.dashboard_gepa import FrontierChart, GepaDashboard
 from workbench.screens.dashboard_rl import RLDashboard
 from workbench.screens.pick_many import PickManyScreen
+from workbench.screens.run import RunScreen
 from workbench.widgets.alerts_pane import AlertsPane
 from workbench.widgets.charts import MetricChart
 from workbench.widgets.logs_pane import LogsPane
@@ -67,6 +68,7 @@ def test_rl_dashboard_replays_a_recorded_run(tmp_path: Path) -> None:
             assert alerts.display and alerts.count == 1
             assert "Entropy collapsing at step 26" in str(alerts.render())
             reward = screen.query_one("#chart-reward", MetricChart)
+            await until(pilot, lambda: reward.drawn_points >= 30 * 4)  # charts redraw at most every 0.25 s
             assert reward.drawn_points >= 30 * 4  # mean, 2 envs, the std band
             assert reward._labels.count("val_reward/mean") == 1  # eval points on the reward chart
             assert "policy/entropy" in text_of(screen, "#latest")
@@ -267,6 +269,15 @@ def test_event_writer_is_importable_without_textual() -> None:
 
 
 async def settle(pilot: Pilot[Any]) -> None:
+    """Until the run page has folded the whole event log and redrawn (a fixed pause was too short on a loaded
+    machine), then let the last redraw and animations land."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        screen = pilot.app.screen
+        if isinstance(screen, RunScreen) and screen.event_offset >= screen.run.events_path.stat().st_size \
+                and not screen.changed.is_set():
+            break
+        await pilot.pause(0.05)
     await pilot.pause(0.5)
     await pilot.wait_for_scheduled_animations()
     await pilot.pause(0.2)
@@ -293,3 +304,20 @@ def test_gepa_candidates_snapshot(tmp_path: Path, snap_compare: Any) -> None:
 
     assert snap_compare(make_app(lab_folder(tmp_path), run_id="gepa-run"), terminal_size=SIZE,
                         run_before=candidates)
+
+
+def test_alerts_pop_up_only_when_raised_live(tmp_path: Path) -> None:
+    run = recorded_run("rl-run")
+
+    async def scenario() -> None:
+        async with dashboard(tmp_path, "rl-run", rl_ready) as (pilot, screen):
+            await until(pilot, lambda: screen.live)
+            await pilot.pause(0.3)
+            assert screen.query_one(AlertsPane).count == 1  # the replayed entropy collapse: in the pane ...
+            assert not [n for n in pilot.app._notifications if n.title.startswith("Alert")]  # ... no pop-up
+            with EventWriter(run.events_path, "launcher") as writer:
+                for name in ("kl_exploding", "loss_diverging"):
+                    writer.emit("alert", {"name": name, "message": f"{name} now", "level": "WARNING"}, step=31)
+            await until(pilot, lambda: any(n.title == "Alert: loss_diverging" for n in pilot.app._notifications))
+
+    asyncio.run(scenario())

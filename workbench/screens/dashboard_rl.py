@@ -78,7 +78,8 @@ class RLDashboard(DashboardScreen):
         self.text_logs = TextLogs(run.logs_dir)
         self.steps: list[int] = []
         self.parsers = EnvParsers(self.status.get("envs") or [])
-        self._alerts_seen: int | None = None  # alerts shown so far (None until the first redraw)
+        self._alerts_seen = 0  # alerts the page has drawn so far
+        self._alerts_replayed = 0  # alerts folded during the replay: shown in the pane, never as a pop-up
         self._charts_drawn_at = 0.0
         self.charts: list[MetricChart] = []  # (a query per redraw costs more than drawing)
 
@@ -118,10 +119,12 @@ class RLDashboard(DashboardScreen):
     # Following ----------------------------------------------------------------------------------------------
     def reset(self) -> None:
         self.model = RLRunModel()
-        self._alerts_seen = None
+        self._alerts_seen = self._alerts_replayed = 0
 
     def consume(self, items: list[RawEvent | BadLine]) -> None:
         self.model.feed(items)
+        if not self.live:
+            self._alerts_replayed = len(self.model.alerts)
 
     def follow_files(self) -> None:
         lines = self.text_logs.read()
@@ -156,7 +159,7 @@ class RLDashboard(DashboardScreen):
         self.update_progress(self.query_one(ProgressBar))
         alerts = model.alerts
         self.query_one(AlertsPane).show(alerts)
-        if self._alerts_seen is not None and len(alerts) > self._alerts_seen:
+        if len(alerts) > max(self._alerts_seen, self._alerts_replayed):  # a pop-up only for an alert raised live
             newest = alerts[-1]
             self.notify(str(newest.get("message", "")), title=f"Alert: {newest.get('name')}",
                         severity="error" if newest.get("level") == "ERROR" else "warning", timeout=8)

@@ -93,6 +93,7 @@ class RunScreen(Screen[None]):
         self.changed = threading.Event()
         self._generation = 0  # bumped by replay: the follower starts over from byte 0
         self.bad_lines = 0
+        self.live = False  # False while replaying what the log held when the page opened (or on `r`)
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)  # event lines not yet written to the page's event log
         self._clear_tail = False
 
@@ -117,6 +118,7 @@ class RunScreen(Screen[None]):
                 with self.fold_lock:
                     self.event_offset = 0
                     self.bad_lines = 0
+                    self.live = False
                     self.tail.clear()
                     self._clear_tail = True
                     self.reset()
@@ -141,6 +143,9 @@ class RunScreen(Screen[None]):
                 with self.fold_lock:
                     self.event_offset = offset
             if len(items) < CHUNK:  # caught up (a full chunk means more is waiting: read on at once)
+                if not self.live:
+                    with self.fold_lock:
+                        self.live = True  # events folded from now on arrived while the page was open
                 time.sleep(poll)
 
     def reset(self) -> None:
