@@ -130,13 +130,3 @@ def write_batch(rollouts_dir: Path, step: int, samples: list[Sample]) -> Path:
 
 def read_batch(path: Path) -> list[Sample]:
     return [Sample.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
-
-
-def micro_batches(samples: list[Sample], micro_batch_size: int, accumulation_steps: int = 1) -> list[list[Sample]]:
-    """Split a batch into forward/backward chunks: at most `micro_batch_size` samples each, and at least
-    `accumulation_steps` chunks (when there are that many samples). Similar lengths go together (less padding)."""
-    if not samples:
-        return []
-    per_chunk = max(1, min(micro_batch_size, -(-len(samples) // max(1, accumulation_steps))))
-    ordered = sorted(samples, key=lambda s: len(s.input_ids))
-    return [ordered[i : i + per_chunk] for i in range(0, len(ordered), per_chunk)]

@@ -47,7 +47,8 @@ def policy_loss(
     kl_beta: float = 0.0,
     num_loss_tokens: int | None = None,
 ) -> LossOutput:
-    """Shapes: logprobs, sampler_logprobs, loss_mask, ref_logprobs [batch, seq]; advantages [batch].
+    """Shapes: logprobs, sampler_logprobs, loss_mask, ref_logprobs [batch, seq]; advantages [batch] (one per
+    sequence) or [batch, seq] (one per token, as a packed row carries them).
 
     `num_loss_tokens` is the normaliser when a batch is split into micro-batches (the whole batch's count, so the
     micro-batch losses add up to the batch loss); by default this batch's own count.
@@ -60,7 +61,8 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
     within = ((ratio >= ratio_low) & (ratio <= ratio_high)).to(logprobs.dtype)
     token_mask = loss_mask * within
-    loss = -(token_mask * ratio * advantages[:, None]).sum() / denominator
+    per_token = advantages if advantages.dim() == logprobs.dim() else advantages[:, None]
+    loss = -(token_mask * ratio * per_token).sum() / denominator
     ref_kl = None
     if ref_logprobs is not None and kl_beta > 0:
         ref_k3 = k3(ref_logprobs - logprobs)

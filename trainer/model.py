@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.batch import Sample, micro_batches
+from trainer.batch import Sample
 from trainer.loss import policy_loss, token_entropy
+from trainer.packing import PackedRow, pack
 
 if TYPE_CHECKING:
     import torch
@@ -62,37 +63,6 @@ def _linear_names(model: Any) -> list[str]:
     return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
 
 
-def pad(samples: list[Sample], pad_id: int, device: str) -> dict[str, torch.Tensor]:
-    """Left-padded tensors for a micro-batch (input_ids, attention_mask, position_ids, loss_mask, sampler_logprobs,
-    advantages). Left padding lines every completion up at the end, so logits are needed for the last
-    `trained_tail(samples)` positions only."""
-    import torch
-
-    length = max(len(s.input_ids) for s in samples)
-
-    def rows(attr: str, fill: float | int) -> list[list[Any]]:
-        return [[fill] * (length - len(s.input_ids)) + list(getattr(s, attr)) for s in samples]
-
-    attention = torch.tensor([[0] * (length - len(s.input_ids)) + [1] * len(s.input_ids) for s in samples],
-                             dtype=torch.long, device=device)
-    return {
-        "input_ids": torch.tensor(rows("input_ids", pad_id), dtype=torch.long, device=device),
-        "attention_mask": attention,
-        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
-        "loss_mask": torch.tensor(rows("loss_mask", 0), dtype=torch.float32, device=device),
-        "sampler_logprobs": torch.tensor(rows("sampler_logprobs", 0.0), dtype=torch.float32, device=device),
-        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
-    }
-
-
-def trained_tail(samples: list[Sample]) -> int:
-    """How many positions at the end of a left-padded micro-batch hold every trained token (at least 1, and fewer
-    than the padded length: position 0 has nothing before it to predict it)."""
-    length = max(len(s.input_ids) for s in samples)
-    keep = max((len(s.loss_mask) - s.loss_mask.index(1) for s in samples if 1 in s.loss_mask), default=1)
-    return min(keep, length - 1)
-
-
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
                    *, position_ids: torch.Tensor | None = None, keep: int | None = None,
                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -123,6 +93,46 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     return torch.cat([zero, chosen], dim=1), (torch.cat([zero, entropy], dim=1) if entropy is not None else None)
 
 
+def packed_mask(model: Any, row: PackedRow, device: str) -> torch.Tensor | None:
+    """The row's attention mask in the form the model's attention takes: None (plain causal) for a single sample,
+    booleans for SDPA, an additive float mask for eager attention."""
+    import torch
+
+    if not row.needs_mask():
+        return None
+    allowed = row.attention_mask(device)
+    if attention_implementation(model) == "sdpa":
+        return allowed
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def attention_implementation(model: Any) -> str:
+    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+
+def row_logprobs(model: Any, row: PackedRow, device: str, temperature: float = 1.0, *,
+                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[1, K] logprobs of the row's K trained tokens (logits / temperature, computed at their source positions
+    only), and their entropies when asked."""
+    import torch
+
+    input_ids = torch.tensor([row.input_ids], dtype=torch.long, device=device)
+    positions = torch.tensor([row.position_ids], dtype=torch.long, device=device)
+    sources = torch.tensor(row.sources, dtype=torch.long, device=device)
+    logits = model(input_ids=input_ids, attention_mask=packed_mask(model, row, device), position_ids=positions,
+                   logits_to_keep=sources).logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    targets = torch.tensor([row.targets], dtype=torch.long, device=device)
+    chosen = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, :, None]).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = token_entropy(logits)
+    return chosen, entropy
+
+
 @dataclass
 class BatchResult:
     loss: float
@@ -134,40 +144,40 @@ class BatchResult:
     tokens: int
 
 
-def accumulate_batch_gradients(model: Any, samples: list[Sample], *, pad_id: int, device: str,
+def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str,
                                temperature: float = 1.0, micro_batch_size: int = 8, accumulation_steps: int = 1,
                                ratio_low: float = 0.125, ratio_high: float = 8.0, kl_beta: float = 0.0) -> BatchResult:
-    """Forward and backward every micro-batch; gradients add up to those of the loss over the whole batch
-    (normalised by the batch's completion tokens). The caller clips and steps the optimizer."""
+    """Forward and backward every micro-batch, each packed into one sequence (trainer/packing.py: a group's prompt
+    once, no padding); gradients add up to those of the loss over the whole batch (normalised by the batch's
+    completion tokens). The caller clips and steps the optimizer."""
     import torch
 
-    total_loss_tokens = sum(s.num_loss_tokens for s in samples)
+    rows = pack(samples, micro_batch_size, accumulation_steps,
+                share_prefixes=attention_implementation(model) in ("sdpa", "eager"))
+    total_loss_tokens = sum(len(row.targets) for row in rows)
     loss_sum = entropy_sum = kl_sum = masked_sum = ref_kl_sum = 0.0
-    tokens = 0
-    for chunk in micro_batches(samples, micro_batch_size, accumulation_steps):
-        t = pad(chunk, pad_id, device)
-        keep = trained_tail(chunk)
-        t["loss_mask"], t["sampler_logprobs"] = t["loss_mask"][:, -keep:], t["sampler_logprobs"][:, -keep:]
+    for row in rows:
+        sampler_logprobs = torch.tensor([row.sampler_logprobs], dtype=torch.float32, device=device)
+        advantages = torch.tensor([row.advantages], dtype=torch.float32, device=device)
+        loss_mask = torch.ones_like(sampler_logprobs)
         ref = None
         if kl_beta > 0:
             with torch.no_grad(), model.disable_adapter():
-                ref, _ = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature,
-                                        position_ids=t["position_ids"], keep=keep)
-        logprobs, entropy = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature,
-                                           position_ids=t["position_ids"], keep=keep, with_entropy=True)
-        out = policy_loss(logprobs, t["sampler_logprobs"], t["advantages"], t["loss_mask"], ratio_low=ratio_low,
+                ref, _ = row_logprobs(model, row, device, temperature)
+        logprobs, entropy = row_logprobs(model, row, device, temperature, with_entropy=True)
+        out = policy_loss(logprobs, sampler_logprobs, advantages, loss_mask, ratio_low=ratio_low,
                           ratio_high=ratio_high, ref_logprobs=ref, kl_beta=kl_beta,
                           num_loss_tokens=max(1, total_loss_tokens))
         out.loss.backward()
-        chunk_tokens = float(t["loss_mask"].sum())
+        row_tokens = float(len(row.targets))
         loss_sum += float(out.loss.detach())
         assert entropy is not None
-        entropy_sum += float((entropy * t["loss_mask"]).sum())
-        kl_sum += out.mismatch_kl * chunk_tokens
-        masked_sum += out.masked_fraction * chunk_tokens
+        entropy_sum += float(entropy.sum())
+        kl_sum += out.mismatch_kl * row_tokens
+        masked_sum += out.masked_fraction * row_tokens
         if out.ref_kl is not None:
-            ref_kl_sum += out.ref_kl * chunk_tokens
-        tokens += int(t["attention_mask"].sum())
+            ref_kl_sum += out.ref_kl * row_tokens
+    tokens = sum(len(s.input_ids) for s in samples)
     n = max(1, total_loss_tokens)
     return BatchResult(loss=loss_sum, entropy=entropy_sum / n, mismatch_kl=kl_sum / n, masked_fraction=masked_sum / n,
                        ref_kl=ref_kl_sum / n if kl_beta > 0 else None, loss_tokens=total_loss_tokens, tokens=tokens)

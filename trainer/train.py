@@ -59,10 +59,6 @@ class Trainer:
         self.model = load_policy(model_path, lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                  target_modules=lora.target_modules, device=self.device, dtype=config.trainer.dtype,
                                  adapter_path=adapter)
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate,
                                            weight_decay=config.trainer.weight_decay)
@@ -116,7 +112,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.model.train()
             result = accumulate_batch_gradients(
-                self.model, samples, pad_id=self.pad_id, device=self.device,
+                self.model, samples, device=self.device,
                 temperature=cfg.sampling.temperature, micro_batch_size=cfg.trainer.micro_batch_size,
                 accumulation_steps=cfg.gradient_accumulation_steps, ratio_low=cfg.trainer.ratio_mask_low,
                 ratio_high=cfg.trainer.ratio_mask_high, kl_beta=self.kl_beta)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lab.envs import Rollout, Turn
-from trainer.batch import MissingTokensError, Sample, micro_batches, read_batch, rollout_samples, truncate, write_batch
+from trainer.batch import MissingTokensError, read_batch, rollout_samples, truncate, write_batch
 from trainer.buffer import ExampleSampler, GroupFilter
 from trainer.config import BufferConfig, DifficultyFilterConfig
 from trainer.orchestrator import Group, batch_metrics
@@ -63,15 +63,6 @@ def test_batch_files_round_trip_and_appear_whole(tmp_path: Path) -> None:
     assert path.name == "step_4.jsonl" and not list(tmp_path.glob(".*tmp"))
     back = read_batch(path)
     assert [s.to_json() for s in back] == [s.to_json() for s in samples]
-
-
-def test_micro_batches_respect_size_and_accumulation() -> None:
-    samples = [Sample([0] * n, [1] * n, [0.0] * n, 0.0) for n in (5, 1, 3, 2, 4)]
-    chunks = micro_batches(samples, micro_batch_size=2)
-    assert [len(c) for c in chunks] == [2, 2, 1]
-    assert [len(s.input_ids) for c in chunks for s in c] == [1, 2, 3, 4, 5]  # similar lengths together
-    assert len(micro_batches(samples, micro_batch_size=8, accumulation_steps=3)) == 3
-    assert micro_batches([], 4) == []
 
 
 def test_difficulty_filter_spellings() -> None:

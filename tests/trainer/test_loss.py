@@ -69,8 +69,9 @@ def test_group_advantages() -> None:
 
 
 def test_batch_gradients_match_a_hand_computation_whole_or_micro_batched(tiny_model_dir: Path) -> None:
-    """`accumulate_batch_gradients` on two samples of different lengths (so the 2-sample micro-batch pads) equals
-    the loss written out per token, and micro-batches of 1 give the same gradients as one micro-batch of 2."""
+    """`accumulate_batch_gradients` on three samples, two of them sharing a prompt (packed, that prompt appears once
+    in the row), equals the loss written out per token, sample by sample; micro-batches of 2 and 1 give the same
+    gradients as one micro-batch of 3."""
     model = load_policy(tiny_model_dir, lora_r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
     generator = torch.Generator().manual_seed(1)
     lora = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
@@ -79,11 +80,13 @@ def test_batch_gradients_match_a_hand_computation_whole_or_micro_batched(tiny_mo
             param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
     temperature = 0.8
     # prompt tokens (mask 0), then completion tokens (mask 1); one environment token (mask 0) inside sample 1
-    input_ids = [[5, 17, 230, 41, 9, 77, 300], [12, 8, 99, 4, 150, 61, 62, 63, 70, 2]]
-    loss_masks = [[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 0, 1, 1, 1, 1, 1]]
-    advantages = [0.75, -0.5]
+    # samples 0 and 2 are two rollouts of one prompt (5, 17, 230)
+    input_ids = [[5, 17, 230, 41, 9, 77, 300], [12, 8, 99, 4, 150, 61, 62, 63, 70, 2], [5, 17, 230, 88, 3, 19]]
+    loss_masks = [[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 0, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1]]
+    advantages = [0.75, -0.5, -0.25]
     # sampler logprobs = the model's own minus an offset: ratio e^offset, inside [1/8, 8] except one (e^3 > 8, masked)
-    offsets = [[0, 0, 0, 0.2, -0.4, 0.0, 1.0], [0, 0, 0.3, -0.1, 0, 3.0, 0.5, -1.5, 0.1, 0.0]]
+    offsets = [[0, 0, 0, 0.2, -0.4, 0.0, 1.0], [0, 0, 0.3, -0.1, 0, 3.0, 0.5, -1.5, 0.1, 0.0],
+               [0, 0, 0, 0.1, -0.2, 0.4]]
 
     def own_logprobs(ids: list[int]) -> torch.Tensor:
         """Logprob of each token after the first, straight from the logits (not through token_logprobs)."""
@@ -97,7 +100,7 @@ def test_batch_gradients_match_a_hand_computation_whole_or_micro_batched(tiny_mo
             samples.append(Sample(ids, mask, [(lp - o) if m else 0.0 for lp, o, m in zip(own, off, mask, strict=True)],
                                   adv))
 
-    # by hand: -sum over loss tokens inside the ratio band of ratio * A, over the batch's 11 loss tokens
+    # by hand: -sum over loss tokens inside the ratio band of ratio * A, over the batch's 14 loss tokens
     model.zero_grad(set_to_none=True)
     hand = torch.zeros(())
     for sample, off in zip(samples, offsets, strict=True):
@@ -105,17 +108,17 @@ def test_batch_gradients_match_a_hand_computation_whole_or_micro_batched(tiny_mo
         for t in range(1, len(sample.input_ids)):
             if sample.loss_mask[t] and off[t] <= 2.0:
                 hand = hand - torch.exp(lp[t - 1] - sample.sampler_logprobs[t]) * sample.advantage
-    hand = hand / 11
+    hand = hand / 14
     hand.backward()
     hand_grads = {name: p.grad.clone() for name, p in lora if p.grad is not None}
     assert len(hand_grads) == len(lora) and all(g.abs().max() > 0 for g in hand_grads.values())
 
-    for micro_batch_size in (2, 1):
+    for micro_batch_size in (3, 2, 1):
         model.zero_grad(set_to_none=True)
-        result = accumulate_batch_gradients(model, samples, pad_id=0, device="cpu", temperature=temperature,
+        result = accumulate_batch_gradients(model, samples, device="cpu", temperature=temperature,
                                             micro_batch_size=micro_batch_size)
         assert result.loss == pytest.approx(hand.item(), rel=1e-5), micro_batch_size
-        assert result.loss_tokens == 11 and result.masked_fraction == pytest.approx(1 / 11)
+        assert result.loss_tokens == 14 and result.masked_fraction == pytest.approx(1 / 14)
         for name, param in lora:
             assert param.grad is not None
             scale = float(hand_grads[name].abs().max())  # float32 sums in another order: 1e-5 of the largest entry

@@ -5,10 +5,11 @@ divides by their count, as ours does; `beta=0` (no KL term) and on-policy inputs
 detached logprobs, ours are the model's logprobs as the sampler would have returned them) leave every ratio at 1, so
 nothing is clipped (TRL) or masked (ours) and both reduce to -sum_it A_i * l_it / N in value and gradient.
 
-Ours goes through the trainer's real path (`Sample`s -> `accumulate_batch_gradients`: padding, micro-batches,
-logits / temperature, `policy_loss`); TRL's through `GRPOTrainer.compute_loss` on an inputs dict shaped like the one
-its `_generate_and_score_completions` builds (left-padded prompts, right-padded completions, `num_items_in_batch`,
-`tool_mask` for tokens the model did not produce), on a deep copy of the same LoRA model.
+Ours goes through the trainer's real path (`Sample`s -> `accumulate_batch_gradients`: micro-batches packed into rows
+that hold each group's prompt once, logits / temperature, `policy_loss`); TRL's through `GRPOTrainer.compute_loss`
+on an inputs dict shaped like the one its `_generate_and_score_completions` builds (left-padded prompts,
+right-padded completions, `num_items_in_batch`, `tool_mask` for tokens the model did not produce), on a deep copy
+of the same LoRA model.
 
 trl is a dev dependency (pyproject `dev` extra), so this test runs wherever the test suite does: no import skip.
 """
@@ -31,7 +32,8 @@ from trainer.loss import group_advantages
 from trainer.model import accumulate_batch_gradients, load_policy, token_logprobs
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-PROMPTS = ["Reverse this text: hello world", "2 + 3 =", "def add(a, b):", "Say something"]
+# groups of GROUP_SIZE rollouts of one prompt, as GRPO samples them (ours packs each group's prompt once)
+PROMPTS = ["Reverse this text: hello world", "Reverse this text: hello world", "def add(a, b):", "def add(a, b):"]
 COMPLETIONS = ["dlrow olleh", "5", "    return a + b", "Hello there, how are you?"]
 REWARDS = [1.0, 0.25, 0.0, 0.5]  # two groups of two -> advantages 0.375, -0.375, -0.25, 0.25
 GROUP_SIZE = 2
@@ -84,7 +86,7 @@ def _our_gradients(model: Any, tokenizer: Any, temperature: float, micro_batch_s
         samples.append(Sample(input_ids=ids, loss_mask=loss_mask, sampler_logprobs=sampler_logprobs,
                               advantage=advantage))
     model.zero_grad(set_to_none=True)
-    result = accumulate_batch_gradients(model, samples, pad_id=tokenizer.pad_token_id, device="cpu",
+    result = accumulate_batch_gradients(model, samples, device="cpu",
                                         temperature=temperature, micro_batch_size=micro_batch_size)
     assert result.masked_fraction == 0.0 and result.mismatch_kl == pytest.approx(0.0, abs=1e-6)
     return result.loss, {name: p.grad.clone() for name, p in _lora_params(model) if p.grad is not None}
