@@ -1,11 +1,16 @@
 """The orchestrator process: `python -m trainer.orchestrator RUN_DIR --base-url URL --model NAME [--resume]`.
 
 It keeps `oversampling_factor * batch_size` rollouts in flight against the sampler (groups of
-`rollouts_per_example` rollouts of one example, through the `openai` AsyncOpenAI client), scores them with the
-environments' rubrics, filters groups by difficulty, computes group advantages, and writes one batch of
-`batch_size` rollouts per step for the trainer (`rollouts/step_k.jsonl`). Before sampling for step k it waits until
-the trainer has published policy version k - 1 - max_async_level, and loads the newest adapter into the sampler
-(`/v1/load_lora_adapter`, in place). Groups sampled with a policy older than that are dropped.
+`rollouts_per_example` rollouts of one example, through the `openai` AsyncOpenAI client; a new group starts as soon
+as a group's worth of rollouts finished, so the sampler's batch stays full while a group waits for its slowest
+rollout), scores them with the environments' rubrics, filters groups by difficulty, computes group advantages, and
+writes one batch of `batch_size` rollouts per step for the trainer (`rollouts/step_k.jsonl`).
+
+Policy versions: a batch for step k may hold groups sampled with policy version k - 1 - max_async_level or newer.
+The orchestrator loads each adapter the trainer publishes into the sampler as soon as it appears
+(`/v1/load_lora_adapter`, in place), and starts groups only while the loaded version is new enough for the batch
+being filled, so the groups still in flight when a batch completes are fresh enough for the next one; before
+filling step k it waits for version k - 1 - max_async_level. Groups older than that are dropped as stale.
 """
 
 from __future__ import annotations
@@ -120,9 +125,16 @@ class Orchestrator:
         self.version = -1  # the policy version the sampler serves; -1: not loaded yet
         self.model_name = model
         self.group_size = config.rollouts_per_example
-        self.groups_in_flight = max(1, math.ceil(config.oversampling_factor * config.batch_size / self.group_size))
-        self.tasks: set[asyncio.Task[Group]] = set()
-        self.ready: list[Group] = []
+        self.rollout_target = max(self.group_size, math.ceil(config.oversampling_factor * config.batch_size))
+        self.rollouts_in_flight = 0
+        self.filling = self.start_step + 1  # the step whose batch is being filled
+        self.need_groups = config.batch_size // self.group_size
+        self.kept = 0  # groups kept so far for the batch being filled
+        self.tasks: dict[asyncio.Task[Group], int] = {}  # groups in flight -> their policy version
+        self.load_lock = asyncio.Lock()
+        self.closing = False  # every batch is written (or the run stops): start no more groups
+        self.ready: list[Group] = []  # finished, not yet looked at
+        self.deferred: list[Group] = []  # finished, fresh enough for the next batch, kept for it
         self.rollouts_started = self.start_step * 100_000  # per-rollout seeds differ after a resume too
 
     def log(self, message: str, level: str = "INFO", step: int | None = None) -> None:
@@ -144,11 +156,17 @@ class Orchestrator:
                 raise asyncio.CancelledError
             await asyncio.sleep(0.05)
         waited = time.perf_counter() - t0
-        if newest is not None and newest > self.version:
-            await asyncio.to_thread(self.load_adapter, newest)
-        elif self.version < 0:
-            self.version = 0
+        await self.refresh_adapter()
         return waited
+
+    async def refresh_adapter(self) -> None:
+        """Load the newest published adapter into the sampler if it is newer than the one it serves."""
+        async with self.load_lock:
+            newest = latest_step(self.run.adapters_dir)
+            if newest is not None and newest > self.version:
+                await asyncio.to_thread(self.load_adapter, newest)
+            elif self.version < 0 and not self.needs_adapter():
+                self.version = 0
 
     def load_adapter(self, version: int) -> None:
         path = step_dirs(self.run.adapters_dir).get(version)
@@ -175,43 +193,75 @@ class Orchestrator:
         async def one(i: int) -> Rollout:
             args = self.sampling if self.sampling.seed is None else \
                 replace(self.sampling, seed=self.sampling.seed * 1_000_003 + first + i)
-            rollout = await env.rollout(self.client, self.model_name, row, args)
+            try:
+                rollout = await env.rollout(self.client, self.model_name, row, args)
+            finally:
+                self.rollouts_in_flight -= 1
+                self.top_up()  # this rollout's slot goes to a new group as soon as a group's worth is free
             await env.score(rollout)
             return rollout
 
         rollouts = await asyncio.gather(*(one(i) for i in range(self.group_size)))
         return Group(env_name, list(rollouts), version, time.perf_counter() - t0)
 
+    def may_start_group(self) -> bool:
+        """Whether a group started now, with the loaded policy, will be used: a rollout slot per rollout is free,
+        and the groups already kept, finished or in flight do not fill every batch this policy version may still
+        go into (versions v serve batches up to v + 1 + max_async_level; a group past that would be dropped)."""
+        if self.closing or self.stop.set or self.rollouts_in_flight + self.group_size > self.rollout_target:
+            return False
+        batches = self.version + 1 + self.config.max_async_level - self.filling + 1
+        if self.version < 0 or batches < 1:
+            return False
+        return self.kept + len(self.tasks) + len(self.ready) + len(self.deferred) < self.need_groups * batches
+
+    def pending_at(self, version: int) -> int:
+        """Groups of `version` in flight or finished and not yet looked at."""
+        return sum(v == version for v in self.tasks.values()) + sum(g.version == version for g in self.ready)
+
     def top_up(self) -> None:
-        while len(self.tasks) < self.groups_in_flight:
+        """Start groups while `may_start_group`."""
+        while self.may_start_group():
             env_name, row = self.sampler.next()
-            self.tasks.add(asyncio.create_task(self.sample_group(env_name, row, self.version)))
+            self.rollouts_in_flight += self.group_size
+            self.tasks[asyncio.create_task(self.sample_group(env_name, row, self.version))] = self.version
 
     async def next_group(self) -> Group:
         if self.ready:
             return self.ready.pop(0)
+        await self.refresh_adapter()
         self.top_up()
         done, _ = await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
-            self.tasks.discard(task)
+            self.tasks.pop(task, None)
             self.ready.append(task.result())
         return self.ready.pop(0)
 
     async def fill_batch(self, step: int) -> tuple[list[Group], dict[str, float]]:
         cfg = self.config
-        need_groups = cfg.batch_size // self.group_size
+        need_groups = self.need_groups
         oldest_ok = step - 1 - cfg.max_async_level
         kept: list[Group] = []
+        self.kept = 0
+        self.ready, self.deferred = self.deferred + self.ready, []
         counts = {"easy": 0, "hard": 0, "filtered": 0, "failed": 0, "stale": 0}
         seen = 0
         last_reason = ""
         while len(kept) < need_groups:
             if self.stop.set:
                 raise asyncio.CancelledError
+            if self.deferred and len(kept) + self.pending_at(oldest_ok) < need_groups:
+                self.ready[:0], self.deferred = self.deferred, []  # the oldest ones were dropped: take them now
             group = await self.next_group()
             seen += 1
             if group.version < oldest_ok:
                 counts["stale"] += 1
+                continue
+            if group.version > oldest_ok and len(kept) + self.pending_at(oldest_ok) >= need_groups:
+                # the oldest groups still coming can fill this batch and no later one could take them: this one
+                # waits for the next batch
+                seen -= 1
+                self.deferred.append(group)
                 continue
             errors = [r.error for r in group.rollouts if r.error]
             if errors:
@@ -225,6 +275,7 @@ class Orchestrator:
                     counts[verdict.difficulty] += 1
                 if verdict.keep:
                     kept.append(group)
+                    self.kept = len(kept)
                     continue
                 counts["filtered"] += 1
                 last_reason = verdict.reason
@@ -316,7 +367,7 @@ class Orchestrator:
         cfg = self.config
         eval_sets = self.eval_sets()
         self.log(f"sampling from {self.base_url} ({self.base_model}); environments: {', '.join(self.names)}; "
-                 f"{self.groups_in_flight} groups of {self.group_size} in flight; max_async_level "
+                 f"{self.rollout_target} rollouts in flight (groups of {self.group_size}); max_async_level "
                  f"{cfg.max_async_level}")
         try:
             if eval_sets and cfg.eval is not None and cfg.eval.eval_base_model and self.start_step == 0:
@@ -329,6 +380,7 @@ class Orchestrator:
                     await self.evaluate(step - 1, eval_sets)
                 if step > 1:
                     await self.validate(step - 1)
+                self.filling, self.kept = step, 0
                 waited = await self.wait_for_version(step - 1 - cfg.max_async_level)
                 t0 = time.perf_counter()
                 groups, buffer_metrics = await self.fill_batch(step)
@@ -343,6 +395,7 @@ class Orchestrator:
                 self.emit_samples(step, samples)
                 print(f"[orchestrator] step {step}: reward {metrics['reward/mean']:.3f} "
                       f"(policy version {self.version}, {fill:.1f}s)", flush=True)
+            self.closing = True
             await self.validate(cfg.max_steps)
             if eval_sets and self.eval_due(cfg.max_steps):
                 await self.wait_for_version(cfg.max_steps)
@@ -350,6 +403,7 @@ class Orchestrator:
         except asyncio.CancelledError:
             self.log("stopping: the run was asked to stop")
         finally:
+            self.closing = True
             for task in self.tasks:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -150,6 +150,8 @@ def test_reward_rises_over_20_steps(seed: int, learnable_model_dir: Path, tmp_pa
     assert len(batch) == 16 and all(sum(s["loss_mask"]) > 0 for s in batch)
     # the sampler really served the adapter: the on-policy part of the mismatch KL stays small
     assert metrics(run, "orchestrator")[20]["policy/version"] >= 18
+    # no sampling wasted: groups start only while a batch they may go into still needs them
+    assert [step for step, m in metrics(run, "orchestrator").items() if m["buffer/stale"] > 0] == []
     # `prime rl logs` shows the run's events
     proc = prime("rl", "logs", run.id, "-c", "trainer", "-n", "3")
     assert proc.returncode == 0 and "loss" in proc.stdout

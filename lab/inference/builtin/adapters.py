@@ -3,8 +3,11 @@
 A LoRA adapter is merged (peft `merge_and_unload(safe_merge=True)`) into a clone of the base model whose
 parameters share the base's storage; the safe merge gives each adapted layer a new weight tensor and leaves the
 others shared. Generation through an adapter then costs what generation through the base costs, and memory
-grows only by the adapted layers. A replaced adapter gets a new `ServedModel` (new `key`): batches already
-running keep the weights they started with, new requests get the new ones.
+grows only by the adapted layers. An adapter replaced in place (`load_inplace`) gets a new `ServedModel` (new
+`key`) under the same name, and `current` resolves the old one to it: requests already generating continue on the
+new weights from their next token (as vLLM's in-place load does: the running batch keeps its rows and its KV
+cache), so an RL sampler never drains its batch to switch policies. An unloaded adapter's running requests finish
+on the weights they have.
 """
 
 from __future__ import annotations
@@ -76,6 +79,13 @@ class ModelRegistry:
         if adapter is None:
             raise ModelNotServedError(name)
         return adapter
+
+    def current(self, model: ServedModel) -> ServedModel:
+        """What now answers for `model`: its in-place replacement if it was replaced, else itself."""
+        if not model.is_adapter:
+            return model
+        with self._lock:
+            return self._adapters.get(model.name, model)
 
     def served(self) -> list[ServedModel]:
         with self._lock:

@@ -4,7 +4,9 @@ Requests from the HTTP handlers go into a queue. The engine thread admits waitin
 running batch (prefilling their prompts together, once per prompt: the `n` choices of a request share it), joins
 them to the batch, and decodes one token for every row per forward pass. Finished rows leave after each step and
 their requests are answered. A batch serves one model (the base or one adapter); requests for another model wait
-until the running batch drains, and are then served in arrival order.
+until the running batch drains, and are then served in arrival order. Models resolve through `resolve` before
+every step: an adapter replaced in place is the same model to the engine, so the running batch moves to the new
+weights and requests for it join the batch instead of waiting.
 
 Importing this module imports torch; `server.py` does so when a server is built.
 """
@@ -16,6 +18,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -47,6 +50,7 @@ class GenerationEngine:
         max_batch_rows: int = 64,
         max_prefill_tokens: int = 8192,
         gather_window_s: float = 0.02,
+        resolve: Callable[[ServedModel], ServedModel] | None = None,
     ) -> None:
         self.codec = codec
         self.eos_token_ids = eos_token_ids
@@ -55,6 +59,7 @@ class GenerationEngine:
         self.max_batch_rows = max_batch_rows
         self.max_prefill_tokens = max_prefill_tokens
         self.gather_window_s = gather_window_s
+        self.resolve: Callable[[ServedModel], ServedModel] = resolve or (lambda model: model)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._waiting: deque[PendingRequest] = deque()
         self._batch: DecodeBatch | None = None
@@ -87,6 +92,8 @@ class GenerationEngine:
         with torch.inference_mode():
             while self._collect(block=self._batch is None and not self._waiting):
                 try:
+                    if self._batch is not None:
+                        self._batch.model = self.resolve(self._batch.model)
                     self._admit()
                     if self._batch is not None:
                         self._decode_step(self._batch)
@@ -132,13 +139,13 @@ class GenerationEngine:
         if not self._waiting:
             return
         batch = self._batch
-        model = batch.model if batch is not None else self._waiting[0].request.model
-        if batch is not None and any(p.request.model.key != model.key for p in self._waiting):
+        model = batch.model if batch is not None else self.resolve(self._waiting[0].request.model)
+        if batch is not None and any(self.resolve(p.request.model).key != model.key for p in self._waiting):
             return  # another model is waiting: let this batch drain, then switch
         room = self.max_batch_rows - (len(batch) if batch is not None else 0)
         admitted: list[PendingRequest] = []
         for pending in list(self._waiting):
-            if pending.request.model.key != model.key:
+            if self.resolve(pending.request.model).key != model.key:
                 continue
             if pending.request.n > room and (admitted or batch is not None):
                 break

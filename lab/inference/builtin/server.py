@@ -94,15 +94,16 @@ def build_service(settings: BuiltinServerSettings) -> CompletionService:
         int(getattr(module.config, "max_position_embeddings", DEFAULT_MAX_MODEL_LEN)), DEFAULT_MAX_MODEL_LEN
     )
     codec = PromptCodec(tokenizer)
+    registry = ModelRegistry(
+        ServedModel(name=settings.model_name, module=module, root=str(settings.model)), prepare=use_onednn_linears
+    )
     engine = GenerationEngine(
         codec,
         eos_token_ids(tokenizer, module),
         int(module.config.get_text_config().vocab_size),
         torch.device(device),
         max_batch_rows=settings.max_batch_rows,
-    )
-    registry = ModelRegistry(
-        ServedModel(name=settings.model_name, module=module, root=str(settings.model)), prepare=use_onednn_linears
+        resolve=registry.current,
     )
     for name, path in settings.adapters.items():
         registry.load_adapter(name, str(path))

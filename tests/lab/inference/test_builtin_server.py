@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +205,38 @@ def test_adapters_merge_load_replace_and_unload(
         sampled("builtin-a")
     missing = {"lora_name": "builtin-missing", "lora_path": "/no/such/adapter"}
     assert post(builtin_server, "/v1/load_lora_adapter", missing).status_code == 404
+
+
+def test_requests_running_on_an_adapter_move_to_its_in_place_replacement(
+    builtin_server: BuiltinServer, tiny_lora_adapters: tuple[Path, Path]
+) -> None:
+    """As vLLM's in-place load does: a long request keeps its place in the batch and continues on the new weights,
+    and a request for the replaced adapter joins that batch at once. (Were the running batch still on the old
+    weights, the new request would wait for it to finish: one batch serves one set of weights.)"""
+    first, second = tiny_lora_adapters
+    name = "builtin-inplace"
+    assert post(builtin_server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(first)}).status_code \
+        == 200
+    finished: dict[str, float] = {}
+
+    def timed(label: str, max_tokens: int) -> dict[str, Any]:
+        body = chat(builtin_server, model=name, max_tokens=max_tokens, temperature=1.0, seed=3,
+                    extra_body={"ignore_eos": True})  # fmt: skip
+        finished[label] = time.monotonic()
+        return body
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        long = pool.submit(timed, "long", 1800)
+        time.sleep(0.5)  # the long request is decoding
+        replace = {"lora_name": name, "lora_path": str(second), "load_inplace": True}
+        assert post(builtin_server, "/v1/load_lora_adapter", replace).status_code == 200
+        short = pool.submit(timed, "short", 4)
+        assert short.result()["choices"][0]["finish_reason"] == "length"
+        assert not long.done(), "the long request ended before the check: make it longer"
+        body = long.result()
+    assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 1800
+    assert finished["short"] < finished["long"]
+    assert post(builtin_server, "/v1/unload_lora_adapter", {"lora_name": name}).status_code == 200
 
 
 def test_a_server_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
