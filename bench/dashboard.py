@@ -6,9 +6,11 @@
     show on screen (`e` changes the smoothing named in the header), the event loop's lag, and how far behind the
     writer the charts are at the end.
 
-    .venv/bin/python bench/dashboard.py [--events 100000] [--rate 1000] [--seconds 10]
+    .venv/bin/python bench/dashboard.py [--events 100000] [--rate 1000] [--seconds 10] [--repeat 5]
 
-Headless (Textual's test driver), so the figures measure the app, not a terminal emulator.
+Headless (Textual's test driver), so the figures measure the app, not a terminal emulator. Each attach runs in a
+fresh interpreter, as `prime lab --run ID` starts (its clock starts once the app's modules are imported); the load
+average is printed beside the figures, since another process on the machine moves them.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ async def attach(run_id: str, last_step: int) -> dict[str, float]:
     from workbench.screens.dashboard_rl import RLDashboard
     from workbench.widgets.charts import MetricChart
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     app = create_app(REPO, run_id=run_id, poll_interval=0.1)
     async with app.run_test(size=SIZE):
         first_chart = None
@@ -112,8 +114,9 @@ async def attach(run_id: str, last_step: int) -> dict[str, float]:
                     break
             await asyncio.sleep(0.01)
         complete = time.perf_counter() - started
+        cpu = time.process_time() - cpu
         points = max(len(s) for s in screen.model.series.values())
-    return {"first_chart": first_chart or complete, "complete": complete, "max_points": points}
+    return {"first_chart": first_chart or complete, "complete": complete, "cpu": cpu, "max_points": points}
 
 
 async def live(runs: Path, run_id: str, last_step: int, rate: int, seconds: float) -> dict[str, Any]:
@@ -162,6 +165,23 @@ async def live(runs: Path, run_id: str, last_step: int, rate: int, seconds: floa
             "rate": sent / seconds}
 
 
+def attach_in_child(home: str, last_step: int) -> dict[str, float]:
+    """`attach` in a fresh interpreter: its figures and its peak RSS."""
+    out = subprocess.run([sys.executable, __file__, "--attach-only", home, str(last_step)], cwd=REPO, check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    return dict(json.loads(out.splitlines()[-1]))
+
+
+def attach_only(home: str, last_step: int) -> None:
+    os.environ["PRIME_LAB_HOME"] = home
+    figures = asyncio.run(attach("rl-bench", last_step))
+    print(json.dumps({**figures, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def p95(values: list[float]) -> float:
     return sorted(values)[max(0, int(len(values) * 0.95) - 1)] if values else float("nan")
 
@@ -171,16 +191,28 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--repeat", type=int, default=1, help="attach this many times (each in a fresh interpreter)")
+    parser.add_argument("--attach-only", nargs=2, metavar=("HOME", "LAST_STEP"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.attach_only:
+        attach_only(args.attach_only[0], int(args.attach_only[1]))
+        return
     with tempfile.TemporaryDirectory() as home:
         os.environ["PRIME_LAB_HOME"] = home
         runs = Path(home) / "runs"
         last = write_finished_run(runs, "rl-bench", args.events)
         size = (runs / "rl-bench" / "events.jsonl").stat().st_size
-        a = asyncio.run(attach("rl-bench", last))
+        load_before = load()
+        attaches = [attach_in_child(home, last) for _ in range(max(1, args.repeat))]
+        complete = [a["complete"] for a in attaches]
         print(f"(a) attach to a finished run of {args.events:,} events ({size / 1e6:.1f} MB, {last:,} steps): "
-              f"first chart {a['first_chart']:.2f} s, all {last:,} steps charted {a['complete']:.2f} s "
-              f"(goal < 2 s); points kept per series <= {a['max_points']}")
+              f"first chart {statistics.median(a['first_chart'] for a in attaches):.2f} s, all {last:,} steps "
+              f"charted {statistics.median(complete):.2f} s (goal < 2 s)"
+              + (f", median of {len(complete)}: {', '.join(f'{c:.2f}' for c in complete)} s" if len(complete) > 1
+                 else "")
+              + f" (CPU {statistics.median(a['cpu'] for a in attaches):.2f} s)"
+              + f"; points kept per series <= {max(a['max_points'] for a in attaches):.0f}; peak RSS "
+              f"{max(a['rss_mb'] for a in attaches):.0f} MB; load average {load_before} -> {load()}")
         b = asyncio.run(live(runs, "rl-bench", last, args.rate, args.seconds))
         print(f"(b) live writer at {b['rate']:.0f} events/s for {args.seconds:g} s: {b['seen']:,} of {b['sent']:,} "
               f"events followed; key press to screen median {statistics.median(b['keys']) * 1000:.0f} ms, "
@@ -188,7 +220,7 @@ def main() -> None:
               f"event-loop lag median {statistics.median(b['lags']) * 1000:.0f} ms, p95 {p95(b['lags']) * 1000:.0f} "
               f"ms; charts caught up {b['catch_up']:.2f} s after the writer stopped")
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(f"peak RSS of this process (app + bench): {rss:.0f} MB")
+        print(f"peak RSS of this process (app + bench): {rss:.0f} MB; load average {load()}")
 
 
 if __name__ == "__main__":
