@@ -6,8 +6,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from lab.alerts import AlertMonitor, completion_text
 from lab.events import BadLine, Event
@@ -23,8 +22,7 @@ RECENT_STEPS = 8
 _LEVEL_RE = re.compile(r"\b(DEBUG|INFO|SUCCESS|WARNING|WARN|ERROR|CRITICAL|Traceback)\b")
 
 
-@dataclass(frozen=True)
-class LogLine:
+class LogLine(NamedTuple):  # (a tuple: a replayed log makes thousands)
     process: str
     level: str
     text: str
@@ -58,24 +56,28 @@ class EventFold:
     def feed(self, items: Iterable[RawEvent | Event | BadLine]) -> None:
         """Fold events: the raw JSON objects of the log (what the dashboards' reader gives, no Event built per
         line: a 100,000-event log must fold in well under a second) or Events."""
+        fold, logs = self.fold, self.logs
+        events = logged = 0
         for item in items:
             if isinstance(item, BadLine):
                 self.bad_lines += 1
                 self.last_bad = item
                 continue
             raw = item.to_json() if isinstance(item, Event) else item
-            self.events += 1
+            events += 1
             kind = raw["kind"]
             data = raw.get("data")
-            if not isinstance(data, dict):
+            if data.__class__ is not dict:
                 data = {}
             if kind == "log":
-                level = str(data.get("level", "INFO")).upper()
-                self.logs.append(LogLine(str(raw.get("source", "")), level, str(data.get("message", ""))))
-                self.log_total += 1
+                logs.append(LogLine(str(raw.get("source", "")), str(data.get("level", "INFO")).upper(),
+                                    str(data.get("message", ""))))
+                logged += 1
             elif kind == "status":
                 self.state = str(data.get("state")) if data.get("state") else self.state
-            self.fold(kind, raw.get("step"), data, raw)
+            fold(kind, raw.get("step"), data, raw)
+        self.events += events
+        self.log_total += logged
         self.version += 1
 
     def fold(self, kind: str, step: Any, data: dict[str, Any], raw: RawEvent) -> None:
@@ -102,6 +104,13 @@ class RLRunModel(EventFold):
         self.local_alerts: deque[dict[str, Any]] = deque(maxlen=MAX_ALERTS)
         self.monitor = AlertMonitor()
         self.checkpoints: list[int] = []
+        self._points: dict[str, tuple[list[float], list[float]]] = {}  # per series, the points of the current feed
+
+    def feed(self, items: Iterable[RawEvent | Event | BadLine]) -> None:
+        super().feed(items)
+        for key, (xs, ys) in self._points.items():  # into each series at once (a chunk holds thousands of steps)
+            self.series[key].extend(xs, ys)
+        self._points.clear()
 
     def fold(self, kind: str, step: Any, data: dict[str, Any], raw: RawEvent) -> None:
         step = step if isinstance(step, int) else None
@@ -127,18 +136,21 @@ class RLRunModel(EventFold):
             while len(self.recent) > RECENT_STEPS:
                 self.recent.popitem(last=False)
         x = float(step)
-        all_series = self.series
+        all_points = self._points
         for key, value in data.items():
             if value.__class__ is not float and (value.__class__ is not int):  # (bool is not int here)
                 continue
             value = float(value)
             merged[key] = value
-            series = all_series.get(key)
-            if series is None:
-                if len(all_series) >= MAX_SERIES:
-                    continue
-                series = all_series[key] = DownsampledSeries(self.capacity)
-            series.append(x, value)
+            points = all_points.get(key)
+            if points is None:
+                if key not in self.series:
+                    if len(self.series) >= MAX_SERIES:
+                        continue
+                    self.series[key] = DownsampledSeries(self.capacity)
+                points = all_points[key] = ([], [])
+            points[0].append(x)
+            points[1].append(value)
         if self.latest_step is None or step >= self.latest_step:
             self.latest_step = step
 

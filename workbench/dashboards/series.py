@@ -34,19 +34,36 @@ class DownsampledSeries:
         self.version = 0  # bumped on every change (charts redraw only when it moved)
 
     def append(self, x: float, y: float) -> None:
-        if not math.isfinite(y):
-            return  # a nan/inf cannot be drawn; the alerts report it
-        self.last = (x, y)
-        self.count += 1
+        self.extend((x,), (y,))
+
+    def extend(self, xs: Sequence[float], ys: Sequence[float]) -> None:
+        """Append points in increasing x (a chunk of a replayed log: without a call per point)."""
+        if not math.isfinite(sum(ys)):  # (the sum is finite when every value is, or overflowed: filter then too)
+            kept = [(x, y) for x, y in zip(xs, ys, strict=True) if math.isfinite(y)]  # nan/inf: not drawable
+            xs, ys = [x for x, _ in kept], [y for _, y in kept]
+        n = len(xs)
+        if not n:
+            return
+        self.last = (xs[-1], ys[-1])
+        self.count += n
         self.version += 1
-        self._pending_x += x
-        self._pending_y += y
-        self._pending_n += 1
-        if self._pending_n >= self.bucket:
-            self.xs.append(self._pending_x / self._pending_n)
-            self.ys.append(self._pending_y / self._pending_n)
-            self._pending_x = self._pending_y = 0.0
-            self._pending_n = 0
+        i = 0
+        while i < n:
+            if self.bucket == 1:  # a stored point per raw point (none pending): copy as many as fit
+                take = min(n - i, self.capacity - len(self.xs))
+                self.xs += xs[i:i + take]
+                self.ys += ys[i:i + take]
+            else:  # into the pending bucket, stored when full
+                take = min(n - i, self.bucket - self._pending_n)
+                self._pending_x += sum(xs[i:i + take])
+                self._pending_y += sum(ys[i:i + take])
+                self._pending_n += take
+                if self._pending_n == self.bucket:
+                    self.xs.append(self._pending_x / self.bucket)
+                    self.ys.append(self._pending_y / self.bucket)
+                    self._pending_x = self._pending_y = 0.0
+                    self._pending_n = 0
+            i += take
             if len(self.xs) >= self.capacity:
                 self._halve()
 
