@@ -4,6 +4,7 @@ where another process appends events while the app runs."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from textual.widgets import DataTable, RichLog, Static, TabbedContent
 
 from lab.events import EventWriter
 from tests.workbench.lab_fixtures import REPO, SIZE, fixture_lines, lab_folder, make_app, recorded_run
+from workbench.dashboards.files import MAX_READ
 from workbench.screens.dashboard_gepa import FrontierChart, GepaDashboard
 from workbench.screens.dashboard_rl import RLDashboard
 from workbench.screens.pick_many import PickManyScreen
@@ -321,3 +323,62 @@ def test_alerts_pop_up_only_when_raised_live(tmp_path: Path) -> None:
             await until(pilot, lambda: any(n.title == "Alert: loss_diverging" for n in pilot.app._notifications))
 
     asyncio.run(scenario())
+
+
+def long_run(run_id: str, steps: int) -> tuple[Path, int]:
+    """An RL run whose log is several reads long (a few MB), its entropy collapsing in the last steps."""
+    run = recorded_run("rl-run", run_id, events=2)
+    padding = "x" * 300  # long lines: a read holds fewer events than the follower folds per lock hold
+    with run.events_path.open("a") as fh:
+        for step in range(1, steps + 1):
+            entropy = 1.0 if step < steps - 5 else 0.001
+            fh.write(json.dumps({"seq": step + 2, "time": 1.0, "source": "trainer", "kind": "metrics", "step": step,
+                                 "data": {"policy/entropy": entropy, "reward/mean": step / steps, "note": padding}})
+                     + "\n")
+    assert run.events_path.stat().st_size > 2 * MAX_READ
+    return run.events_path, steps
+
+
+def test_a_long_log_is_drawn_once_replayed_and_its_alerts_do_not_pop_up(tmp_path: Path) -> None:
+    path, steps = long_run("rl-long", 8000)
+
+    async def scenario() -> None:
+        async with dashboard(tmp_path, "rl-long", lambda screen: screen.live) as (pilot, screen):
+            assert screen.model.latest_step == steps  # live only once everything the log held was folded
+            reward = screen.query_one("#chart-reward", MetricChart)
+            await until(pilot, lambda: reward.drawn_points > 0)
+            assert screen.query_one(AlertsPane).count == 1  # the entropy collapse of the last steps, replayed:
+            assert not [n for n in pilot.app._notifications if n.title.startswith("Alert")]  # no pop-up
+            assert "replaying" not in text_of(screen, "#dash-status")
+
+    asyncio.run(scenario())
+
+
+def test_idle_charts_are_not_redrawn_and_new_data_redraws_them(tmp_path: Path) -> None:
+    run = recorded_run("rl-run")
+
+    async def scenario() -> None:
+        async with dashboard(tmp_path, "rl-run", rl_ready) as (pilot, screen):
+            reward = screen.query_one("#chart-reward", MetricChart)
+            await until(pilot, lambda: reward.drawn_points >= 30 * 4)
+            compared = 0
+            signature = MetricChart.signature
+
+            def counted(chart: MetricChart, *args: Any) -> tuple[object, ...]:
+                nonlocal compared
+                compared += 1
+                return signature(chart, *args)
+
+            MetricChart.signature = counted  # type: ignore[method-assign]
+            try:
+                await pilot.pause(0.8)  # many polls, several chart periods, nothing new
+                assert compared == 0
+                points = reward.drawn_points
+                with run.writer("orchestrator") as writer:
+                    writer.metrics({"reward/mean": 0.9, "reward/std": 0.1}, step=31)
+                await until(pilot, lambda: reward.drawn_points > points)
+            finally:
+                MetricChart.signature = signature  # type: ignore[method-assign]
+
+    asyncio.run(scenario())
+

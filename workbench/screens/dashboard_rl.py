@@ -17,7 +17,7 @@ from workbench.dashboards.files import TextLogs, read_events
 from workbench.dashboards.rl_model import RawEvent, RLRunModel
 from workbench.dashboards.samples import EnvParsers, rollout_steps
 from workbench.screens.pick_many import PickManyScreen
-from workbench.screens.run import LOG_LINES, DashboardScreen
+from workbench.screens.run import LOG_LINES, DashboardScreen, cyclic_gc_paused
 from workbench.widgets.alerts_pane import AlertsPane
 from workbench.widgets.charts import RL_CHARTS, SMOOTHING_STEPS, ChartSpec, MetricChart, custom_chart
 from workbench.widgets.logs_pane import LogsPane
@@ -81,6 +81,7 @@ class RLDashboard(DashboardScreen):
         self._alerts_seen = 0  # alerts the page has drawn so far
         self._alerts_replayed = 0  # alerts folded during the replay: shown in the pane, never as a pop-up
         self._charts_drawn_at = 0.0
+        self._charts_key: tuple[object, ...] | None = None
         self.charts: list[MetricChart] = []  # (a query per redraw costs more than drawing)
 
     # Layout -------------------------------------------------------------------------------------------------
@@ -93,8 +94,7 @@ class RLDashboard(DashboardScreen):
             with Horizontal(id="dash-row"):
                 with TabbedContent(initial="charts", id="dash-tabs"):
                     with TabPane("Charts", id="charts"), VerticalScroll(id="charts-grid"):
-                        for spec in self.specs:
-                            yield MetricChart(spec)
+                        yield from self.new_charts(self.specs)
                     with TabPane("Samples", id="samples"):
                         yield SamplesBrowser(self.run.rollouts_dir, self.parsers, self._sample_events,
                                              id="samples-browser")
@@ -111,6 +111,13 @@ class RLDashboard(DashboardScreen):
 
     def on_mount(self) -> None:
         self.charts = list(self.query(MetricChart))
+
+    @staticmethod
+    def new_charts(specs: list[ChartSpec]) -> list[MetricChart]:
+        charts = [MetricChart(spec) for spec in specs]
+        for chart in charts:
+            chart.display = False  # until it has data (an empty plot costs a render)
+        return charts
 
     def on_resize(self) -> None:
         grid = self.query_one("#charts-grid")
@@ -143,19 +150,33 @@ class RLDashboard(DashboardScreen):
     # Drawing ------------------------------------------------------------------------------------------------
     def _refresh_if_changed(self) -> None:
         super()._refresh_if_changed()
+        if not self.live:
+            return  # the charts are drawn once, when the replay caught up (CaughtUp)
         now = time.monotonic()
         if now - self._charts_drawn_at >= CHART_EVERY:  # a flood of events redraws the charts a few times a second
-            self._charts_drawn_at = now
             with self.fold_lock:
-                self.draw_charts()
+                key = self.charts_key()
+                if key != self._charts_key:  # idle charts cost nothing
+                    self._charts_drawn_at = now
+                    self.draw_charts()
+                    self._charts_key = self.charts_key()
+
+    def charts_key(self) -> tuple[object, ...]:
+        """What the charts show depends on, compared before drawing: the runs' versions and which charts were
+        resized (keys that change what is shown go through refresh_now)."""
+        return (self.model.version, *(model.version for model in self.compared.values()),
+                *(chart.needs_draw for chart in self.charts))
 
     def refresh_now(self) -> None:
         self._charts_drawn_at = 0.0  # a key changed what is shown: draw at once
+        self._charts_key = None
         super().refresh_now()
 
     def redraw(self) -> None:
         model = self.model
         self.query_one("#dash-status", Static).update(self.header_text())
+        if not self.live:
+            return  # replaying: the status line says how far; the rest is drawn once it caught up
         self.update_progress(self.query_one(ProgressBar))
         alerts = model.alerts
         self.query_one(AlertsPane).show(alerts)
@@ -195,6 +216,8 @@ class RLDashboard(DashboardScreen):
         if "reward/mean" in latest:
             parts.append(f"reward {latest['reward/mean']:.3f}")
         second = [f"smoothing {SMOOTHING_STEPS[self.smoothing]:g} (e)"]
+        if note := self.replay_note():
+            second.append(note)
         if self.compared:
             second.append("comparing " + ", ".join(self.compared))
         if status.get("reason"):
@@ -215,7 +238,7 @@ class RLDashboard(DashboardScreen):
             has_data = bool(chart.spec.line_keys(sorted(available)) or chart.spec.point_keys(sorted(available)))
             if chart.display != has_data:
                 chart.display = has_data
-            if has_data and chart.is_on_screen:
+            if has_data:  # (off screen too: drawing sets data, the compositor renders only what is visible)
                 chart.draw(runs, smoothing)
 
     # Keys ---------------------------------------------------------------------------------------------------
@@ -247,7 +270,7 @@ class RLDashboard(DashboardScreen):
         self.specs = specs
         grid = self.query_one("#charts-grid")
         await grid.remove_children()
-        self.charts = [MetricChart(spec) for spec in specs]
+        self.charts = self.new_charts(specs)
         await grid.mount_all(self.charts)
         self.call_after_refresh(self.refresh_now)
 
@@ -277,11 +300,12 @@ class RLDashboard(DashboardScreen):
         for run_id in ids:
             model = RLRunModel()
             path, offset = self.lab.registry.get(run_id).events_path, 0
-            while True:
-                items, offset = read_events(path, offset)
-                if not items:
-                    break
-                model.feed(items)
+            with cyclic_gc_paused():  # (each chunk is freed by the next read)
+                while True:
+                    items, offset = read_events(path, offset)
+                    if not items:
+                        break
+                    model.feed(items)
             loaded[run_id] = model
         with self.fold_lock:
             self.compared = loaded

@@ -80,10 +80,21 @@ class MetricChart(PlotWidget, can_focus=False):
         self.spec = spec
         self.border_title = spec.title
         self._signature: tuple[object, ...] | None = None
+        self._drawn_wide: bool | None = None  # whether the last redraw had room for a legend
         self.drawn_points = 0  # points drawn by the last redraw (tests and the bench read it)
 
+    @property
+    def wide(self) -> bool:
+        return self.size.width >= LEGEND_MIN_WIDTH
+
     def on_resize(self) -> None:
-        self._signature = None  # redraw: the legend depends on the width
+        if self.wide != self._drawn_wide:
+            self._signature = None  # redraw: there is room for the legend now, or no longer
+
+    @property
+    def needs_draw(self) -> bool:
+        """Never drawn, or resized to or from a width with room for the legend since."""
+        return self._signature is None
 
     def on_mount(self) -> None:
         self.margin_top = 0
@@ -105,6 +116,7 @@ class MetricChart(PlotWidget, can_focus=False):
         if signature == self._signature:
             return False
         self._signature = signature
+        wide = self._drawn_wide = self.wide
         self.clear()
         drawn = 0
         labelled = len(runs) > 1
@@ -139,7 +151,7 @@ class MetricChart(PlotWidget, can_focus=False):
         self._pad_flat_axes()
         # A legend covers a narrow chart: there the title says what the lines are.
         self.show_legend(LegendLocation.BOTTOMRIGHT if self.spec.id == "reward" else LegendLocation.TOPRIGHT,
-                         is_visible=legend and self.size.width >= LEGEND_MIN_WIDTH)
+                         is_visible=legend and wide)
         self.drawn_points = drawn
         return True
 
