@@ -51,34 +51,57 @@ class LabApp(App[None]):
         self.blink = not settings.test_mode
 
     def on_mount(self) -> None:
+        settings = self.settings
+        opened = [screen for screen in (self.config_page(settings.open_config), self.run_page(settings.open_run))
+                  if screen is not None]
+        if not opened:
+            self.push_home()
+            return
+        # A page named on the command line goes on screen alone; the home screen (and what it imports) is built
+        # when that page closes: built first, beneath it, it cost as much CPU as the page before the page showed.
+        self.push_screen(opened[0], lambda _: self.push_home())
+        for screen in opened[1:]:
+            self.push_screen(screen)
+
+    def push_home(self) -> None:
         from workbench.screens.home import HomeScreen
 
         self.push_screen(HomeScreen())
-        if self.settings.open_config is not None:
-            self.open_config(self.settings.open_config)
-        if self.settings.open_run is not None:
-            self.open_run(self.settings.open_run)
 
     # Navigation --------------------------------------------------------------------------------------------
     def open_config(self, path: Path, *, focus_toml: bool = False) -> None:
+        screen = self.config_page(path, focus_toml=focus_toml)
+        if screen is not None:
+            self.push_screen(screen)
+
+    def open_run(self, run_id: str) -> None:
+        screen = self.run_page(run_id)
+        if screen is not None:
+            self.push_screen(screen)
+
+    def config_page(self, path: Path | None, *, focus_toml: bool = False) -> Screen[None] | None:
+        """The editor on `path`, or None (the error shown)."""
+        if path is None:
+            return None
         from workbench.screens.editor import EditorScreen
 
         try:
-            screen = EditorScreen(path, focus_toml=focus_toml)
+            return EditorScreen(path, focus_toml=focus_toml)
         except (OSError, UnicodeDecodeError) as exc:
             self.report(f"cannot open {path}: {exc}")
-            return
-        self.push_screen(screen)
+            return None
 
-    def open_run(self, run_id: str) -> None:
+    def run_page(self, run_id: str | None) -> Screen[None] | None:
+        """The page of run `run_id`, or None (the error shown)."""
+        if run_id is None:
+            return None
         from workbench.screens.run import run_screen
 
         try:
-            run = self.registry.get(run_id)
+            return run_screen(self.registry.get(run_id))
         except RunError as exc:
             self.report(str(exc))
-            return
-        self.push_screen(run_screen(run))
+            return None
 
     # Launching: ONE path (workbench.launch), in a worker; the run page opens when the run is registered ------
     def start_launch(self, argv: list[str]) -> None:

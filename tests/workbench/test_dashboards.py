@@ -21,11 +21,13 @@ from tests.workbench.lab_fixtures import REPO, SIZE, fixture_lines, lab_folder, 
 from workbench.dashboards.files import MAX_READ
 from workbench.screens.dashboard_gepa import FrontierChart, GepaDashboard
 from workbench.screens.dashboard_rl import RLDashboard
+from workbench.screens.home import HomeScreen
 from workbench.screens.pick_many import PickManyScreen
 from workbench.screens.run import RunScreen
 from workbench.widgets.alerts_pane import AlertsPane
 from workbench.widgets.charts import MetricChart
 from workbench.widgets.logs_pane import LogsPane
+from workbench.widgets.runs_table import RunsTable
 from workbench.widgets.samples_browser import SamplesBrowser
 
 BIG = (120, 40)
@@ -382,3 +384,15 @@ def test_idle_charts_are_not_redrawn_and_new_data_redraws_them(tmp_path: Path) -
 
     asyncio.run(scenario())
 
+
+def test_a_run_opened_from_the_command_line_goes_back_to_home(tmp_path: Path) -> None:
+    recorded_run("rl-run")
+
+    async def scenario() -> None:
+        async with dashboard(tmp_path, "rl-run", rl_ready) as (pilot, screen):
+            assert not any(isinstance(s, HomeScreen) for s in pilot.app.screen_stack)  # built when needed
+            await pilot.press("escape")
+            await until(pilot, lambda: isinstance(pilot.app.screen, HomeScreen))
+            assert pilot.app.screen.query_one(RunsTable).selected_run() == "rl-run"
+
+    asyncio.run(scenario())

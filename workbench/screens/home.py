@@ -76,7 +76,7 @@ class HomeScreen(Screen[None]):
         self.action_refresh()
 
     def _refresh_runs(self) -> None:
-        if self.is_current:
+        if self.is_active:  # (not is_current: that is also true beneath a run page, where nobody sees the table)
             self.query_one(RunsTable).refresh_runs()
 
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:
