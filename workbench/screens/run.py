@@ -1,6 +1,7 @@
 """A run's page. `RunScreen` is what every run page shares: the stop/delete/replay/back keys and ONE follower thread
 that reads the run's status and events.jsonl from a byte offset (replayed from zero on open), folds new events into
-the page's model under a lock, and marks it changed; a UI timer redraws what changed. The evaluation page
+the page's model under a lock, and marks it changed; a UI timer redraws what changed. The replay reads on without
+pausing until a read comes back short; then the page is `live` and draws at once (`CaughtUp`). The evaluation page
 (`EvalRunScreen`) shows status, progress, the event tail and the results; RL and GEPA runs get their dashboards
 (workbench.screens.dashboard_rl / dashboard_gepa). `run_screen(run)` picks the page for a run.
 """
@@ -190,7 +191,7 @@ class RunScreen(Screen[None]):
             return 0
 
     def replay_note(self) -> str:
-        """While the log is replayed: how far it got (the page draws only its status line until it caught up)."""
+        """While the log is replayed: how far it got, for the page's status line."""
         if self.live or not self.replay_size:
             return ""
         return f"replaying the event log: {min(1.0, self.event_offset / self.replay_size):.0%}"
