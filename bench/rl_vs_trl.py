@@ -5,7 +5,8 @@ max tokens, temperature, learning rate, micro-batch size and number of steps on 
 after the other in one run. A step is end to end: sampling the batch, scoring it, the forward/backward passes and the
 optimizer step. Ours runs as a user would run it (`prime rl run @config --foreground` in a subprocess, its own
 PRIME_LAB_HOME); its time per step is the wall time between consecutive trainer `metrics` events in the run's event
-log, so sampling that overlaps training (`max_async_level`) counts as the user sees it. TRL's is the wall time between
+log, so sampling that overlaps training (`max_async_level`, the config's default 2 unless `--max-async-level` says
+otherwise; the summary line prints it) counts as the user sees it. TRL's is the wall time between
 consecutive `on_step_end` callbacks. The first step of each is warm-up (server start, model load, first adapter) and
 is left out. Prints both (mean and median), the ratio ours / TRL's (the goal is at most 0.5), and the load
 average, since another process on the same cores slows whichever side it overlaps.
@@ -13,7 +14,8 @@ average, since another process on the same cores slows whichever side it overlap
 TRL runs with its loss set to ours (loss_type="dapo", scale_rewards="none", beta=0), float32 (bf16=False, as our
 trainer on a CPU) and without gradient checkpointing (TRL's default recomputes activations: slower, not needed here).
 
-    .venv/bin/python bench/rl_vs_trl.py [--model smollm2-135m] [--steps 5] [--batch-size 16] [--group-size 4]
+    .venv/bin/python bench/rl_vs_trl.py [--model smollm2-135m] [--steps 8] [--batch-size 16] [--group-size 4]
+                                        [--max-async-level N]
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Settings:
     temperature: float
     max_words: int
     seed: int
+    max_async_level: int | None  # None: the config's default, as a user runs it
 
 
 @dataclass
@@ -82,7 +85,7 @@ max_steps = {s.steps}
 batch_size = {s.batch_size}
 rollouts_per_example = {s.group_size}
 learning_rate = {s.learning_rate}
-max_async_level = 1
+{"" if s.max_async_level is None else f"max_async_level = {s.max_async_level}"}
 
 [sampling]
 max_tokens = {s.max_tokens}
@@ -221,10 +224,16 @@ def run_trl(s: Settings, work: Path) -> Timing:
                   reward=[log.get("reward", float("nan")) for log in clock.logs])
 
 
+def default_async_level() -> str:
+    from trainer.config import RLConfig
+
+    return f"{RLConfig.model_fields['max_async_level'].default} (the default)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m", help="a preset (tiny-qwen3 for a quick check) or a path")
-    parser.add_argument("--steps", type=int, default=5, help="training steps for each (the first is warm-up)")
+    parser.add_argument("--steps", type=int, default=8, help="training steps for each (the first is warm-up)")
     parser.add_argument("--batch-size", type=int, default=16, help="rollouts per step")
     parser.add_argument("--group-size", type=int, default=4, help="rollouts per example (TRL's num_generations)")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -236,6 +245,9 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-words", type=int, default=3, help="reverse-text phrase length (words)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-async-level", type=int, default=None,
+                        help="ours: how many steps sampling may run ahead of training (default: the config default, "
+                             "2, as a user runs it; 0 is on-policy like TRL, at the cost of the overlap)")
     parser.add_argument("--only", choices=["ours", "trl"], help="run one side only (no ratio)")
     args = parser.parse_args()
     if args.steps < 2:
@@ -251,7 +263,8 @@ def main() -> None:
         model=args.model, model_path=resolve_model(args.model), steps=args.steps, batch_size=args.batch_size,
         group_size=args.group_size, max_tokens=args.max_tokens, micro_batch_size=args.micro_batch_size,
         lora_r=args.lora_r, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets.split(","),
-        learning_rate=args.learning_rate, temperature=args.temperature, max_words=args.max_words, seed=args.seed)
+        learning_rate=args.learning_rate, temperature=args.temperature, max_words=args.max_words, seed=args.seed,
+        max_async_level=args.max_async_level)
     timings: list[Timing] = []
     with tempfile.TemporaryDirectory(prefix="rl-vs-trl-") as tmp:
         for side, run in (("ours", run_ours), ("trl", run_trl)):
@@ -261,7 +274,8 @@ def main() -> None:
 
     print(f"{ENV_ID} (max_words {args.max_words})  model {args.model}  steps {args.steps}  batch {args.batch_size}  "
           f"group {args.group_size}  max_tokens {args.max_tokens}  micro-batch {args.micro_batch_size}  "
-          f"LoRA r {args.lora_r} alpha {args.lora_alpha} on {args.lora_targets}  CPU threads {os.cpu_count()}")
+          f"LoRA r {args.lora_r} alpha {args.lora_alpha} on {args.lora_targets}  CPU threads {os.cpu_count()}  "
+          f"ours: max_async_level {default_async_level() if args.max_async_level is None else args.max_async_level}")
     for t in timings:
         steps = " ".join(f"{x:.2f}" for x in t.step_seconds)
         lengths = " ".join(f"{x:.0f}" for x in t.mean_length)

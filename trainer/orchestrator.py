@@ -207,10 +207,12 @@ class Orchestrator:
     def may_start_group(self) -> bool:
         """Whether a group started now, with the loaded policy, will be used: a rollout slot per rollout is free,
         and the groups already kept, finished or in flight do not fill every batch this policy version may still
-        go into (versions v serve batches up to v + 1 + max_async_level; a group past that would be dropped)."""
+        go into (versions v serve batches up to v + 1 + max_async_level, and none after max_steps; a group past
+        that would be dropped)."""
         if self.closing or self.stop.set or self.rollouts_in_flight + self.group_size > self.rollout_target:
             return False
-        batches = self.version + 1 + self.config.max_async_level - self.filling + 1
+        last = min(self.version + 1 + self.config.max_async_level, self.config.max_steps)
+        batches = last - self.filling + 1
         if self.version < 0 or batches < 1:
             return False
         return self.kept + len(self.tasks) + len(self.ready) + len(self.deferred) < self.need_groups * batches
@@ -257,7 +259,8 @@ class Orchestrator:
             if group.version < oldest_ok:
                 counts["stale"] += 1
                 continue
-            if group.version > oldest_ok and len(kept) + self.pending_at(oldest_ok) >= need_groups:
+            if group.version > oldest_ok and step < cfg.max_steps \
+                    and len(kept) + self.pending_at(oldest_ok) >= need_groups:
                 # the oldest groups still coming can fill this batch and no later one could take them: this one
                 # waits for the next batch
                 seen -= 1
