@@ -105,19 +105,44 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
+_KL_WHAT = {"policy/kl": "mismatch KL between trainer and sampler", "policy/ref_kl": "KL to the reference model"}
+_KL_EPISODE = {key: f"{KL_EXPLODING}:{key}" for key in _KL_WHAT}  # each KL has its own episodes
+
+
+def _at(step: int | None) -> str:
+    return f" at step {step}" if step is not None else ""
+
+
+def _alert(name: str, message: str, level: str = "WARNING") -> Alert:
+    return {"name": name, "message": message, "level": level}
+
+
 class AlertMonitor:
-    """Feed it events (`observe`) or metric dicts and completions directly; it returns the alerts that start."""
+    """Feed it events (`observe`) or metric dicts and completions directly; it returns the alerts that start.
+
+    It is fed every event of a run (a replayed log: 100,000 of them), so each check keeps its window statistics
+    as they change instead of recomputing them from the history on every value, and messages are only formatted
+    when an alert fires."""
 
     def __init__(self, thresholds: AlertThresholds | None = None) -> None:
-        self.t = thresholds or AlertThresholds()
+        t = self.t = thresholds or AlertThresholds()
         self.active: set[str] = set()  # alert keys whose episode is going on
         self._entropy_baseline: list[float] = []
+        self._entropy_bounds: tuple[float, float, float] | None = None  # baseline, fire below, re-arm above
         self._std_zero_steps = 0
-        self._kl: dict[str, deque[float]] = {}
-        self._rewards: deque[float] = deque(maxlen=self.t.reward_history + self.t.reward_window)
-        self._losses: deque[float] = deque(maxlen=self.t.loss_window)
-        self._samples: deque[tuple[str, str, bool]] = deque(maxlen=self.t.repetition_window)  # example, text, bad
-        self._checks: tuple[tuple[str, Callable[[str, float, str], list[Alert]]], ...] = (
+        self._kl: dict[str, deque[float]] = {key: deque(maxlen=t.kl_window) for key in ("policy/kl", "policy/ref_kl")}
+        # reward/mean, with w = reward_window: the last w values (the current window), the means of the last w + 1
+        # windows (the oldest ended just before the current one began), and the means of the earlier windows that
+        # ended in the last `reward_history` steps: the candidates for the peak. All oldest first.
+        self._rewards = 0  # values seen
+        self._reward_window: deque[float] = deque(maxlen=t.reward_window)
+        self._reward_means: deque[float] = deque(maxlen=t.reward_window + 1)
+        self._reward_peaks: deque[float] = deque(maxlen=max(0, t.reward_history - t.reward_window + 1))
+        self._loss_sizes: deque[float] = deque(maxlen=t.loss_window)  # |loss| of the recent finite, quiet steps
+        self._samples: deque[tuple[str, str, bool]] = deque(maxlen=t.repetition_window)  # example, text, bad
+        self._degenerate = 0  # bad ones among `_samples`
+        self._examples_by_text: dict[str, dict[str, int]] = {}  # non-empty text -> example -> samples of `_samples`
+        self._checks: tuple[tuple[str, Callable[[str, float, int | None], Alert | None]], ...] = (
             ("policy/entropy", self._entropy), ("reward/std", self._reward_std), ("policy/kl", self._kl_check),
             ("policy/ref_kl", self._kl_check), ("reward/mean", self._reward), ("loss", self._loss),
             ("optim/grad_norm", self._grad))
@@ -137,145 +162,174 @@ class AlertMonitor:
         """One metrics dict (one source's metrics of one step; the orchestrator's and the trainer's of the same
         step may come separately, each key is checked on its own)."""
         alerts: list[Alert] = []
-        at = f" at step {step}" if step is not None else ""
         for key, check in self._checks:
             if key in metrics:
-                value = _number(metrics[key])
-                if value is not None:
-                    alerts.extend(check(key, value, at))
+                value = metrics[key]
+                if value.__class__ is not float:  # (the common case skips the call)
+                    value = _number(value)
+                    if value is None:
+                        continue
+                alert = check(key, value, step)
+                if alert is not None:
+                    alerts.append(alert)
         return alerts
 
     def observe_sample(self, text: str, example_id: str = "", step: int | None = None) -> list[Alert]:
         """One sampled completion's text."""
-        at = f" at step {step}" if step is not None else ""
-        bad = is_degenerate(text)
-        self._samples.append((example_id, text.strip(), bad))
+        samples = self._samples
+        sample = (example_id, text.strip(), is_degenerate(text))
+        # The one the append pushes out (the new one itself when the window holds none).
+        evicted = (samples[0] if samples else sample) if len(samples) == samples.maxlen else None
+        samples.append(sample)
+        self._count_sample(sample, 1)
+        if evicted is not None:
+            self._count_sample(evicted, -1)
         alerts: list[Alert] = []
-        degenerate = sum(1 for _, _, b in self._samples if b)
-        needed = max(2, math.ceil(self.t.repetition_fraction * len(self._samples)))
-        alerts += self._episode(
-            DEGENERATE_OUTPUTS, degenerate >= needed, degenerate == 0,
-            lambda: f"Degenerate outputs{at}: {degenerate} of the last {len(self._samples)} samples repeat themselves "
-            "(loops of the same words). Look at the samples; if it spreads, restart from an earlier checkpoint "
-            "with a lower learning rate or a higher temperature.")
-        by_text: dict[str, set[str]] = {}
-        for example, completion, _ in self._samples:
-            if completion:
-                by_text.setdefault(completion, set()).add(example)
-        same = max((len(examples) for examples in by_text.values()), default=0)
-        alerts += self._episode(
-            IDENTICAL_OUTPUTS, same >= self.t.identical_count, same <= 1,
-            lambda: f"Identical outputs{at}: {same} different prompts got the same completion. This is the "
-            f"model collapse "
-            "the guide describes: restart from an earlier checkpoint, lower the learning rate, raise the KL "
-            "penalty or the sampling temperature.", level="ERROR")
+        degenerate = self._degenerate
+        needed = max(2, math.ceil(self.t.repetition_fraction * len(samples)))
+        if self._starts(DEGENERATE_OUTPUTS, degenerate >= needed, degenerate == 0):
+            alerts.append(_alert(
+                DEGENERATE_OUTPUTS, f"Degenerate outputs{_at(step)}: {degenerate} of the last {len(samples)} samples "
+                "repeat themselves (loops of the same words). Look at the samples; if it spreads, restart from an "
+                "earlier checkpoint with a lower learning rate or a higher temperature."))
+        same = max(map(len, self._examples_by_text.values()), default=0)
+        if self._starts(IDENTICAL_OUTPUTS, same >= self.t.identical_count, same <= 1):
+            alerts.append(_alert(
+                IDENTICAL_OUTPUTS, f"Identical outputs{_at(step)}: {same} different prompts got the same completion. "
+                "This is the model collapse the guide describes: restart from an earlier checkpoint, lower the "
+                "learning rate, raise the KL penalty or the sampling temperature.", "ERROR"))
         return alerts
+
+    def _count_sample(self, sample: tuple[str, str, bool], change: int) -> None:
+        """Count a sample into (1) or out of (-1) the degenerate count and the examples of each text."""
+        example, text, bad = sample
+        if bad:
+            self._degenerate += change
+        if text:
+            examples = self._examples_by_text.setdefault(text, {})
+            left = examples.get(example, 0) + change
+            if left:
+                examples[example] = left
+            else:
+                del examples[example]
+                if not examples:
+                    del self._examples_by_text[text]
 
     def observe_all(self, events: Iterable[Event]) -> list[Alert]:
         return [alert for event in events for alert in self.observe(event)]
 
     # Checks -------------------------------------------------------------------------------------------------
-    def _episode(self, key: str, firing: bool, cleared: bool, message: Callable[[], str], *,
-                 level: str = "WARNING", name: str | None = None) -> list[Alert]:
-        """Fire when `firing` starts an episode; end the episode when `cleared`. The message is only formatted
-        when it fires (this runs for every metric of every step of a replayed log)."""
+    def _starts(self, key: str, firing: bool, cleared: bool) -> bool:
+        """Whether an episode of `key` starts now: `firing` starts one unless one is going on, `cleared` ends it.
+        (The caller formats the message only when one starts: this runs for every metric of every event.)"""
         if key in self.active:
             if cleared:
                 self.active.discard(key)
-            return []
+            return False
         if firing:
             self.active.add(key)
-            return [{"name": name or key, "message": message(), "level": level}]
-        return []
+            return True
+        return False
 
-    def _entropy(self, key: str, value: float, at: str) -> list[Alert]:
-        if len(self._entropy_baseline) < self.t.entropy_warmup:
+    def _entropy(self, key: str, value: float, step: int | None) -> Alert | None:
+        t = self.t
+        if self._entropy_bounds is None:  # the first steps form the baseline (nothing fires while they do)
             self._entropy_baseline.append(value)
-        baseline = max(self._entropy_baseline)
-        low = max(self.t.entropy_floor, self.t.entropy_collapse_ratio * baseline)
-        firing = len(self._entropy_baseline) >= self.t.entropy_warmup and value < low
-        cleared = value > max(self.t.entropy_floor * 2, self.t.entropy_rearm_ratio * baseline)
-        return self._episode(
-            ENTROPY_COLLAPSE, firing, cleared,
-            lambda: f"Entropy collapsing{at}: policy/entropy {_fmt(value)} is down from {_fmt(baseline)} at the start. "
-            "Outputs are becoming deterministic and exploration stops; lower the learning rate, raise the "
-            "temperature, or restart from an earlier checkpoint.")
+            if len(self._entropy_baseline) < t.entropy_warmup:
+                return None
+            top = max(self._entropy_baseline)
+            self._entropy_bounds = (top, max(t.entropy_floor, t.entropy_collapse_ratio * top),
+                                    max(t.entropy_floor * 2, t.entropy_rearm_ratio * top))
+        baseline, low, rearm = self._entropy_bounds
+        if not self._starts(ENTROPY_COLLAPSE, value < low, value > rearm):
+            return None
+        return _alert(
+            ENTROPY_COLLAPSE, f"Entropy collapsing{_at(step)}: policy/entropy {_fmt(value)} is down from "
+            f"{_fmt(baseline)} at the start. Outputs are becoming deterministic and exploration stops; lower the "
+            "learning rate, raise the temperature, or restart from an earlier checkpoint.")
 
-    def _reward_std(self, key: str, value: float, at: str) -> list[Alert]:
-        self._std_zero_steps = self._std_zero_steps + 1 if value <= self.t.std_zero else 0
-        return self._episode(
-            REWARD_STD_COLLAPSE, self._std_zero_steps >= self.t.std_patience, value >= self.t.std_rearm,
-            lambda: f"Reward std collapsed to 0{at} ({self._std_zero_steps} steps in a row): every rollout of a "
-            f"group gets "
-            "the same reward, so advantages are 0 and nothing is learned. The task is too easy or too hard for the "
-            "model, or the policy collapsed; enable difficulty filtering or raise rollouts_per_example.")
+    def _reward_std(self, key: str, value: float, step: int | None) -> Alert | None:
+        zeros = self._std_zero_steps = self._std_zero_steps + 1 if value <= self.t.std_zero else 0
+        if not self._starts(REWARD_STD_COLLAPSE, zeros >= self.t.std_patience, value >= self.t.std_rearm):
+            return None
+        return _alert(
+            REWARD_STD_COLLAPSE, f"Reward std collapsed to 0{_at(step)} ({zeros} steps in a row): every rollout of a "
+            "group gets the same reward, so advantages are 0 and nothing is learned. The task is too easy or too "
+            "hard for the model, or the policy collapsed; enable difficulty filtering or raise rollouts_per_example.")
 
-    def _kl_check(self, key: str, value: float, at: str) -> list[Alert]:
-        history = self._kl.setdefault(key, deque(maxlen=self.t.kl_window))
+    def _kl_check(self, key: str, value: float, step: int | None) -> Alert | None:
+        t, history = self.t, self._kl[key]
         # The median matters only above kl_min (below it neither the ratio fires nor does it block re-arming).
-        median = statistics.median(history) if len(history) >= 3 and value > self.t.kl_min else None
+        median = statistics.median(history) if len(history) >= 3 and value > t.kl_min else None
         if not math.isfinite(value):
             firing, why = True, "is not finite"
-        elif value > self.t.kl_limit:
-            firing, why = True, f"is above {_fmt(self.t.kl_limit)}"
-        elif median is not None and value > self.t.kl_min and value > self.t.kl_ratio * max(median, 1e-12):
+        elif value > t.kl_limit:
+            firing, why = True, f"is above {_fmt(t.kl_limit)}"
+        elif median is not None and value > t.kl_min and value > t.kl_ratio * max(median, 1e-12):
             firing, why = True, f"is {value / max(median, 1e-12):.0f}x its recent median {_fmt(median)}"
         else:
             firing, why = False, ""
-        cleared = math.isfinite(value) and value <= self.t.kl_limit / 2 and \
-            (median is None or value <= self.t.kl_ratio / 2 * max(median, self.t.kl_min))
-        if math.isfinite(value) and not firing:
-            history.append(value)
-        what = "mismatch KL between trainer and sampler" if key == "policy/kl" else "KL to the reference model"
-        return self._episode(
-            f"{KL_EXPLODING}:{key}", firing, cleared,
-            lambda: f"KL exploding{at}: {key} ({what}) = {_fmt(value)} {why}. The policy is moving too fast; lower the "
-            "learning rate, raise the KL penalty, or lower max_async_level.", name=KL_EXPLODING)
+            history.append(value)  # (finite: not finite fires)
+        cleared = math.isfinite(value) and value <= t.kl_limit / 2 and \
+            (median is None or value <= t.kl_ratio / 2 * max(median, t.kl_min))
+        if not self._starts(_KL_EPISODE[key], firing, cleared):
+            return None
+        return _alert(
+            KL_EXPLODING, f"KL exploding{_at(step)}: {key} ({_KL_WHAT[key]}) = {_fmt(value)} {why}. The policy is "
+            "moving too fast; lower the learning rate, raise the KL penalty, or lower max_async_level.")
 
-    def _reward(self, key: str, value: float, at: str) -> list[Alert]:
-        self._rewards.append(value)
+    def _reward(self, key: str, value: float, step: int | None) -> Alert | None:
+        """Fire when the mean of the last `reward_window` values falls well below the best mean of a window before
+        it (one that ended in the last `reward_history` steps). Each window's mean is taken once, when its last
+        value comes, as `sum` of its values over w: the same float a recomputation gives, so a drop that lands on a
+        threshold fires as it always did."""
         w = self.t.reward_window
-        values = list(self._rewards)
-        if len(values) < 2 * w:
-            return []
-        current = sum(values[-w:]) / w
-        peak = max(sum(values[i:i + w]) / w for i in range(len(values) - 2 * w + 1))
+        self._rewards += 1
+        self._reward_window.append(value)
+        if self._rewards < w:
+            return None
+        current = sum(self._reward_window) / w
+        means = self._reward_means
+        means.append(current)
+        if len(means) == means.maxlen:  # the window that ended just before the current one began is a candidate
+            self._reward_peaks.append(means[0])
+        if self._rewards < 2 * w or not self._reward_peaks:
+            return None
+        peak = max(self._reward_peaks)  # the first of equals, as before
         drop = peak - current
         firing = drop >= self.t.reward_drop_min and drop >= self.t.reward_drop_fraction * abs(peak)
         cleared = drop < self.t.reward_drop_min / 2 or drop < self.t.reward_drop_fraction / 2 * abs(peak)
-        return self._episode(
-            REWARD_DROP, firing, cleared,
-            lambda: f"Reward dropped sharply{at}: reward/mean averages {_fmt(current)} over the last {w} steps, "
-            f"down from "
-            f"{_fmt(peak)}. Check the samples for degenerate outputs; consider restarting from the checkpoint "
-            "before the drop with a lower learning rate.")
+        if not self._starts(REWARD_DROP, firing, cleared):
+            return None
+        return _alert(
+            REWARD_DROP, f"Reward dropped sharply{_at(step)}: reward/mean averages {_fmt(current)} over the last {w} "
+            f"steps, down from {_fmt(peak)}. Check the samples for degenerate outputs; consider restarting from the "
+            "checkpoint before the drop with a lower learning rate.")
 
-    def _loss(self, key: str, value: float, at: str) -> list[Alert]:
+    def _loss(self, key: str, value: float, step: int | None) -> Alert | None:
+        t, size = self.t, abs(value)
         # The median matters only for a loss above loss_min / 2 (below it the loss neither fires nor blocks).
-        median = statistics.median(abs(v) for v in self._losses) \
-            if len(self._losses) >= 3 and not abs(value) <= self.t.loss_min / 2 else None
+        median = statistics.median(self._loss_sizes) \
+            if len(self._loss_sizes) >= 3 and not size <= t.loss_min / 2 else None
         if not math.isfinite(value):
             firing, level, why = True, "ERROR", "is not finite"
-        elif median is not None and abs(value) > self.t.loss_min and abs(value) > self.t.loss_ratio * median:
-            firing, level, why = True, "WARNING", f"is {abs(value) / max(median, 1e-12):.0f}x its recent median " \
+        elif median is not None and size > t.loss_min and size > t.loss_ratio * median:
+            firing, level, why = True, "WARNING", f"is {size / max(median, 1e-12):.0f}x its recent median " \
                                                   f"{_fmt(median)}"
         else:
             firing, level, why = False, "WARNING", ""
-        cleared = math.isfinite(value) and (median is None or abs(value) <= self.t.loss_ratio / 2 * max(
-            median, self.t.loss_min / self.t.loss_ratio))
-        if math.isfinite(value) and not firing:
-            self._losses.append(value)
-        return self._episode(
-            LOSS_DIVERGING, firing, cleared,
-            lambda: f"Loss diverging{at}: loss = {_fmt(value)} {why}. Lower the learning rate, enable gradient "
-            f"clipping, "
-            "and resume from the last good checkpoint.", level=level)
+            self._loss_sizes.append(size)  # (finite: not finite fires)
+        cleared = math.isfinite(value) and \
+            (median is None or size <= t.loss_ratio / 2 * max(median, t.loss_min / t.loss_ratio))
+        if not self._starts(LOSS_DIVERGING, firing, cleared):
+            return None
+        return _alert(
+            LOSS_DIVERGING, f"Loss diverging{_at(step)}: loss = {_fmt(value)} {why}. Lower the learning rate, enable "
+            "gradient clipping, and resume from the last good checkpoint.", level)
 
-    def _grad(self, key: str, value: float, at: str) -> list[Alert]:
-        if math.isfinite(value):
-            return []
-        return self._episode(
-            LOSS_DIVERGING, True, False,
-            lambda: f"Loss diverging{at}: optim/grad_norm is {value}. The update is not finite; lower the "
-            f"learning rate "
-            "and resume from the last good checkpoint.", level="ERROR")
+    def _grad(self, key: str, value: float, step: int | None) -> Alert | None:
+        if math.isfinite(value) or not self._starts(LOSS_DIVERGING, True, False):
+            return None
+        return _alert(
+            LOSS_DIVERGING, f"Loss diverging{_at(step)}: optim/grad_norm is {value}. The update is not finite; lower "
+            "the learning rate and resume from the last good checkpoint.", "ERROR")
