@@ -105,11 +105,14 @@ class RLRunModel(EventFold):
         self.monitor = AlertMonitor()
         self.checkpoints: list[int] = []
         self._points: dict[str, tuple[list[float], list[float]]] = {}  # per series, the points of the current feed
+        self.series_version = 0  # bumped when a feed adds points (what the charts show; log lines do not count)
 
     def feed(self, items: Iterable[RawEvent | Event | BadLine]) -> None:
         super().feed(items)
         for key, (xs, ys) in self._points.items():  # into each series at once (a chunk holds thousands of steps)
             self.series[key].extend(xs, ys)
+        if self._points:
+            self.series_version += 1
         self._points.clear()
 
     def fold(self, kind: str, step: Any, data: dict[str, Any], raw: RawEvent) -> None:

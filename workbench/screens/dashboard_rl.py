@@ -162,9 +162,10 @@ class RLDashboard(DashboardScreen):
                     self._charts_key = self.charts_key()
 
     def charts_key(self) -> tuple[object, ...]:
-        """What the charts show depends on, compared before drawing: the runs' versions and which charts were
-        resized (keys that change what is shown go through refresh_now)."""
-        return (self.model.version, *(model.version for model in self.compared.values()),
+        """What the charts show depends on, compared before drawing: the runs' series versions (log lines and
+        samples leave them alone) and which charts were resized (keys that change what is shown go through
+        refresh_now)."""
+        return (self.model.series_version, *(model.series_version for model in self.compared.values()),
                 *(chart.needs_draw for chart in self.charts))
 
     def refresh_now(self) -> None:
