@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from textual.app import RenderResult
+from textual.css.query import NoMatches
 from textual_plot import HiResMode, LegendLocation, PlotWidget
 
 from workbench.dashboards.rl_model import RLRunModel
@@ -86,6 +88,12 @@ class MetricChart(PlotWidget, can_focus=False):
     @property
     def wide(self) -> bool:
         return self.size.width >= LEGEND_MIN_WIDTH
+
+    def render(self) -> RenderResult:
+        try:
+            return super().render()
+        except NoMatches:  # being removed (the charts were replaced): textual-plot's legend child is already gone
+            return ""
 
     def on_resize(self) -> None:
         if self.wide != self._drawn_wide:
