@@ -64,73 +64,55 @@ def _linear_names(model: Any) -> list[str]:
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
-                   *, position_ids: torch.Tensor | None = None, keep: int | None = None,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprob of each token given the ones before it, from logits divided by the sampling temperature.
-
-    Returns [batch, seq] aligned with `input_ids` (position 0, which nothing predicts, is 0) or, with `keep`, with
-    the last `keep` positions only (the model then computes logits for those alone); and the entropy of the
-    distribution each token was drawn from (same alignment) when asked.
-    """
+                   *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of each token given the ones before it, from logits divided by the sampling temperature: [batch, seq]
+    aligned with `input_ids` (position 0, which nothing predicts, is 0), and the entropy of the distribution each
+    token was drawn from (same alignment) when asked."""
     import torch
 
-    kwargs: dict[str, Any] = {"logits_to_keep": keep + 1} if keep is not None else {}
-    if position_ids is not None:
-        kwargs["position_ids"] = position_ids
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits[:, :-1].float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    targets = input_ids[:, -logits.shape[1]:]
-    chosen = logp.gather(-1, targets[:, :, None]).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = token_entropy(logits)
-    if keep is not None:
-        return chosen, entropy
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    chosen, entropy = chosen_logprobs(logits, input_ids[:, 1:], temperature, with_entropy=with_entropy)
     zero = torch.zeros_like(chosen[:, :1])
     return torch.cat([zero, chosen], dim=1), (torch.cat([zero, entropy], dim=1) if entropy is not None else None)
 
 
-def packed_mask(model: Any, row: PackedRow, device: str) -> torch.Tensor | None:
-    """The row's attention mask in the form the model's attention takes: None (plain causal) for a single sample,
-    booleans for SDPA, an additive float mask for eager attention."""
+def chosen_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, *,
+                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprobs of `targets` [batch, n] under `logits` [batch, n, vocab] / temperature, and (without gradient) the
+    entropies of those distributions when asked."""
     import torch
 
-    if not row.needs_mask():
-        return None
-    allowed = row.attention_mask(device)
-    if attention_implementation(model) == "sdpa":
-        return allowed
-    dtype = next(model.parameters()).dtype
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
-
-
-def attention_implementation(model: Any) -> str:
-    return str(getattr(model.config, "_attn_implementation", None) or "eager")
-
-
-def row_logprobs(model: Any, row: PackedRow, device: str, temperature: float = 1.0, *,
-                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """[1, K] logprobs of the row's K trained tokens (logits / temperature, computed at their source positions
-    only), and their entropies when asked."""
-    import torch
-
-    input_ids = torch.tensor([row.input_ids], dtype=torch.long, device=device)
-    positions = torch.tensor([row.position_ids], dtype=torch.long, device=device)
-    sources = torch.tensor(row.sources, dtype=torch.long, device=device)
-    logits = model(input_ids=input_ids, attention_mask=packed_mask(model, row, device), position_ids=positions,
-                   logits_to_keep=sources).logits.float()
+    logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    targets = torch.tensor([row.targets], dtype=torch.long, device=device)
     chosen = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, :, None]).squeeze(-1)
     entropy = None
     if with_entropy:
         with torch.no_grad():
             entropy = token_entropy(logits)
     return chosen, entropy
+
+
+def attention_implementation(model: Any) -> str:
+    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+
+def row_inputs(model: Any, row: PackedRow, device: str) -> dict[str, torch.Tensor | None]:
+    """The model's inputs for a packed row (built once, for the policy pass and the reference pass alike): its
+    tokens, position ids, the positions whose logits are kept, and its attention mask in the form the model's
+    attention takes: None (plain causal) for a single sample, booleans for SDPA, an additive float mask for eager."""
+    import torch
+
+    mask = None
+    if row.needs_mask():
+        mask = row.attention_mask(device)
+        if attention_implementation(model) != "sdpa":
+            dtype = next(model.parameters()).dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, torch.finfo(dtype).min)
+    return {"input_ids": torch.tensor([row.input_ids], dtype=torch.long, device=device),
+            "position_ids": torch.tensor([row.position_ids], dtype=torch.long, device=device),
+            "logits_to_keep": torch.tensor(row.sources, dtype=torch.long, device=device),
+            "attention_mask": mask}
 
 
 @dataclass
@@ -157,14 +139,16 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
     total_loss_tokens = sum(len(row.targets) for row in rows)
     loss_sum = entropy_sum = kl_sum = masked_sum = ref_kl_sum = 0.0
     for row in rows:
+        inputs = row_inputs(model, row, device)
+        targets = torch.tensor([row.targets], dtype=torch.long, device=device)
         sampler_logprobs = torch.tensor([row.sampler_logprobs], dtype=torch.float32, device=device)
         advantages = torch.tensor([row.advantages], dtype=torch.float32, device=device)
         loss_mask = torch.ones_like(sampler_logprobs)
         ref = None
         if kl_beta > 0:
             with torch.no_grad(), model.disable_adapter():
-                ref, _ = row_logprobs(model, row, device, temperature)
-        logprobs, entropy = row_logprobs(model, row, device, temperature, with_entropy=True)
+                ref, _ = chosen_logprobs(model(**inputs).logits, targets, temperature)
+        logprobs, entropy = chosen_logprobs(model(**inputs).logits, targets, temperature, with_entropy=True)
         out = policy_loss(logprobs, sampler_logprobs, advantages, loss_mask, ratio_low=ratio_low,
                           ratio_high=ratio_high, ref_logprobs=ref, kl_beta=kl_beta,
                           num_loss_tokens=max(1, total_loss_tokens))
