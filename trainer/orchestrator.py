@@ -129,7 +129,7 @@ class Orchestrator:
         self.rollouts_in_flight = 0
         self.filling = self.start_step + 1  # the step whose batch is being filled
         self.need_groups = config.batch_size // self.group_size
-        self.kept = 0  # groups kept so far for the batch being filled
+        self.kept: list[Group] = []  # groups kept so far for the batch being filled
         self.tasks: dict[asyncio.Task[Group], int] = {}  # groups in flight -> their policy version
         self.load_lock = asyncio.Lock()
         self.closing = False  # every batch is written (or the run stops): start no more groups
@@ -215,7 +215,7 @@ class Orchestrator:
         batches = last - self.filling + 1
         if self.version < 0 or batches < 1:
             return False
-        return self.kept + len(self.tasks) + len(self.ready) + len(self.deferred) < self.need_groups * batches
+        return len(self.kept) + len(self.tasks) + len(self.ready) + len(self.deferred) < self.need_groups * batches
 
     def pending_at(self, version: int) -> int:
         """Groups of `version` in flight or finished and not yet looked at."""
@@ -244,7 +244,7 @@ class Orchestrator:
         need_groups = self.need_groups
         oldest_ok = step - 1 - cfg.max_async_level
         kept: list[Group] = []
-        self.kept = 0
+        self.kept = kept
         self.ready, self.deferred = self.deferred + self.ready, []
         counts = {"easy": 0, "hard": 0, "filtered": 0, "failed": 0, "stale": 0}
         seen = 0
@@ -278,7 +278,6 @@ class Orchestrator:
                     counts[verdict.difficulty] += 1
                 if verdict.keep:
                     kept.append(group)
-                    self.kept = len(kept)
                     continue
                 counts["filtered"] += 1
                 last_reason = verdict.reason
@@ -383,7 +382,7 @@ class Orchestrator:
                     await self.evaluate(step - 1, eval_sets)
                 if step > 1:
                     await self.validate(step - 1)
-                self.filling, self.kept = step, 0
+                self.filling, self.kept = step, []
                 waited = await self.wait_for_version(step - 1 - cfg.max_async_level)
                 t0 = time.perf_counter()
                 groups, buffer_metrics = await self.fill_batch(step)
