@@ -27,6 +27,10 @@ VERDICT_ROWS = 50
 NARROW = 110  # columns below which the overview stacks its chart above the verdicts
 MATRIX_CANDIDATES = 40
 VERDICT_STYLE = {"accepted": "bold green", "rejected": "red"}
+# The verdict table's columns have fixed widths: they do not jump as rows come, and the table is drawn right from
+# its first paint (auto widths are measured when the table is idle; under load a screenshot caught the table drawn
+# with its header widths: "refl", "accepte").
+VERDICT_COLUMNS = (("it", 3), ("type", 7), ("parent", 6), ("before", 6), ("after", 5), ("verdict", 13), ("calls", 5))
 
 
 def mean(values: list[float] | None) -> float | None:
@@ -131,8 +135,9 @@ class GepaDashboard(DashboardScreen):
         self.query_one("#gepa-overview").set_class(self.size.width < NARROW, "narrow")
 
     def on_mount(self) -> None:
-        self.query_one("#gepa-verdicts", DataTable).add_columns("it", "type", "parent", "before", "after",
-                                                               "verdict", "calls")
+        verdicts = self.query_one("#gepa-verdicts", DataTable)
+        for label, width in VERDICT_COLUMNS:
+            verdicts.add_column(label, width=width)
         self.query_one(Tree).root.expand()
 
     # Following ----------------------------------------------------------------------------------------------
