@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from textual.pilot import Pilot
 
 from lab.runs import Run, RunRegistry
 from workbench.app import LabApp, create_app
+from workbench.screens.run import RunScreen
 
 REPO = Path(__file__).resolve().parents[2]
 FROZEN = 1_750_000_000.0
@@ -37,6 +43,48 @@ def make_app(path: Path, run_id: str | None = None) -> LabApp:
 
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+WAIT = 30.0  # seconds a test waits for the app before failing: generous, a loaded CI machine is slow
+
+
+async def until(pilot: Pilot[Any], condition: Callable[[], bool], timeout: float = WAIT) -> None:
+    """Wait (letting the app run) until `condition()`; fail after `timeout` seconds. Tests wait for what they
+    assert instead of pausing a fixed time, which a loaded machine outlasts."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the app"
+        await pilot.pause(0.05)
+
+
+def caught_up(screen: Any) -> bool:
+    """A run page that has folded its whole event log, gone live and drawn it (not a run page: True)."""
+    if not isinstance(screen, RunScreen):
+        return True
+    return screen.shown_live and screen.event_offset >= screen.run.events_path.stat().st_size \
+        and not screen.changed.is_set()
+
+
+def record_notifications(app: LabApp) -> list[str]:
+    """Every message the app notifies from now on (the app's own list drops a toast once its timeout passed, which a
+    slow test can outlast)."""
+    messages: list[str] = []
+    notify = app.notify
+
+    def recorded(message: str, *args: Any, **kwargs: Any) -> None:
+        messages.append(message)
+        notify(message, *args, **kwargs)
+
+    app.notify = recorded  # type: ignore[method-assign]
+    return messages
+
+
+async def settle(pilot: Pilot[Any]) -> None:
+    """Before a snapshot: until a run page has folded its whole event log and redrawn (a fixed pause was too short
+    on a loaded machine), then let the last redraw and animations land."""
+    await pilot.pause()
+    await until(pilot, lambda: caught_up(pilot.app.screen))
+    await pilot.pause(0.5)
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause(0.2)
 
 
 def recorded_run(name: str, run_id: str | None = None, *, events: int | None = None) -> Run:

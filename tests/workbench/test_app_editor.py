@@ -8,7 +8,7 @@ from pathlib import Path
 
 from textual.widgets import Input
 
-from tests.workbench.lab_fixtures import SIZE, lab_folder, make_app
+from tests.workbench.lab_fixtures import SIZE, lab_folder, make_app, record_notifications
 from workbench.screens.editor import EditorScreen
 from workbench.widgets.config_form import FieldRow
 from workbench.widgets.problems_panel import ProblemsPanel
@@ -72,6 +72,7 @@ def test_toml_edit_shows_in_form_and_problem_jumps_to_its_line(tmp_path: Path) -
 
     async def scenario() -> None:
         app = make_app(path)
+        messages = record_notifications(app)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause()
             screen = app.screen
@@ -99,7 +100,6 @@ def test_toml_edit_shows_in_form_and_problem_jumps_to_its_line(tmp_path: Path) -
             assert "alpah = 8" in path.read_text()
             await pilot.press("ctrl+r")
             await pilot.pause()
-            messages = [n.message for n in app._notifications]
             assert any("Saved with 1 problem" in m for m in messages)
             assert any("cannot launch" in m for m in messages)
 

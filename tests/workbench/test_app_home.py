@@ -10,7 +10,7 @@ from textual.widgets import DataTable, Input, RichLog
 
 from lab.inference.builtin.launcher import BuiltinServer
 from lab.runs import RunRegistry
-from tests.workbench.lab_fixtures import SIZE, fixed_run, lab_folder, make_app
+from tests.workbench.lab_fixtures import SIZE, caught_up, fixed_run, lab_folder, make_app, until
 from workbench.screens.editor import EditorScreen
 from workbench.screens.home import HomeScreen
 from workbench.screens.launch_eval import LaunchEvalScreen
@@ -40,18 +40,17 @@ def test_home_lists_configs_and_runs_and_keys_act_on_them(tmp_path: Path) -> Non
             await pilot.pause()
             assert app.screen.query_one(RunsTable).has_focus
             await pilot.press("enter")
-            await pilot.pause(0.3)
+            await until(pilot, lambda: isinstance(app.screen, RunScreen) and caught_up(app.screen))
             assert isinstance(app.screen, RunScreen)
             log = app.screen.query_one(RichLog)
-            assert any("reward/mean=0.25" in str(line.text) for line in log.lines)
+            await until(pilot, lambda: any("reward/mean=0.25" in str(line.text) for line in log.lines))
             await pilot.press("escape", "x")  # delete asks first; n keeps it, y deletes it
             await pilot.pause()
             await pilot.press("n")
             await pilot.pause()
             assert (RunRegistry().root / "rl-done").exists()
             await pilot.press("x", "y")
-            await pilot.pause(0.5)
-            assert not (RunRegistry().root / "rl-done").exists()
+            await until(pilot, lambda: not (RunRegistry().root / "rl-done").exists())  # deleted in a worker
 
     asyncio.run(scenario())
 
@@ -80,8 +79,9 @@ def test_launch_eval_from_home_opens_its_run_page_with_results(tmp_path: Path, b
             while screen.run.state != "completed" and time.monotonic() < deadline:
                 await pilot.pause(0.2)
             assert screen.run.state == "completed"
-            await pilot.pause(0.3)
-            assert screen.query_one("#run-results", DataTable).row_count == 2
+            table = screen.query_one("#run-results", DataTable)
+            await until(pilot, lambda: table.row_count >= 2)  # the page reads results.jsonl at its next poll
+            assert table.row_count == 2
             await pilot.press("escape")
             await pilot.pause()
             assert screen.run.id in app.screen.query_one(RunsTable).rows

@@ -5,14 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from textual.pilot import Pilot
-
-from tests.workbench.lab_fixtures import SIZE, fixed_run, lab_folder, make_app
-
-
-async def settle(pilot: Pilot[Any]) -> None:
-    await pilot.pause(0.3)
-    await pilot.wait_for_scheduled_animations()
+from tests.workbench.lab_fixtures import SIZE, fixed_run, lab_folder, make_app, settle
 
 
 def test_home_snapshot(tmp_path: Path, snap_compare: Any) -> None:

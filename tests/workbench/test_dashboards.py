@@ -7,7 +7,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,13 +16,22 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, RichLog, Static, TabbedContent
 
 from lab.events import EventWriter
-from tests.workbench.lab_fixtures import REPO, SIZE, fixture_lines, lab_folder, make_app, recorded_run
+from tests.workbench.lab_fixtures import (
+    REPO,
+    SIZE,
+    caught_up,
+    fixture_lines,
+    lab_folder,
+    make_app,
+    recorded_run,
+    settle,
+    until,
+)
 from workbench.dashboards.files import MAX_READ
 from workbench.screens.dashboard_gepa import FrontierChart, GepaDashboard
 from workbench.screens.dashboard_rl import RLDashboard
 from workbench.screens.home import HomeScreen
 from workbench.screens.pick_many import PickManyScreen
-from workbench.screens.run import RunScreen
 from workbench.widgets.alerts_pane import AlertsPane
 from workbench.widgets.charts import MetricChart
 from workbench.widgets.logs_pane import LogsPane
@@ -31,13 +39,6 @@ from workbench.widgets.runs_table import RunsTable
 from workbench.widgets.samples_browser import SamplesBrowser
 
 BIG = (120, 40)
-
-
-async def until(pilot: Pilot[Any], condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting for the dashboard"
-        await pilot.pause(0.05)
 
 
 @asynccontextmanager
@@ -50,7 +51,7 @@ async def dashboard(tmp_path: Path, run_id: str, ready: Callable[[Any], bool]) -
 
 
 def rl_ready(screen: Any) -> bool:
-    return isinstance(screen, RLDashboard) and screen.model.latest_step == 30
+    return isinstance(screen, RLDashboard) and screen.model.latest_step == 30 and caught_up(screen)
 
 
 def text_of(screen: Any, selector: str) -> str:
@@ -63,7 +64,6 @@ def test_rl_dashboard_replays_a_recorded_run(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with dashboard(tmp_path, "rl-run", rl_ready) as (pilot, screen):
             assert isinstance(screen, RLDashboard)
-            await pilot.pause(0.2)
             header = text_of(screen, "#dash-status")
             assert "completed" in header and "step 30/30" in header and "tok/s" in header
             assert "1 corrupt line(s) skipped" in header  # the cut line in the fixture, skipped, no crash
@@ -80,9 +80,8 @@ def test_rl_dashboard_replays_a_recorded_run(tmp_path: Path) -> None:
             # Smoothing by key: the header says it and the charts redraw with it.
             before = list(reward._datasets[2].y)
             await pilot.press("e")
-            await pilot.pause(0.2)
+            await until(pilot, lambda: list(reward._datasets[2].y) != before)
             assert "smoothing 0.6" in text_of(screen, "#dash-status")
-            assert list(reward._datasets[2].y) != before
 
     asyncio.run(scenario())
 
@@ -108,19 +107,18 @@ def test_rl_samples_browser_and_logs_filter(tmp_path: Path) -> None:
             await until(pilot, lambda: browser.step == 25 and browser.source == "sample events")
             assert len(browser.records) == 1
             await pilot.press("3")
-            await pilot.pause(0.2)
             pane = screen.query_one(LogsPane)
-            lines = [str(line.text) for line in pane.query_one(RichLog).lines]
-            assert any("serving 2 environments" in line for line in lines)  # logs/orchestrator.log
-            assert any("trainer started" in line for line in lines)  # a log event
+
+            def lines() -> list[str]:
+                return [str(line.text) for line in pane.query_one(RichLog).lines]
+
+            await until(pilot, lambda: any("serving 2 environments" in line for line in lines()))  # orchestrator.log
+            assert any("trainer started" in line for line in lines())  # a log event
             for _ in range(3):  # DEBUG -> INFO -> SUCCESS -> WARNING
                 await pilot.press("v")
-            await pilot.pause(0.2)
-            lines = [str(line.text) for line in pane.query_one(RichLog).lines]
-            assert lines and all("WARNING" in line for line in lines)
+            await until(pilot, lambda: bool(lines()) and all("WARNING" in line for line in lines()))
             await pilot.press("p")  # all -> launcher? the processes come in sorted order after "all"
-            await pilot.pause(0.2)
-            assert pane.process != "all"
+            await until(pilot, lambda: pane.process != "all")
 
     asyncio.run(scenario())
 
@@ -155,10 +153,9 @@ def test_compare_overlays_another_runs_curves(tmp_path: Path) -> None:
             await pilot.press("space", "enter")
             assert isinstance(screen, RLDashboard)
             await until(pilot, lambda: "rl-other" in screen.compared)
-            await pilot.pause(0.2)
-            assert "comparing rl-other" in text_of(screen, "#dash-status")
             entropy = screen.query_one("#chart-entropy", MetricChart)
-            assert entropy._labels == ["rl-run policy/entropy", "rl-other policy/entropy"]
+            await until(pilot, lambda: entropy._labels == ["rl-run policy/entropy", "rl-other policy/entropy"])
+            assert "comparing rl-other" in text_of(screen, "#dash-status")
 
     asyncio.run(scenario())
 
@@ -187,9 +184,9 @@ def test_gepa_dashboard_shows_budget_frontier_matrix_and_candidates(tmp_path: Pa
     recorded_run("gepa-run")
 
     async def scenario() -> None:
-        async with dashboard(tmp_path, "gepa-run", lambda screen: screen.model.iteration == 8) as (pilot, screen):
+        async with dashboard(tmp_path, "gepa-run", lambda screen: screen.model.iteration == 8 and caught_up(screen)) \
+                as (pilot, screen):
             assert isinstance(screen, GepaDashboard)
-            await pilot.pause(0.2)
             header = text_of(screen, "#gepa-status")
             assert "best 0.476 (candidate 6)" in header and "calls 90/90" in header
             verdicts = screen.query_one("#gepa-verdicts", DataTable)
@@ -198,13 +195,13 @@ def test_gepa_dashboard_shows_budget_frontier_matrix_and_candidates(tmp_path: Pa
             assert newest[:3] == ["8", "reflect", "3"] and newest[5] == "not_validated"
             assert screen.model.on_front() == {2, 4, 5, 6}
             await pilot.press("3")
-            await pilot.pause(0.2)
             matrix = screen.query_one("#gepa-matrix", DataTable)
+            await until(pilot, lambda: matrix.row_count == 6)
             assert matrix.row_count == 6 and len(matrix.columns) == 7 + 2
             stars = [str(cell) for row in range(6) for cell in matrix.get_row_at(row) if str(cell).startswith("★")]
             assert len(stars) >= 6  # someone is best on every instance
             await pilot.press("2")
-            await pilot.pause(0.2)
+            await until(pilot, lambda: "candidate 6" in text_of(screen, "#gepa-candidate"))
             detail = text_of(screen, "#gepa-candidate")
             assert "candidate 6" in detail and "diff against its parent #3" in detail
             assert "+Think step by step, briefly." in detail and "diff against the seed #0" in detail
@@ -220,15 +217,14 @@ def test_gepa_frontier_updates_live(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with dashboard(tmp_path, "gepa-run", lambda screen: screen.model.frontier_updates) as (pilot, screen):
             assert isinstance(screen, GepaDashboard)
-            await pilot.pause(0.2)
+            await until(pilot, lambda: caught_up(screen))
             assert "1 candidates" in text_of(screen, "#gepa-status")
             chart = screen.query_one(FrontierChart)
             assert chart._labels == ["best so far", "best"]
             with open(run.events_path, "a") as fh:
                 fh.writelines(lines[first_frontier + 1:])
-            await until(pilot, lambda: screen.model.iteration == 8)
-            await pilot.pause(0.2)
-            assert "7 candidates · 4 on the front" in text_of(screen, "#gepa-status")
+            await until(pilot, lambda: "7 candidates · 4 on the front" in text_of(screen, "#gepa-status"))
+            await until(pilot, lambda: caught_up(screen))  # the appended lines may come in two reads
             assert chart._labels == ["best so far", "other", "front", "best"]
 
     asyncio.run(scenario())
@@ -270,21 +266,6 @@ def test_live_writer_process_and_the_chart_follows(tmp_path: Path) -> None:
 def test_event_writer_is_importable_without_textual() -> None:
     # The writer side used above is lab's (no textual), as the launcher uses it.
     assert EventWriter.__module__ == "lab.events"
-
-
-async def settle(pilot: Pilot[Any]) -> None:
-    """Until the run page has folded the whole event log and redrawn (a fixed pause was too short on a loaded
-    machine), then let the last redraw and animations land."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        screen = pilot.app.screen
-        if isinstance(screen, RunScreen) and screen.event_offset >= screen.run.events_path.stat().st_size \
-                and not screen.changed.is_set():
-            break
-        await pilot.pause(0.05)
-    await pilot.pause(0.5)
-    await pilot.wait_for_scheduled_animations()
-    await pilot.pause(0.2)
 
 
 def test_rl_dashboard_snapshot_with_an_alert(tmp_path: Path, snap_compare: Any) -> None:
@@ -393,7 +374,13 @@ def test_a_run_opened_from_the_command_line_goes_back_to_home(tmp_path: Path) ->
         async with dashboard(tmp_path, "rl-run", rl_ready) as (pilot, screen):
             assert not any(isinstance(s, HomeScreen) for s in pilot.app.screen_stack)  # built when needed
             await pilot.press("escape")
-            await until(pilot, lambda: isinstance(pilot.app.screen, HomeScreen))
+
+            def home_listed() -> bool:
+                home = pilot.app.screen
+                return isinstance(home, HomeScreen) and bool(home.query(RunsTable)) \
+                    and home.query_one(RunsTable).selected_run() is not None
+
+            await until(pilot, home_listed)
             assert pilot.app.screen.query_one(RunsTable).selected_run() == "rl-run"
 
     asyncio.run(scenario())

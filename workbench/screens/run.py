@@ -117,6 +117,7 @@ class RunScreen(Screen[None]):
         self._generation = 0  # bumped by replay: the follower starts over from byte 0
         self.bad_lines = 0
         self.live = False  # False while replaying what the log held when the page opened (or on `r`)
+        self.shown_live = False  # drawn since it went live: the page shows the whole replay (tests, the bench)
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)  # event lines not yet written to the page's event log
         self._clear_tail = False
 
@@ -214,6 +215,7 @@ class RunScreen(Screen[None]):
         self.changed.clear()
         with self.fold_lock:
             self.redraw()  # each page says how many corrupt lines it skipped (bad_lines) in its status line
+            self.shown_live = self.live
 
     def redraw(self) -> None:
         """Show what changed (UI thread, lock held)."""
