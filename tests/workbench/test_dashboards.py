@@ -231,12 +231,14 @@ def test_gepa_frontier_updates_live(tmp_path: Path) -> None:
 
 
 WRITER = """
-import sys, time
+import os, sys, time
 from lab.events import EventWriter
 writer = EventWriter(sys.argv[1], "orchestrator")
 for step in range(1, 41):
     writer.metrics({"reward/mean": step / 40, "reward/std": 0.2}, step=step)
     time.sleep(0.05)
+    while step == 20 and not os.path.exists(sys.argv[2]):  # halfway: until the test saw the chart follow
+        time.sleep(0.05)
 writer.close()
 """
 
@@ -244,20 +246,25 @@ writer.close()
 def test_live_writer_process_and_the_chart_follows(tmp_path: Path) -> None:
     run = recorded_run("rl-run", "rl-live", events=4)  # status events and the first logs only
     run.update_status(state="running", ended_at=None)
+    halfway = tmp_path / "go-on"
 
     async def scenario() -> None:
         async with dashboard(tmp_path, "rl-live", lambda screen: True) as (pilot, screen):
             assert isinstance(screen, RLDashboard)
             chart = screen.query_one("#chart-reward", MetricChart)
-            writer = subprocess.Popen([sys.executable, "-c", WRITER, str(run.events_path)], cwd=REPO)
-            seen: set[int] = set()
-            while writer.poll() is None:
-                seen.add(chart.drawn_points)
-                await pilot.pause(0.05)
-            assert writer.returncode == 0
+            writer = subprocess.Popen([sys.executable, "-c", WRITER, str(run.events_path), str(halfway)], cwd=REPO)
+            try:
+                # The chart follows while the writer is still writing (it waits at step 20), not only at the end.
+                await until(pilot, lambda: chart.drawn_points == 20 * 3)  # the mean and its std band
+                assert writer.poll() is None
+                halfway.touch()
+                await until(pilot, lambda: writer.poll() is not None)
+                assert writer.returncode == 0
+            finally:
+                if writer.poll() is None:
+                    writer.kill()
             await until(pilot, lambda: screen.model.latest_step == 40)
-            await until(pilot, lambda: chart.drawn_points == 40 * 3)  # the mean and its std band
-            assert any(0 < points < 40 * 3 for points in seen)  # it grew while the writer wrote, not only at the end
+            await until(pilot, lambda: chart.drawn_points == 40 * 3)
             assert list(chart._datasets[-1].y)[-1] == 1.0
 
     asyncio.run(scenario())
