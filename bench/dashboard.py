@@ -34,7 +34,7 @@ SIZE = (160, 48)
 
 WRITER = """
 import sys, time
-from lab.events import EventWriter
+from prime_lab.lab.events import EventWriter
 path, rate, seconds, start_step = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 orchestrator, trainer = EventWriter(path, "orchestrator"), EventWriter(path, "trainer")
 t0 = time.monotonic(); sent = 0; step = start_step
@@ -95,9 +95,9 @@ def write_finished_run(runs: Path, run_id: str, events: int) -> int:
 
 
 async def attach(run_id: str, last_step: int) -> dict[str, float]:
-    from workbench.app import create_app
-    from workbench.screens.dashboard_rl import RLDashboard
-    from workbench.widgets.charts import MetricChart
+    from prime_lab.workbench.app import create_app
+    from prime_lab.workbench.screens.dashboard_rl import RLDashboard
+    from prime_lab.workbench.widgets.charts import MetricChart
 
     started, cpu = time.perf_counter(), time.process_time()
     app = create_app(REPO, run_id=run_id, poll_interval=0.1)
@@ -120,9 +120,9 @@ async def attach(run_id: str, last_step: int) -> dict[str, float]:
 
 
 async def live(runs: Path, run_id: str, last_step: int, rate: int, seconds: float) -> dict[str, Any]:
-    from workbench.app import create_app
-    from workbench.screens.dashboard_rl import RLDashboard
-    from workbench.widgets.charts import SMOOTHING_STEPS
+    from prime_lab.workbench.app import create_app
+    from prime_lab.workbench.screens.dashboard_rl import RLDashboard
+    from prime_lab.workbench.widgets.charts import SMOOTHING_STEPS
 
     app = create_app(REPO, run_id=run_id, poll_interval=0.1)
     async with app.run_test(size=SIZE) as pilot:

@@ -11,9 +11,9 @@ a deterministic function of the system prompt (a reversal it truncates by an amo
 reflection model's a fenced variant of the prompt. It measures the engines' scheduling alone, apart from how well
 one CPU's server batches.
 
-The reference package shares our import name, so it lives in its own virtual environment (created here on first
-use, under $PRIME_LAB_HOME/cache/gepa-ref-venv) and runs in a subprocess; its adapter scores rollouts with the same
-environment code (ours, appended to its sys.path after its site-packages), concurrently like ours.
+The reference package installs beside prime-lab (our code is `prime_lab.gepa`; PyPI's is `gepa`): it runs in a
+subprocess of this interpreter (`pip install gepa==0.1.4` into .venv first if another release is there); its adapter
+scores rollouts with the same environment code, concurrently like ours.
 
     .venv/bin/python bench/gepa_vs_reference.py [--model smollm2-135m] [--budget 60] [--env reverse-text]
                                                 [--parallel 8] [--repeat 3] [--simulated-latency 0.5]
@@ -39,11 +39,10 @@ REFERENCE_VERSION = "0.1.4"
 
 REFERENCE_SCRIPT = r'''
 import asyncio, json, sys, time
-sys.path.append(sys.argv[1])  # after site-packages: `gepa` is the reference package, `lab` is ours
-import gepa
+import gepa  # the reference package (PyPI)
 from gepa import EvaluationBatch
 from openai import AsyncOpenAI, OpenAI
-from lab.envs import SamplingArgs, load_environment
+from prime_lab.lab.envs import SamplingArgs, load_environment
 from gepa_split import split  # written next to this script
 
 p = json.loads(sys.argv[2])
@@ -106,18 +105,17 @@ def split(env, p):
 
 
 def reference_python() -> Path:
-    """The reference package's own virtual environment (made on first use)."""
-    home = Path(os.environ.get("PRIME_LAB_HOME", Path.home() / ".prime-lab"))
-    venv = home / "cache" / "gepa-ref-venv"
-    python = venv / "bin" / "python"
-    probe = [str(python), "-c", f"import importlib.metadata as m; assert m.version('gepa') == '{REFERENCE_VERSION}'"]
-    if python.exists() and subprocess.run(probe, capture_output=True, cwd="/").returncode == 0:
-        return python
-    print(f"installing gepa=={REFERENCE_VERSION} into {venv} ...", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", f"gepa=={REFERENCE_VERSION}", "openai", "pydantic"],
-                   check=True)
-    return python
+    """This interpreter, once the reference package at REFERENCE_VERSION is installed beside prime-lab."""
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("gepa")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    if version != REFERENCE_VERSION:
+        sys.exit(f"bench/gepa_vs_reference.py compares against gepa=={REFERENCE_VERSION} (found {version}): "
+                 f"{sys.executable} -m pip install -c constraints.txt gepa=={REFERENCE_VERSION}")
+    return Path(sys.executable)
 
 
 def run_reference(params: dict[str, Any]) -> dict[str, Any]:
@@ -135,9 +133,9 @@ def run_reference(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_ours(params: dict[str, Any]) -> dict[str, Any]:
-    from gepa.env_adapter import Endpoint
-    from gepa.runner import GepaSettings, run_gepa
-    from lab.envs import load_environment
+    from prime_lab.gepa.env_adapter import Endpoint
+    from prime_lab.gepa.runner import GepaSettings, run_gepa
+    from prime_lab.lab.envs import load_environment
 
     settings = GepaSettings(env_id=params["env_id"], model=params["model"], num_train=params["num_train"],
                             num_val=params["num_val"], max_metric_calls=params["budget"],
@@ -242,7 +240,7 @@ def load() -> str:
 
 
 def main() -> None:
-    from gepa.runner import GepaSettings
+    from prime_lab.gepa.runner import GepaSettings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m", help="local preset or path, served by the built-in server")
@@ -267,8 +265,8 @@ def main() -> None:
         model, reflection_model = SimulatedModels.TASK, SimulatedModels.REFLECTION
         args.model = f"simulated ({args.simulated_latency:g} s a request)"
     else:
-        from lab.inference.launch import start_sampler
-        from lab.models import resolve_model
+        from prime_lab.lab.inference.launch import start_sampler
+        from prime_lab.lab.models import resolve_model
 
         server = start_sampler("builtin", resolve_model(args.model), Path(tempfile.mkdtemp()) / "server.log",
                                served_name=args.model)

@@ -19,11 +19,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from workbench.terminal import TmuxPane  # noqa: E402
+from prime_lab.workbench.terminal import TmuxPane  # noqa: E402
 
 NO_TORCH = """
 import sys
-from workbench.app import create_app
+from prime_lab.workbench.app import create_app
 create_app(None)
 print("torch" in sys.modules)
 """

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from lab.envs.parsers import Parser, last_assistant_text
+from prime_lab.lab.envs.parsers import Parser, last_assistant_text
 
 T = TypeVar("T")
 

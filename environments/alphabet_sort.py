@@ -9,10 +9,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from environments._common import NAMES, lcs_ratio, limit, split_rows
-from lab.envs import MultiTurnEnv, Rubric, XMLParser
-from lab.envs.environment import State
-from lab.envs.parsers import Messages
+from prime_lab.environments._common import NAMES, lcs_ratio, limit, split_rows
+from prime_lab.lab.envs import MultiTurnEnv, Rubric, XMLParser
+from prime_lab.lab.envs.environment import State
+from prime_lab.lab.envs.parsers import Messages
 
 SYSTEM_PROMPT = ("Sort the names alphabetically. Reply with the sorted names, one per line, inside "
                  "<alphabetical_sorted> tags. When more names arrive, reply with ALL names so far, sorted.")

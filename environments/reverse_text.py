@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from environments._common import WORDS, lcs_ratio, limit, split_rows
-from lab.envs import Rubric, SingleTurnEnv, XMLParser
-from lab.envs.parsers import last_assistant_text
+from prime_lab.environments._common import WORDS, lcs_ratio, limit, split_rows
+from prime_lab.lab.envs import Rubric, SingleTurnEnv, XMLParser
+from prime_lab.lab.envs.parsers import last_assistant_text
 
 SYSTEM_PROMPT = ("Reverse the text you are given, character by character. "
                  "Give only the reversed text inside <reversed_text> tags.")

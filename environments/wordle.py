@@ -10,10 +10,10 @@ import random
 import re
 from typing import Any
 
-from environments._common import limit, split_rows
-from lab.envs import MultiTurnEnv, Rubric, XMLParser
-from lab.envs.environment import State
-from lab.envs.parsers import Messages
+from prime_lab.environments._common import limit, split_rows
+from prime_lab.lab.envs import MultiTurnEnv, Rubric, XMLParser
+from prime_lab.lab.envs.environment import State
+from prime_lab.lab.envs.parsers import Messages
 
 WORD_LIST = (
     "about above actor acute adapt admit adopt adult after again agent agree ahead alarm album alert alike alive "

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from lab.problems import CheckContext, Validation, validate_file, validate_toml
+from prime_lab.lab.problems import CheckContext, Validation, validate_file, validate_toml
 
 DEFAULT_MODEL = "smollm2-135m"
 

@@ -31,10 +31,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gepa.adapter import Adapter, Candidate, EvaluationBatch
-from gepa.budget import BudgetClosed, MetricBudget, Reservation
-from gepa.pareto import front_frequencies, instance_fronts, select_parent
-from gepa.state import GepaState
+from prime_lab.gepa.adapter import Adapter, Candidate, EvaluationBatch
+from prime_lab.gepa.budget import BudgetClosed, MetricBudget, Reservation
+from prime_lab.gepa.pareto import front_frequencies, instance_fronts, select_parent
+from prime_lab.gepa.state import GepaState
 
 EPS = 1e-9
 Emit = Callable[[str, dict[str, Any], int], None]  # (event kind, data, step)

@@ -8,9 +8,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gepa.env_adapter import SYSTEM_PROMPT
-from gepa.pareto import instance_fronts
-from gepa.state import GepaState, write_json_atomic
+from prime_lab.gepa.env_adapter import SYSTEM_PROMPT
+from prime_lab.gepa.pareto import instance_fronts
+from prime_lab.gepa.state import GepaState, write_json_atomic
 
 STATE_FILE = "state.json"
 

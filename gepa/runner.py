@@ -10,13 +10,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gepa.data_split import split_rows
-from gepa.engine import EngineConfig, GepaEngine
-from gepa.env_adapter import SYSTEM_PROMPT, Endpoint, EnvironmentAdapter
-from gepa.outputs import STATE_FILE, write_outputs
-from gepa.state import GepaState
-from lab.envs import Environment, SamplingArgs, load_environment
-from lab.runs import Run
+from prime_lab.gepa.data_split import split_rows
+from prime_lab.gepa.engine import EngineConfig, GepaEngine
+from prime_lab.gepa.env_adapter import SYSTEM_PROMPT, Endpoint, EnvironmentAdapter
+from prime_lab.gepa.outputs import STATE_FILE, write_outputs
+from prime_lab.gepa.state import GepaState
+from prime_lab.lab.envs import Environment, SamplingArgs, load_environment
+from prime_lab.lab.runs import Run
 
 OnEvent = Callable[[str, dict[str, Any]], None]
 SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "stop", "seed"}

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gepa.adapter import Candidate
+from prime_lab.gepa.adapter import Candidate
 
 STATE_VERSION = 1
 

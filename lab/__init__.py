@@ -3,4 +3,6 @@
 Imports nothing from `trainer`, `gepa` or `workbench`, and nothing heavy (torch, transformers, textual) at import.
 """
 
-__version__ = "0.1.0"
+from prime_lab import __version__
+
+__all__ = ["__version__"]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lab.events import Event
+from prime_lab.lab.events import Event
 
 Alert = dict[str, Any]  # {"name", "message", "level"}
 

@@ -21,9 +21,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lab.envs import Environment, Rollout, SamplingArgs, load_environment, redact
-from lab.problems import Validation, validate_file
-from lab.runs import Run
+from prime_lab.lab.envs import Environment, Rollout, SamplingArgs, load_environment, redact
+from prime_lab.lab.problems import Validation, validate_file
+from prime_lab.lab.runs import Run
 
 SAMPLE_EVENTS = 3  # rollouts sent whole as `sample` events (the rest are summarised)
 

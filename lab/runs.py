@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lab.events import EventLog, EventWriter
-from lab.paths import runs_dir
+from prime_lab.lab.events import EventLog, EventWriter
+from prime_lab.lab.paths import runs_dir
 
 State = Literal["queued", "starting", "running", "completed", "failed", "stopped"]
 STATES: tuple[str, ...] = ("queued", "starting", "running", "completed", "failed", "stopped")

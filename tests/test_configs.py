@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.envs import load_environment
-from trainer.config import validate_rl_file
+from prime_lab.lab.envs import load_environment
+from prime_lab.trainer.config import validate_rl_file
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "rl").glob("*.toml"))
 

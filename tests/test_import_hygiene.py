@@ -24,14 +24,14 @@ def loaded_after(body: str) -> list[str]:
 
 
 def test_prime_help_imports_neither_torch_nor_textual() -> None:
-    body = ("from workbench.cli import main\n"
+    body = ("from prime_lab.workbench.cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "try:\n    main(['rl', 'list'])\nexcept SystemExit:\n    pass")
     assert loaded_after(body) == []
 
 
-@pytest.mark.parametrize("module", ["lab", "lab.runs", "lab.events", "lab.problems", "trainer.config", "gepa",
-                                    "lab.models", "lab.inference"])
+@pytest.mark.parametrize("module", [f"prime_lab.{name}" for name in (
+    "lab", "lab.runs", "lab.events", "lab.problems", "trainer.config", "gepa", "lab.models", "lab.inference")])
 def test_headless_modules_import_neither_torch_nor_textual(module: str) -> None:
     assert loaded_after(f"import {module}") == []
 

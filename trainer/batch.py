@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.envs import Rollout
+from prime_lab.lab.envs import Rollout
 
 
 @dataclass

@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config import BufferConfig, DifficultyFilterConfig
+from prime_lab.trainer.config import BufferConfig, DifficultyFilterConfig
 
 
 @dataclass

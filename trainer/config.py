@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from lab.problems import CheckContext, Validation, validate_file, validate_toml
+from prime_lab.lab.problems import CheckContext, Validation, validate_file, validate_toml
 
 ENV_ID_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
 TAILSCALE_HOSTNAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,29}$")

@@ -1,7 +1,7 @@
 """The launcher: `prime rl run` creates the run and starts this supervisor detached; it starts the three roles and
 watches them until the run ends.
 
-    python -m trainer.launcher RUN_DIR [--resume]
+    python -m prime_lab.trainer.launcher RUN_DIR [--resume]
 
 Order: the trainer first (it loads the model while the sampler boots), then the sampler (built-in server, vLLM, or
 an external URL checked for an answer), then the orchestrator. Every wait has a timeout. The run is `failed` within
@@ -23,14 +23,15 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from lab.alerts import AlertMonitor
-from lab.events import Event, EventLog
-from lab.inference.backend import BackendChoice
-from lab.inference.process import RunningServer, log_tail
-from lab.runs import Run
-from trainer.batch import batch_path
-from trainer.config import RLConfig
-from trainer.runtime import StopFlag, checkpoint_to_resume, load_config, log_both, step_dirs
+from prime_lab.lab.alerts import AlertMonitor
+from prime_lab.lab.events import Event, EventLog
+from prime_lab.lab.inference.backend import BackendChoice
+from prime_lab.lab.inference.process import RunningServer, log_tail
+from prime_lab.lab.paths import child_python
+from prime_lab.lab.runs import Run
+from prime_lab.trainer.batch import batch_path
+from prime_lab.trainer.config import RLConfig
+from prime_lab.trainer.runtime import StopFlag, checkpoint_to_resume, load_config, log_both, step_dirs
 
 POLL_S = 0.25
 UNHEALTHY_AFTER_S = float(os.environ.get("PRIME_LAB_SAMPLER_UNHEALTHY_S", "30"))  # tests shorten it
@@ -45,7 +46,7 @@ class LaunchFailed(RuntimeError):
 
 def spawn(run: Run, *, resume: bool = False, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start the supervisor for `run` detached (its own session: it outlives the terminal that started it)."""
-    argv = [sys.executable, "-m", "trainer.launcher", str(run.dir)] + (["--resume"] if resume else [])
+    argv = [*child_python(), "-m", "prime_lab.trainer.launcher", str(run.dir)] + (["--resume"] if resume else [])
     with open(run.log_path("launcher"), "ab") as log:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ, **(env or {})})
@@ -89,7 +90,7 @@ class Supervisor:
 
     def start_child(self, role: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         with open(self.run.log_path(role), "ab") as log:
-            process = subprocess.Popen([sys.executable, "-m", *argv], stdin=subprocess.DEVNULL, stdout=log,
+            process = subprocess.Popen([*child_python(), "-m", *argv], stdin=subprocess.DEVNULL, stdout=log,
                                        stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.children[role] = process
         self.run.register_process(role, process.pid)
@@ -106,18 +107,19 @@ class Supervisor:
             self.log(f"CPU only: {trainer_threads} thread(s) for the trainer, {sampler_threads} for the sampler "
                      "(they run at the same time; oversubscribed cores make both slower)")
             os.environ["OMP_NUM_THREADS"] = str(sampler_threads)  # the sampler inherits this process's environment
-        self.start_child("trainer", ["trainer.train", str(run.dir), "--model-path", str(self.model_path), *resume],
+        self.start_child("trainer", ["prime_lab.trainer.train", str(run.dir), "--model-path", str(self.model_path),
+                                     *resume],
                          env={"OMP_NUM_THREADS": str(trainer_threads)} if trainer_threads else None)
         base_url, model_name = self.start_sampler(choice)
         if self.stop.set:
             return
         api_key = ["--api-key-var", cfg.inference.api_key_var] if choice.backend == "external" else []
-        self.start_child("orchestrator", ["trainer.orchestrator", str(run.dir), "--base-url", base_url,
+        self.start_child("orchestrator", ["prime_lab.trainer.orchestrator", str(run.dir), "--base-url", base_url,
                                           "--model", model_name, *api_key, *resume])
         run.set_state("running")
 
     def choose_backend(self) -> BackendChoice:
-        from lab.inference.backend import BackendUnavailableError, choose_backend
+        from prime_lab.lab.inference.backend import BackendUnavailableError, choose_backend
 
         inf = self.config.inference
         try:
@@ -129,7 +131,7 @@ class Supervisor:
         """On a CPU-only machine with the built-in sampler, the cores split between trainer and sampler: (trainer,
         sampler) thread counts, or (0, 0) to leave both to their defaults (a GPU, vLLM binding its own cores,
         an external sampler, or a user's OMP_NUM_THREADS)."""
-        from lab.inference.vllm import cuda_available
+        from prime_lab.lab.inference.vllm import cuda_available
 
         if "OMP_NUM_THREADS" in os.environ or backend != "builtin" or self.config.trainer.device == "cuda" \
                 or cuda_available():
@@ -140,8 +142,8 @@ class Supervisor:
         return cores // 2, cores - cores // 2
 
     def start_sampler(self, choice: BackendChoice) -> tuple[str, str]:
-        from lab.inference.launch import SamplerOptions, start_sampler
-        from lab.inference.process import ServerStartError
+        from prime_lab.lab.inference.launch import SamplerOptions, start_sampler
+        from prime_lab.lab.inference.process import ServerStartError
 
         inf = self.config.inference
         self.log(f"sampler: {choice.reason}")
@@ -271,7 +273,7 @@ class Supervisor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.launcher")
+    parser = argparse.ArgumentParser(prog="python -m prime_lab.trainer.launcher")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)

@@ -10,16 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.batch import Sample
-from trainer.loss import policy_loss, token_entropy
-from trainer.packing import PackedRow, pack
+from prime_lab.trainer.batch import Sample
+from prime_lab.trainer.loss import policy_loss, token_entropy
+from prime_lab.trainer.packing import PackedRow, pack
 
 if TYPE_CHECKING:
     import torch
 
 
 def pick_device(requested: str = "auto") -> str:
-    from lab.inference.vllm import cuda_available
+    from prime_lab.lab.inference.vllm import cuda_available
 
     if requested == "auto":
         return "cuda" if cuda_available() else "cpu"

@@ -24,16 +24,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lab.envs import Environment, Rollout, SamplingArgs, load_env_files, load_environment
-from lab.events import EventWriter
-from lab.inference.process import answers_health
-from lab.inference.vllm import AdapterLoadError, RuntimeAdapters
-from lab.runs import Run
-from trainer.batch import Sample, rollout_samples, write_batch
-from trainer.buffer import ExampleSampler, GroupFilter
-from trainer.config import RLConfig
-from trainer.loss import group_advantages
-from trainer.runtime import (
+from prime_lab.lab.envs import Environment, Rollout, SamplingArgs, load_env_files, load_environment
+from prime_lab.lab.events import EventWriter
+from prime_lab.lab.inference.process import answers_health
+from prime_lab.lab.inference.vllm import AdapterLoadError, RuntimeAdapters
+from prime_lab.lab.runs import Run
+from prime_lab.trainer.batch import Sample, rollout_samples, write_batch
+from prime_lab.trainer.buffer import ExampleSampler, GroupFilter
+from prime_lab.trainer.config import RLConfig
+from prime_lab.trainer.loss import group_advantages
+from prime_lab.trainer.runtime import (
     ADAPTER_NAME,
     StopFlag,
     checkpoint_to_resume,
@@ -414,7 +414,7 @@ class Orchestrator:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.orchestrator")
+    parser = argparse.ArgumentParser(prog="python -m prime_lab.trainer.orchestrator")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--model", required=True)

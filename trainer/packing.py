@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from trainer.batch import Sample
+from prime_lab.trainer.batch import Sample
 
 if TYPE_CHECKING:
     import torch

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from lab.events import EventWriter
-from lab.runs import Run
-from trainer.config import RLConfig
+from prime_lab.lab.events import EventWriter
+from prime_lab.lab.runs import Run
+from prime_lab.trainer.config import RLConfig
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 ADAPTER_NAME = "policy"  # the name the orchestrator loads the trainer's adapter under

@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lab.events import EventWriter
-from lab.runs import Run
-from trainer.batch import batch_path, read_batch, truncate
-from trainer.config import RLConfig
-from trainer.model import accumulate_batch_gradients, load_policy, pick_device
-from trainer.runtime import (
+from prime_lab.lab.events import EventWriter
+from prime_lab.lab.runs import Run
+from prime_lab.trainer.batch import batch_path, read_batch, truncate
+from prime_lab.trainer.config import RLConfig
+from prime_lab.trainer.model import accumulate_batch_gradients, load_policy, pick_device
+from prime_lab.trainer.runtime import (
     StopFlag,
     checkpoint_to_resume,
     guarded_main,
@@ -197,7 +197,7 @@ class Trainer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.train")
+    parser = argparse.ArgumentParser(prog="python -m prime_lab.trainer.train")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--model-path", type=Path, required=True)
     parser.add_argument("--resume", action="store_true")

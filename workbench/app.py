@@ -12,8 +12,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from lab.runs import RunError, RunRegistry
-from workbench.launch import LaunchError, find_run, launch
+from prime_lab.lab.runs import RunError, RunRegistry
+from prime_lab.workbench.launch import LaunchError, find_run, launch
 
 STYLES = Path(__file__).parent / "styles"
 
@@ -64,7 +64,7 @@ class LabApp(App[None]):
             self.push_screen(screen)
 
     def push_home(self) -> None:
-        from workbench.screens.home import HomeScreen
+        from prime_lab.workbench.screens.home import HomeScreen
 
         self.push_screen(HomeScreen())
 
@@ -83,7 +83,7 @@ class LabApp(App[None]):
         """The editor on `path`, or None (the error shown)."""
         if path is None:
             return None
-        from workbench.screens.editor import EditorScreen
+        from prime_lab.workbench.screens.editor import EditorScreen
 
         try:
             return EditorScreen(path, focus_toml=focus_toml)
@@ -95,7 +95,7 @@ class LabApp(App[None]):
         """The page of run `run_id`, or None (the error shown)."""
         if run_id is None:
             return None
-        from workbench.screens.run import run_screen
+        from prime_lab.workbench.screens.run import run_screen
 
         try:
             return run_screen(self.registry.get(run_id))

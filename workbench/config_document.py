@@ -16,40 +16,40 @@ from pydantic import BaseModel
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import AoT, Table
 
-from lab.problems import KeyPath, Problem, Validation, validate_toml
+from prime_lab.lab.problems import KeyPath, Problem, Validation, validate_toml
 
 ConfigKind = Literal["rl", "gepa", "eval"]
 Validator = Callable[[str, "str | None"], Validation[Any]]
 
 
 def _validate_rl(text: str, file: str | None) -> Validation[Any]:
-    from trainer.config import validate_rl_config
+    from prime_lab.trainer.config import validate_rl_config
 
     return validate_rl_config(text, file)
 
 
 def _validate_gepa(text: str, file: str | None) -> Validation[Any]:
-    from gepa.config import validate_gepa_config
+    from prime_lab.gepa.config import validate_gepa_config
 
     return validate_gepa_config(text, file)
 
 
 def _validate_eval(text: str, file: str | None) -> Validation[Any]:
-    from lab.evaluation import EvalFileConfig
+    from prime_lab.lab.evaluation import EvalFileConfig
 
     return validate_toml(text, EvalFileConfig, file=file)
 
 
 def schema_for(kind: ConfigKind) -> type[BaseModel]:
     if kind == "rl":
-        from trainer.config import RLConfig
+        from prime_lab.trainer.config import RLConfig
 
         return RLConfig
     if kind == "eval":
-        from lab.evaluation import EvalFileConfig
+        from prime_lab.lab.evaluation import EvalFileConfig
 
         return EvalFileConfig
-    from gepa.config import GepaConfig
+    from prime_lab.gepa.config import GepaConfig
 
     return GepaConfig
 

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.paths import lab_home
-from lab.runs import Run, RunRegistry
+from prime_lab.lab.paths import child_python, lab_home
+from prime_lab.lab.runs import Run, RunRegistry
 
-CLI_BOOTSTRAP = "import sys; from workbench.cli import main; sys.argv[0] = 'prime'; main()"
+CLI_BOOTSTRAP = "import sys; from prime_lab.workbench.cli import main; sys.argv[0] = 'prime'; main()"
 
 
 class LaunchError(Exception):
@@ -62,7 +61,7 @@ class Launched:
 
 def cli_has(group: str, command: str) -> bool:
     """Whether `prime GROUP COMMAND` exists (RL and GEPA runs launch once their commands land)."""
-    from workbench.cli.app import app
+    from prime_lab.workbench.cli.app import app
 
     for info in app.registered_groups:
         if info.name == group and info.typer_instance is not None:
@@ -89,7 +88,7 @@ def launch(argv: list[str], *, cwd: Path | None = None, log_dir: Path | None = N
     logs = log_dir or lab_home() / "launches"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6}.log"
-    command = [sys.executable, "-c", CLI_BOOTSTRAP, *argv]
+    command = [*child_python(), "-c", CLI_BOOTSTRAP, *argv]
     with open(log_path, "ab") as log:
         try:
             process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -3,7 +3,7 @@
 Importing this package is cheap (no torch, no model code); environments call models only over HTTP.
 """
 
-from lab.envs.environment import (
+from prime_lab.lab.envs.environment import (
     Environment,
     MultiTurnEnv,
     Rollout,
@@ -12,12 +12,12 @@ from lab.envs.environment import (
     State,
     Turn,
 )
-from lab.envs.group import EnvGroup
-from lab.envs.loader import EnvInfo, EnvironmentLoadError, builtin_environments, describe, load_environment
-from lab.envs.parsers import Parser, ThinkParser, XMLParser
-from lab.envs.rubric import Rubric, Score
-from lab.envs.secrets import MissingKeyError, ensure_keys, load_env_files, redact
-from lab.envs.tools import ToolEnv
+from prime_lab.lab.envs.group import EnvGroup
+from prime_lab.lab.envs.loader import EnvInfo, EnvironmentLoadError, builtin_environments, describe, load_environment
+from prime_lab.lab.envs.parsers import Parser, ThinkParser, XMLParser
+from prime_lab.lab.envs.rubric import Rubric, Score
+from prime_lab.lab.envs.secrets import MissingKeyError, ensure_keys, load_env_files, redact
+from prime_lab.lab.envs.tools import ToolEnv
 
 __all__ = [
     "EnvGroup", "EnvInfo", "Environment", "EnvironmentLoadError", "MissingKeyError", "MultiTurnEnv", "Parser",

@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lab.envs.parsers import Messages, Parser
-from lab.envs.rubric import Rubric
+from prime_lab.lab.envs.parsers import Messages, Parser
+from prime_lab.lab.envs.rubric import Rubric
 
 State = dict[str, Any]
 

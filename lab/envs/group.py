@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lab.envs.environment import Environment, Rollout, SamplingArgs, sample_rows
+from prime_lab.lab.envs.environment import Environment, Rollout, SamplingArgs, sample_rows
 
 
 class EnvGroup(Environment):

@@ -1,7 +1,7 @@
 """Environment ids to environments: `owner/name` -> module `name` (dashes to underscores).
 
-The module is looked up among prime-lab's built-ins (`environments.<name>`) first, then among installed packages
-(`import <name>`), as verifiers does for Hub environments. Problems (no such environment, no
+The module is looked up among prime-lab's built-ins (`prime_lab.environments.<name>`) first, then among installed
+packages (`import <name>`), as verifiers does for Hub environments. Problems (no such environment, no
 `load_environment`, an argument it does not take) raise `EnvironmentLoadError` with a message that names the id and
 what to do.
 """
@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from lab.envs.environment import Environment
+from prime_lab.lab.envs.environment import Environment
+
+# The built-in environments' package (the `environments/` folder), found by name: lab sits below it in the layers.
+BUILTIN_PACKAGE = "prime_lab.environments"
 
 
 class EnvironmentLoadError(Exception):
@@ -29,7 +32,7 @@ def module_name(env_id: str) -> str:
 
 def _find_module(env_id: str) -> ModuleType:
     name = module_name(env_id)
-    for candidate in (f"environments.{name}", name):
+    for candidate in (f"{BUILTIN_PACKAGE}.{name}", name):
         try:
             spec = importlib.util.find_spec(candidate)
         except (ImportError, ValueError):
@@ -42,9 +45,9 @@ def _find_module(env_id: str) -> ModuleType:
             raise EnvironmentLoadError(f"environment '{env_id}': importing module '{candidate}' failed: "
                                        f"{type(exc).__name__}: {exc}") from exc
     known = ", ".join(e.id for e in builtin_environments())
-    raise EnvironmentLoadError(f"no environment '{env_id}': looked for module 'environments.{name}' (built-in) and "
-                               f"an installed package '{name}'. Built-ins: {known}. Install a package that provides "
-                               f"'{name}' (pip install ...) or fix the id")
+    raise EnvironmentLoadError(f"no environment '{env_id}': looked for module '{BUILTIN_PACKAGE}.{name}' (built-in) "
+                               f"and an installed package '{name}'. Built-ins: {known}. Install a package that "
+                               f"provides '{name}' (pip install ...) or fix the id")
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ def _fmt_args(args: dict[str, Any]) -> str:
 def builtin_environments() -> list[EnvInfo]:
     """The environments shipped in `environments/` (ids `primeintellect/<name>`), with their arguments."""
     # Discovered by name like any plugin (lab sits below `environments` and does not import it statically).
-    spec = importlib.util.find_spec("environments")
+    spec = importlib.util.find_spec(BUILTIN_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         return []
     infos: list[EnvInfo] = []

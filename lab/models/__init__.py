@@ -3,9 +3,9 @@
 Importing `lab.models` does not import torch or transformers; building or materialising a model does, lazily.
 """
 
-from lab.models.presets import PRESETS, Availability, ModelPreset, list_presets
-from lab.models.resolve import ModelNotFoundError, resolve_model
-from lab.models.tiny import TinyModelShape, build_tiny_model
+from prime_lab.lab.models.presets import PRESETS, Availability, ModelPreset, list_presets
+from prime_lab.lab.models.resolve import ModelNotFoundError, resolve_model
+from prime_lab.lab.models.tiny import TinyModelShape, build_tiny_model
 
 __all__ = [
     "PRESETS",

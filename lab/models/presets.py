@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from lab.models.smollm2 import INSTALL_HINT, build_smollm2, find_smollm2_gguf
-from lab.models.store import is_model_folder
-from lab.models.tiny import build_tiny_qwen3
-from lab.paths import models_dir
+from prime_lab.lab.models.smollm2 import INSTALL_HINT, build_smollm2, find_smollm2_gguf
+from prime_lab.lab.models.store import is_model_folder
+from prime_lab.lab.models.tiny import build_tiny_qwen3
+from prime_lab.lab.paths import models_dir
 
 
 class Availability(StrEnum):

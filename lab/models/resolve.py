@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lab.models.presets import PRESETS, Availability, ModelPreset
-from lab.models.store import is_model_folder, materialise
+from prime_lab.lab.models.presets import PRESETS, Availability, ModelPreset
+from prime_lab.lab.models.store import is_model_folder, materialise
 
 
 class ModelNotFoundError(LookupError):

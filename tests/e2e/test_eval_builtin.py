@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from lab.runs import RunRegistry
+from prime_lab.lab.runs import RunRegistry
 
 PRIME = str(Path(sys.executable).parent / "prime")
 ENVS = ["reverse-text", "alphabet-sort", "gsm8k", "wordle", "math-python"]
@@ -60,7 +60,7 @@ def test_eval_starts_and_stops_its_own_sampler(tiny_model_dir: Path, tmp_path: P
 
 @pytest.fixture(scope="module")
 def smollm2_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from lab.inference.launch import start_sampler
+    from prime_lab.lab.inference.launch import start_sampler
 
     server = start_sampler("builtin", smollm2_dir, tmp_path_factory.mktemp("smollm2") / "server.log",
                            served_name="smollm2-135m")
@@ -98,7 +98,7 @@ def test_rollouts_keep_the_rl_fields_per_turn(builtin_server: Any) -> None:
 
     from openai import AsyncOpenAI
 
-    from lab.envs import EnvGroup, SamplingArgs, load_environment
+    from prime_lab.lab.envs import EnvGroup, SamplingArgs, load_environment
 
     group = EnvGroup([load_environment("alphabet-sort", min_turns=2, max_turns=2),
                       load_environment("reverse-text")])

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from workbench.terminal import TmuxPane
+from prime_lab.workbench.terminal import TmuxPane
 
 REPO = Path(__file__).resolve().parents[2]
 PRIME = str(Path(sys.executable).parent / "prime")

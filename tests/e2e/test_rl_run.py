@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from lab.events import Event
-from lab.runs import FINAL_STATES, Run, RunRegistry
+from prime_lab.lab.events import Event
+from prime_lab.lab.runs import FINAL_STATES, Run, RunRegistry
 
 PRIME = str(Path(sys.executable).parent / "prime")
 FIXTURE_ENVS = Path(__file__).resolve().parents[1] / "fixtures" / "envs"
@@ -248,7 +248,7 @@ def test_bad_configs_and_models_fail_before_a_run_exists(tmp_path: Path) -> None
 
 
 def test_the_workbench_launch_path_starts_an_rl_run(learnable_model_dir: Path, tmp_path: Path) -> None:
-    from workbench.launch import config_argv, find_run, launch
+    from prime_lab.workbench.launch import config_argv, find_run, launch
 
     config = write_config(tmp_path / "rl.toml", learnable_model_dir, steps=3)
     launched = launch(config_argv("rl", config))

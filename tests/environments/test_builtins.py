@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
-from environments.wordle import feedback
-from lab.envs import SamplingArgs, builtin_environments, load_environment
+from prime_lab.environments.wordle import feedback
+from prime_lab.lab.envs import SamplingArgs, builtin_environments, load_environment
 from tests.lab.envs.scripted import scripted_endpoint
 
 IDS = ["primeintellect/reverse-text", "primeintellect/alphabet-sort", "primeintellect/gsm8k",

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gepa.adapter import Candidate, EvaluationBatch, ReflectiveDataset
+from prime_lab.gepa.adapter import Candidate, EvaluationBatch, ReflectiveDataset
 
 
 def score_of(text: str, row: int) -> float:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gepa.config import validate_gepa_file
-from lab.envs import load_environment
+from prime_lab.gepa.config import validate_gepa_file
+from prime_lab.lab.envs import load_environment
 
 PRIME = str(Path(sys.executable).parent / "prime")
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "gepa").glob("*.toml"))
@@ -51,10 +51,12 @@ def test_unknown_environment_and_bad_json_fail_cleanly(tmp_path: Path) -> None:
     assert proc.returncode == 1 and "not a GEPA run directory" in proc.stderr
 
 
-def test_a_foreign_gepa_package_is_named_with_the_fix(tmp_path: Path) -> None:
+def test_a_foreign_gepa_package_on_the_path_changes_nothing(tmp_path: Path) -> None:
+    """A `gepa` of the user's (or PyPI's) first on the path: prime-lab's is `prime_lab.gepa`, so the run goes on to
+    its own checks (here: an unknown environment, named with the fix) instead of importing the other one."""
     (tmp_path / "gepa").mkdir()
-    (tmp_path / "gepa" / "__init__.py").write_text("def optimize(): ...\n")
+    (tmp_path / "gepa" / "__init__.py").write_text("raise ImportError('the foreign gepa was imported')\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    proc = prime("gepa", "run", "reverse-text", cwd=tmp_path, env=env)
-    assert proc.returncode == 1
-    assert "is not prime-lab's" in proc.stderr and "own virtual environment" in proc.stderr
+    proc = prime("gepa", "run", "no-such-env", "-b", "http://127.0.0.1:9/v1", cwd=tmp_path, env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert "foreign gepa" not in proc.stderr and "no environment 'no-such-env'" in proc.stderr

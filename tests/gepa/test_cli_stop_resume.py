@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lab.events import Event, EventLog
-from lab.runs import Run
+from prime_lab.lab.events import Event, EventLog
+from prime_lab.lab.runs import Run
 from tests.gepa.reflection_standin import reflection_standin
 
 PRIME = str(Path(sys.executable).parent / "prime")

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lab.events import EventLog
-from lab.runs import Run
+from prime_lab.lab.events import EventLog
+from prime_lab.lab.runs import Run
 from tests.lab.envs.scripted import scripted_endpoint
 
 PRIME = str(Path(sys.executable).parent / "prime")

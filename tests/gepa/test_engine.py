@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from gepa.adapter import Candidate, EvaluationBatch
-from gepa.engine import EngineConfig, GepaEngine
-from gepa.pareto import front_frequencies
-from gepa.state import GepaState
+from prime_lab.gepa.adapter import Candidate, EvaluationBatch
+from prime_lab.gepa.engine import EngineConfig, GepaEngine
+from prime_lab.gepa.pareto import front_frequencies
+from prime_lab.gepa.state import GepaState
 from tests.gepa.scripted_adapter import ScriptedAdapter, score_of
 
 TRAIN = list(range(100, 120))

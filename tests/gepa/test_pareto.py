@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from gepa.pareto import front_frequencies, instance_fronts, remove_dominated, select_parent
+from prime_lab.gepa.pareto import front_frequencies, instance_fronts, remove_dominated, select_parent
 
 
 def test_instance_fronts_hold_every_candidate_tied_for_best() -> None:

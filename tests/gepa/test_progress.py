@@ -3,7 +3,7 @@ with a running count of accepted proposals."""
 
 from __future__ import annotations
 
-from workbench.cli.gepa_progress import GepaProgress
+from prime_lab.workbench.cli.gepa_progress import GepaProgress
 
 
 def test_progress_shows_budget_best_and_verdicts() -> None:

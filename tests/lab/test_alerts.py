@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from lab.alerts import (
+from prime_lab.lab.alerts import (
     ALERT_NAMES,
     DEGENERATE_OUTPUTS,
     ENTROPY_COLLAPSE,
@@ -24,7 +24,7 @@ from lab.alerts import (
     is_degenerate,
     repetition_score,
 )
-from lab.events import Event
+from prime_lab.lab.events import Event
 
 HEALTHY = {"reward/mean": 0.4, "reward/std": 0.3, "policy/entropy": 1.2, "policy/kl": 0.002, "loss": 0.05,
            "optim/grad_norm": 0.8}

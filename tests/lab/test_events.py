@@ -9,11 +9,11 @@ import threading
 import time
 from pathlib import Path
 
-from lab.events import BadLine, Event, EventLog, EventWriter
+from prime_lab.lab.events import BadLine, Event, EventLog, EventWriter
 
 WRITER_SCRIPT = """
 import sys
-from lab.events import EventWriter
+from prime_lab.lab.events import EventWriter
 path, writer_id, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 with EventWriter(path, "trainer") as w:
     for i in range(count):

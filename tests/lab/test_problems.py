@@ -7,7 +7,7 @@ import tomllib
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.problems import KeyLocator, Problem, nearest_name, suggest_key, toml_syntax_problem, validate_toml
+from prime_lab.lab.problems import KeyLocator, Problem, nearest_name, suggest_key, toml_syntax_problem, validate_toml
 
 DOC = '''# a comment with [brackets] and key = "value"
 model = "m"   # trailing comment

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from lab.runs import Run, RunError, RunRegistry, pid_alive
+from prime_lab.lab.runs import Run, RunError, RunRegistry, pid_alive
 
 # A stand-in run process (the thing under test is the registry, not this script): it registers itself, says it
 # is running, and on SIGTERM either records a clean stop or, with "stubborn", ignores the signal.
 RUN_PROCESS = """
 import signal, sys, time
-from lab.runs import Run
+from prime_lab.lab.runs import Run
 run = Run(sys.argv[1])
 mode = sys.argv[2]
 def on_term(signum, frame):

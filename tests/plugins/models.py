@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.models import build_tiny_model, resolve_model
-from lab.models.tiny import TinyModelShape
+from prime_lab.lab.models import build_tiny_model, resolve_model
+from prime_lab.lab.models.tiny import TinyModelShape
 
 TEST_MODELS_CACHE = Path(os.environ.get("PRIME_LAB_TEST_MODELS", "~/.cache/prime-lab-test-models")).expanduser()
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.inference.builtin.launcher import BuiltinServer, start_builtin_server
-from lab.inference.builtin.server import BuiltinServerSettings
-from lab.models.random_lora import build_random_lora_adapter
+from prime_lab.lab.inference.builtin.launcher import BuiltinServer, start_builtin_server
+from prime_lab.lab.inference.builtin.server import BuiltinServerSettings
+from prime_lab.lab.models.random_lora import build_random_lora_adapter
 
 TINY_SERVED_NAME = "tiny-qwen3"
 

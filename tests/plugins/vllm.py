@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lab.inference.vllm import VLLMNotInstalledError, VLLMServer, VLLMSettings, start_vllm, vllm_installed
+from prime_lab.lab.inference.vllm import VLLMNotInstalledError, VLLMServer, VLLMSettings, start_vllm, vllm_installed
 
 TINY_SERVED_NAME = "tiny-qwen3"
 SMOLLM2_SERVED_NAME = "smollm2-135m"

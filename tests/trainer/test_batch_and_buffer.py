@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from lab.envs import Rollout, Turn
-from trainer.batch import MissingTokensError, read_batch, rollout_samples, truncate, write_batch
-from trainer.buffer import ExampleSampler, GroupFilter
-from trainer.config import BufferConfig, DifficultyFilterConfig
-from trainer.orchestrator import Group, batch_metrics
+from prime_lab.lab.envs import Rollout, Turn
+from prime_lab.trainer.batch import MissingTokensError, read_batch, rollout_samples, truncate, write_batch
+from prime_lab.trainer.buffer import ExampleSampler, GroupFilter
+from prime_lab.trainer.config import BufferConfig, DifficultyFilterConfig
+from prime_lab.trainer.orchestrator import Group, batch_metrics
 
 
 def rollout(turns: list[tuple[list[int], list[int]]], reward: float = 1.0, truncated: bool = False) -> Rollout:

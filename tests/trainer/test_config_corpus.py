@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from prime_lab.trainer.config import validate_rl_config, validate_rl_file
 from tests.trainer.expect import read_expectations
-from trainer.config import validate_rl_config, validate_rl_file
 
 CORPUS = sorted(Path(__file__).with_name("corpus").glob("*.toml"))
 

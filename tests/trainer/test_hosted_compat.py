@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainer.config import validate_rl_config
+from prime_lab.trainer.config import validate_rl_config
 
 HOSTED = """model = "Qwen/Qwen3-4B-Instruct-2507"
 max_steps = 100

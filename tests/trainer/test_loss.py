@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.batch import Sample
-from trainer.loss import group_advantages, policy_loss, token_entropy
-from trainer.model import accumulate_batch_gradients, load_policy
+from prime_lab.trainer.batch import Sample
+from prime_lab.trainer.loss import group_advantages, policy_loss, token_entropy
+from prime_lab.trainer.model import accumulate_batch_gradients, load_policy
 
 
 def test_loss_matches_a_hand_computation_with_masking() -> None:

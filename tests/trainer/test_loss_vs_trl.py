@@ -27,9 +27,9 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
-from trainer.batch import Sample
-from trainer.loss import group_advantages
-from trainer.model import accumulate_batch_gradients, load_policy, token_logprobs
+from prime_lab.trainer.batch import Sample
+from prime_lab.trainer.loss import group_advantages
+from prime_lab.trainer.model import accumulate_batch_gradients, load_policy, token_logprobs
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # groups of GROUP_SIZE rollouts of one prompt, as GRPO samples them (ours packs each group's prompt once)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from trainer.batch import Sample
-from trainer.packing import pack, prefix_length
+from prime_lab.trainer.batch import Sample
+from prime_lab.trainer.packing import pack, prefix_length
 
 
 def sample(prompt: list[int], completion: list[int], advantage: float = 0.0) -> Sample:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from prime_lab.trainer.config import validate_rl_config, validate_rl_file
 from tests.trainer.expect import read_expectations
 from tests.trainer.test_template import uncomment_settings
-from trainer.config import validate_rl_config, validate_rl_file
 
 HERE = Path(__file__).with_name("reference_examples")
 EXAMPLES = sorted(HERE.glob("*.toml"))

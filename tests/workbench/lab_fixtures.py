@@ -10,9 +10,9 @@ from typing import Any
 
 from textual.pilot import Pilot
 
-from lab.runs import Run, RunRegistry
-from workbench.app import LabApp, create_app
-from workbench.screens.run import RunScreen
+from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.workbench.app import LabApp, create_app
+from prime_lab.workbench.screens.run import RunScreen
 
 REPO = Path(__file__).resolve().parents[2]
 FROZEN = 1_750_000_000.0

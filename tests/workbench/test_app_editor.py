@@ -8,11 +8,11 @@ from pathlib import Path
 
 from textual.widgets import Input
 
+from prime_lab.workbench.screens.editor import EditorScreen
+from prime_lab.workbench.widgets.config_form import FieldRow
+from prime_lab.workbench.widgets.problems_panel import ProblemsPanel
+from prime_lab.workbench.widgets.toml_editor import TomlEditor
 from tests.workbench.lab_fixtures import SIZE, lab_folder, make_app, record_notifications
-from workbench.screens.editor import EditorScreen
-from workbench.widgets.config_form import FieldRow
-from workbench.widgets.problems_panel import ProblemsPanel
-from workbench.widgets.toml_editor import TomlEditor
 
 
 def row(screen: EditorScreen, key: str) -> FieldRow:

@@ -8,15 +8,15 @@ from pathlib import Path
 
 from textual.widgets import DataTable, Input, RichLog
 
-from lab.inference.builtin.launcher import BuiltinServer
-from lab.runs import RunRegistry
+from prime_lab.lab.inference.builtin.launcher import BuiltinServer
+from prime_lab.lab.runs import RunRegistry
+from prime_lab.workbench.screens.editor import EditorScreen
+from prime_lab.workbench.screens.home import HomeScreen
+from prime_lab.workbench.screens.launch_eval import LaunchEvalScreen
+from prime_lab.workbench.screens.run import RunScreen
+from prime_lab.workbench.widgets.env_picker import EnvPicker
+from prime_lab.workbench.widgets.runs_table import RunsTable
 from tests.workbench.lab_fixtures import SIZE, caught_up, fixed_run, lab_folder, make_app, until
-from workbench.screens.editor import EditorScreen
-from workbench.screens.home import HomeScreen
-from workbench.screens.launch_eval import LaunchEvalScreen
-from workbench.screens.run import RunScreen
-from workbench.widgets.env_picker import EnvPicker
-from workbench.widgets.runs_table import RunsTable
 
 
 def test_home_lists_configs_and_runs_and_keys_act_on_them(tmp_path: Path) -> None:

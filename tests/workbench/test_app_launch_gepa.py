@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lab.runs import RunRegistry
+from prime_lab.lab.runs import RunRegistry
+from prime_lab.workbench.launch import config_argv, find_run, launch
 from tests.gepa.reflection_standin import reflection_standin
-from workbench.launch import config_argv, find_run, launch
 
 
 def test_a_gepa_config_launched_from_the_workbench_completes(builtin_server: Any, tmp_path: Path,

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lab.runs import RunRegistry
+from prime_lab.lab.runs import RunRegistry
 from tests.lab.envs.scripted import scripted_endpoint
 
 PRIME = str(Path(sys.executable).parent / "prime")
@@ -23,7 +23,7 @@ def prime(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_eval_writes_results_metadata_events_and_a_report(tmp_path: Path, lab_home: Path) -> None:
-    from lab.envs import load_environment
+    from prime_lab.lab.envs import load_environment
 
     rows = load_environment("gsm8k", difficulty="easy").get_eval_dataset(3)
     right = [f"<answer>{r['answer']}</answer>" for r in rows]
@@ -77,7 +77,7 @@ def test_eval_toml_form(tmp_path: Path, lab_home: Path) -> None:
 
 
 def test_refused_endpoint_fails_fast_with_a_clear_message(tmp_path: Path, lab_home: Path) -> None:
-    from lab.inference.process import free_port
+    from prime_lab.lab.inference.process import free_port
 
     proc = prime("eval", "run", "reverse-text", "-b", f"http://127.0.0.1:{free_port()}/v1", "-m", "m", "-n", "2",
                  cwd=tmp_path)
@@ -99,7 +99,7 @@ def test_env_file_secrets_reach_the_environment_and_never_the_outputs(tmp_path: 
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "keyed_env.py").write_text(
-        "from lab.envs import Rubric, SingleTurnEnv, ensure_keys\n"
+        "from prime_lab.lab.envs import Rubric, SingleTurnEnv, ensure_keys\n"
         "import os\n"
         "def load_environment():\n"
         "    ensure_keys(['KEYED_ENV_API_KEY'])\n"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.events import EventWriter
-from lab.runs import RunRegistry
+from prime_lab.lab.events import EventWriter
+from prime_lab.lab.runs import RunRegistry
 
 PRIME = str(Path(sys.executable).parent / "prime")
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.config_document import ConfigDocument
+from prime_lab.workbench.config_document import ConfigDocument
 
 REPO = Path(__file__).resolve().parents[2]
 

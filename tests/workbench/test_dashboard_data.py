@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from lab.events import BadLine
-from workbench.dashboards.files import read_events
-from workbench.dashboards.rl_model import RLRunModel
-from workbench.dashboards.series import DownsampledSeries
+from prime_lab.lab.events import BadLine
+from prime_lab.workbench.dashboards.files import read_events
+from prime_lab.workbench.dashboards.rl_model import RLRunModel
+from prime_lab.workbench.dashboards.series import DownsampledSeries
 
 
 @pytest.mark.parametrize("capacity", [4, 16, 1024])

@@ -15,7 +15,17 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import DataTable, RichLog, Static, TabbedContent
 
-from lab.events import EventWriter
+from prime_lab.lab.events import EventWriter
+from prime_lab.workbench.dashboards.files import MAX_READ
+from prime_lab.workbench.screens.dashboard_gepa import FrontierChart, GepaDashboard
+from prime_lab.workbench.screens.dashboard_rl import RLDashboard
+from prime_lab.workbench.screens.home import HomeScreen
+from prime_lab.workbench.screens.pick_many import PickManyScreen
+from prime_lab.workbench.widgets.alerts_pane import AlertsPane
+from prime_lab.workbench.widgets.charts import MetricChart
+from prime_lab.workbench.widgets.logs_pane import LogsPane
+from prime_lab.workbench.widgets.runs_table import RunsTable
+from prime_lab.workbench.widgets.samples_browser import SamplesBrowser
 from tests.workbench.lab_fixtures import (
     REPO,
     SIZE,
@@ -27,16 +37,6 @@ from tests.workbench.lab_fixtures import (
     settle,
     until,
 )
-from workbench.dashboards.files import MAX_READ
-from workbench.screens.dashboard_gepa import FrontierChart, GepaDashboard
-from workbench.screens.dashboard_rl import RLDashboard
-from workbench.screens.home import HomeScreen
-from workbench.screens.pick_many import PickManyScreen
-from workbench.widgets.alerts_pane import AlertsPane
-from workbench.widgets.charts import MetricChart
-from workbench.widgets.logs_pane import LogsPane
-from workbench.widgets.runs_table import RunsTable
-from workbench.widgets.samples_browser import SamplesBrowser
 
 BIG = (120, 40)
 
@@ -232,7 +232,7 @@ def test_gepa_frontier_updates_live(tmp_path: Path) -> None:
 
 WRITER = """
 import os, sys, time
-from lab.events import EventWriter
+from prime_lab.lab.events import EventWriter
 writer = EventWriter(sys.argv[1], "orchestrator")
 for step in range(1, 41):
     writer.metrics({"reward/mean": step / 40, "reward/std": 0.2}, step=step)
@@ -272,7 +272,7 @@ def test_live_writer_process_and_the_chart_follows(tmp_path: Path) -> None:
 
 def test_event_writer_is_importable_without_textual() -> None:
     # The writer side used above is lab's (no textual), as the launcher uses it.
-    assert EventWriter.__module__ == "lab.events"
+    assert EventWriter.__module__ == "prime_lab.lab.events"
 
 
 def test_rl_dashboard_snapshot_with_an_alert(tmp_path: Path, snap_compare: Any) -> None:

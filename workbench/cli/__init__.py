@@ -1,5 +1,5 @@
 """The `prime` command line."""
 
-from workbench.cli.app import main
+from prime_lab.workbench.cli.app import main
 
 __all__ = ["main"]

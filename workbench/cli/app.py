@@ -6,15 +6,15 @@ import sys
 
 import typer
 
-import lab
-from lab.runs import RunError
-from workbench.cli.common import UserError, join_at_args
-from workbench.cli.env import env_app
-from workbench.cli.eval import eval_app
-from workbench.cli.gepa import gepa_app
-from workbench.cli.lab import lab as lab_command
-from workbench.cli.rl import rl_app
-from workbench.cli.serve import serve
+import prime_lab
+from prime_lab.lab.runs import RunError
+from prime_lab.workbench.cli.common import UserError, join_at_args
+from prime_lab.workbench.cli.env import env_app
+from prime_lab.workbench.cli.eval import eval_app
+from prime_lab.workbench.cli.gepa import gepa_app
+from prime_lab.workbench.cli.lab import lab as lab_command
+from prime_lab.workbench.cli.rl import rl_app
+from prime_lab.workbench.cli.serve import serve
 
 app = typer.Typer(
     name="prime",
@@ -27,7 +27,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"prime-lab {lab.__version__}")
+        typer.echo(f"prime-lab {prime_lab.__version__}")
         raise typer.Exit()
 
 

@@ -61,8 +61,8 @@ def err(message: str) -> None:
 def start_local_sampler(model_name: str, run: Any, backend: str, *, source: str, role: str = "inference") -> Any:
     """Resolve `model_name` and start a local sampler for `run` (its log is `logs/<role>.log`, its process is
     registered under `role`); an unknown model fails the run with the resolver's message."""
-    from lab.inference.launch import start_sampler
-    from lab.models import ModelNotFoundError, resolve_model
+    from prime_lab.lab.inference.launch import start_sampler
+    from prime_lab.lab.models import ModelNotFoundError, resolve_model
 
     try:
         path = resolve_model(model_name)

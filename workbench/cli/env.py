@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from workbench.cli.common import OUTPUT_OPTION, OutputFormat, print_json
+from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, print_json
 
 env_app = typer.Typer(help="Environments: list the built-in ones and their arguments.", no_args_is_help=True)
 
@@ -15,7 +15,7 @@ def list_envs(output: OutputFormat = OUTPUT_OPTION) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from lab.envs import builtin_environments
+    from prime_lab.lab.envs import builtin_environments
 
     infos = builtin_environments()
     if output is OutputFormat.json:

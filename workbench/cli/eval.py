@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from workbench.cli.common import config_path, err, fail, start_local_sampler
+from prime_lab.workbench.cli.common import config_path, err, fail, start_local_sampler
 
 eval_app = typer.Typer(help="Evaluate models on environments.", no_args_is_help=True)
 
@@ -31,7 +31,7 @@ def _json_arg(value: str | None, flag: str) -> dict[str, Any]:
 
 
 def _sampling(sampling_json: dict[str, Any], max_tokens: int | None, temperature: float | None) -> Any:
-    from lab.envs import SamplingArgs
+    from prime_lab.lab.envs import SamplingArgs
 
     known = {"max_tokens", "temperature", "top_p", "stop", "seed"}
     args = SamplingArgs(**{k: v for k, v in sampling_json.items() if k in known})
@@ -72,7 +72,7 @@ def run(
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Print each rollout's reward as it finishes."),
 ) -> None:
     """Evaluate MODEL on ENV: results.jsonl, metadata.json, and a difficulty report for RL."""
-    from lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
+    from prime_lab.lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
 
     settings: dict[str, Any] = {"env": env, "model": model, "num_examples": num_examples, "rollouts": rollouts,
                                 "env_args": _json_arg(env_args, "-a/--env-args"),
@@ -97,7 +97,7 @@ def run(
 
 
 def _from_toml(path: Path) -> dict[str, Any]:
-    from lab.evaluation import EvalFileConfig, validate_eval_file
+    from prime_lab.lab.evaluation import EvalFileConfig, validate_eval_file
 
     result = validate_eval_file(path)
     for problem in result.problems:
@@ -114,10 +114,10 @@ def _evaluate(environment: Any, env_id: str, model_name: str, settings: dict[str
               verbose: bool) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from lab.evaluation import EvalSpec, default_output_dir, run_evaluation
-    from lab.inference.process import ServerStartError
-    from lab.inference.vllm import VLLMNotInstalledError
-    from lab.runs import RunRegistry
+    from prime_lab.lab.evaluation import EvalSpec, default_output_dir, run_evaluation
+    from prime_lab.lab.inference.process import ServerStartError
+    from prime_lab.lab.inference.vllm import VLLMNotInstalledError
+    from prime_lab.lab.runs import RunRegistry
 
     run = RunRegistry().create("eval", config_text=json.dumps(settings, indent=2), resolved=settings,
                                name=f"eval {env_id}", model=model_name, envs=[env_id])

@@ -11,8 +11,8 @@ from typing import Any
 
 import typer
 
-from workbench.cli.common import config_path, err, fail, start_local_sampler
-from workbench.cli.eval import _json_arg
+from prime_lab.workbench.cli.common import config_path, err, fail, start_local_sampler
+from prime_lab.workbench.cli.eval import _json_arg
 
 gepa_app = typer.Typer(help="GEPA prompt optimization.", no_args_is_help=True)
 
@@ -26,18 +26,6 @@ class _Stopped(Exception):
 
 def _raise_stopped(signum: int, frame: Any) -> None:
     raise _Stopped()
-
-
-def ensure_own_gepa() -> None:
-    """Fail clearly when the `gepa` on the path is not ours (the reference package, or DSPy's/verifiers')."""
-    import gepa
-
-    if not getattr(gepa, "PRIME_LAB_GEPA", False):
-        where = getattr(gepa, "__file__", None) or "an unknown place"
-        fail(f"the `gepa` package imported from {where} is not prime-lab's: another package named `gepa` (the "
-             "reference GEPA from PyPI, or one that DSPy or verifiers installed) shadows it. Install prime-lab in "
-             "its own virtual environment (python -m venv .venv && .venv/bin/pip install -e .), or remove the "
-             "other one there with `pip uninstall gepa`.")
 
 
 @gepa_app.command("run")
@@ -67,8 +55,7 @@ def run(
     backend: str = typer.Option("builtin", "--backend", help="Local sampler when no -b: builtin or vllm."),
 ) -> None:
     """Optimize ENV's system prompt: best_prompt.txt, pareto_frontier.jsonl, metadata.json in the run."""
-    ensure_own_gepa()
-    from lab.runs import Run
+    from prime_lab.lab.runs import Run
 
     if resume is not None:
         if env is not None:
@@ -98,9 +85,9 @@ def run(
     for key, value in FLAG_DEFAULTS.items():
         settings.setdefault(key, value)
     settings.setdefault("model", "smollm2-135m")
-    from gepa.runner import GepaSettings
-    from lab.envs import EnvironmentLoadError, load_environment
-    from lab.runs import RunRegistry
+    from prime_lab.gepa.runner import GepaSettings
+    from prime_lab.lab.envs import EnvironmentLoadError, load_environment
+    from prime_lab.lab.runs import RunRegistry
 
     spec = GepaSettings.from_json(settings)
     try:
@@ -116,7 +103,7 @@ def run(
 
 
 def _from_toml(path: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
-    from gepa.config import validate_gepa_file
+    from prime_lab.gepa.config import validate_gepa_file
 
     result = validate_gepa_file(path)
     if not result.ok or result.config is None:
@@ -139,11 +126,11 @@ def _from_toml(path: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
 
 
 def _search(run: Any, resolved: dict[str, Any], *, backend: str) -> None:
-    from gepa.runner import GepaSettings, run_gepa
-    from lab.envs import EnvironmentLoadError
-    from lab.inference.process import ServerStartError
-    from lab.inference.vllm import VLLMNotInstalledError
-    from workbench.cli.gepa_progress import GepaProgress
+    from prime_lab.gepa.runner import GepaSettings, run_gepa
+    from prime_lab.lab.envs import EnvironmentLoadError
+    from prime_lab.lab.inference.process import ServerStartError
+    from prime_lab.lab.inference.vllm import VLLMNotInstalledError
+    from prime_lab.workbench.cli.gepa_progress import GepaProgress
 
     spec = GepaSettings.from_json(resolved["settings"])
     key_var = resolved.get("api_key_var") or "OPENAI_API_KEY"
@@ -185,7 +172,7 @@ def _search(run: Any, resolved: dict[str, Any], *, backend: str) -> None:
 
 def _endpoints(spec: Any, resolved: dict[str, Any], api_key: str, run: Any, backend: str,
                samplers: list[Any]) -> tuple[Any, Any]:
-    from gepa.env_adapter import Endpoint
+    from prime_lab.gepa.env_adapter import Endpoint
 
     reflection_name = spec.reflection_model or spec.model
     base_url = resolved.get("base_url")

@@ -12,10 +12,10 @@ def lab(
     run: str | None = typer.Option(None, "--run", help="Open this run's page."),
 ) -> None:
     """Workbench: browse configs and runs, edit and validate configs, launch and watch runs."""
-    from workbench.cli.common import fail
+    from prime_lab.workbench.cli.common import fail
 
     if path is not None and not path.exists():
         fail(f"no such file or folder: {path}")
-    from workbench.app import create_app
+    from prime_lab.workbench.app import create_app
 
     create_app(path, run_id=run).run()

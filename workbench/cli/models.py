@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from workbench.cli.common import OUTPUT_OPTION, OutputFormat, print_json
+from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, print_json
 
 
 def _parameters(count: int) -> str:
@@ -20,7 +20,7 @@ def models(output: OutputFormat = OUTPUT_OPTION) -> None:
     Besides a preset, a run's `model` can be a local Hugging Face folder or a Hugging Face id already in the
     local cache.
     """
-    from lab.models import Availability, list_presets
+    from prime_lab.lab.models import Availability, list_presets
 
     rows: list[dict[str, Any]] = []
     for preset in list_presets():

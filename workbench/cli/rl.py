@@ -9,10 +9,10 @@ from pathlib import Path
 
 import typer
 
-from workbench.cli.common import OUTPUT_OPTION, OutputFormat, config_path, err, fail, print_json
-from workbench.cli.models import models
-from workbench.cli.render import format_event, runs_table
-from workbench.cli.rl_run import restart, run
+from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, config_path, err, fail, print_json
+from prime_lab.workbench.cli.models import models
+from prime_lab.workbench.cli.render import format_event, runs_table
+from prime_lab.workbench.cli.rl_run import restart, run
 
 rl_app = typer.Typer(
     help="Reinforcement learning: write, validate, run and manage RL configs and runs.",
@@ -29,7 +29,7 @@ def init(
     force: bool = typer.Option(False, "-f", "--force", help="Overwrite an existing file."),
 ) -> None:
     """An annotated config template: every field, optional ones commented with their defaults."""
-    from trainer.config import template_path
+    from prime_lab.trainer.config import template_path
 
     text = template_path().read_text()
     if path is None:
@@ -48,7 +48,7 @@ def validate(
     output: OutputFormat = OUTPUT_OPTION,
 ) -> None:
     """Check configs; prints every problem as `file:line: key: message` and exits 1 if any is an error."""
-    from trainer.config import validate_rl_file
+    from prime_lab.trainer.config import validate_rl_file
 
     results = [validate_rl_file(config_path(c)) for c in configs]
     if output is OutputFormat.json:
@@ -75,7 +75,7 @@ def list_runs(
     kind: str | None = typer.Option(None, "-k", "--kind", help="Only runs of this kind: rl, eval or gepa."),
 ) -> None:
     """Local runs of every kind (RL, evaluations, GEPA), newest first."""
-    from lab.runs import KINDS, RunRegistry
+    from prime_lab.lab.runs import KINDS, RunRegistry
 
     if kind is not None and kind not in KINDS:
         fail(f"unknown kind '{kind}': use one of {', '.join(KINDS)}")
@@ -102,8 +102,8 @@ def logs(
     raw: bool = typer.Option(False, "-r", "--raw", help="Print the events as JSON lines."),
 ) -> None:
     """A run's events: logs, metrics, status changes, alerts."""
-    from lab.events import LEVELS, SOURCES, BadLine, Event, level_rank
-    from lab.runs import FINAL_STATES, RunRegistry
+    from prime_lab.lab.events import LEVELS, SOURCES, BadLine, Event, level_rank
+    from prime_lab.lab.runs import FINAL_STATES, RunRegistry
 
     for c in component:
         if c not in SOURCES:
@@ -157,7 +157,7 @@ def stop(
     grace: float = typer.Option(30.0, "--grace", min=0.0, help="Seconds to wait for a clean exit before killing."),
 ) -> None:
     """Stop a run gracefully (it checkpoints and exits); stopping a finished run does nothing."""
-    from lab.runs import RunRegistry
+    from prime_lab.lab.runs import RunRegistry
 
     result = RunRegistry().stop(run_id, grace=grace)
     err(result.message)
@@ -169,7 +169,7 @@ def delete(
     force: bool = typer.Option(False, "-f", "--force", help="Delete even a running run (it is stopped first)."),
 ) -> None:
     """Delete a run and everything it wrote."""
-    from lab.runs import RunRegistry
+    from prime_lab.lab.runs import RunRegistry
 
     run = RunRegistry().delete(run_id, force=force)
     err(f"Deleted {run.id}")

@@ -15,13 +15,13 @@ from typing import Any
 
 import typer
 
-from workbench.cli.common import config_path, err, fail
+from prime_lab.workbench.cli.common import config_path, err, fail
 
 PROGRESS_KEYS = (("reward/mean", "reward"), ("loss", "loss"), ("policy/entropy", "entropy"), ("policy/kl", "kl"))
 
 
 def _env_vars(pairs: list[str], files: list[Path]) -> dict[str, str]:
-    from lab.envs import load_env_files
+    from prime_lab.lab.envs import load_env_files
 
     out: dict[str, str] = {}
     if files:
@@ -46,9 +46,9 @@ def run(
     name: str | None = typer.Option(None, "--name", help="A display name for the run."),
 ) -> None:
     """Validate a config and start a local RL run: sampler, orchestrator and trainer. Prints the run id."""
-    from lab.models import ModelNotFoundError, resolve_model
-    from lab.runs import RunRegistry
-    from trainer.config import validate_rl_file
+    from prime_lab.lab.models import ModelNotFoundError, resolve_model
+    from prime_lab.lab.runs import RunRegistry
+    from prime_lab.trainer.config import validate_rl_file
     path = config_path(config)
     result = validate_rl_file(path)
     if not result.ok or result.config is None:
@@ -79,8 +79,8 @@ def restart(
     foreground: bool = typer.Option(False, "--foreground", help="Stay attached with a live progress line."),
 ) -> None:
     """Resume a stopped or failed RL run from its latest checkpoint."""
-    from lab.runs import ACTIVE_STATES, RunRegistry
-    from trainer.launcher import LaunchFailed, prepare_resume
+    from prime_lab.lab.runs import ACTIVE_STATES, RunRegistry
+    from prime_lab.trainer.launcher import LaunchFailed, prepare_resume
 
     run_ = RunRegistry().get(run_id)
     status = run_.status()
@@ -104,7 +104,7 @@ def restart(
 def _spawn(run_: Any, *, resume: bool, env: dict[str, str] | None = None) -> None:
     """Start the run's supervisor and register it (its own process group) before this command exits, so the run
     never looks dead in between; `cli` records this command's pid (the workbench finds its run by it)."""
-    from trainer.launcher import spawn
+    from prime_lab.trainer.launcher import spawn
 
     process = spawn(run_, resume=resume, env=env)
     run_.register_process("launcher", process.pid, pgid=process.pid)
@@ -124,8 +124,8 @@ def _started(run_id: str, foreground: bool) -> None:
 
 def follow_progress(run_id: str, poll: float = 0.5) -> int:
     """Print a progress line per step (rewritten in place on a terminal) until the run ends; 0 if it completed."""
-    from lab.events import Event
-    from lab.runs import FINAL_STATES, RunRegistry
+    from prime_lab.lab.events import Event
+    from prime_lab.lab.runs import FINAL_STATES, RunRegistry
 
     registry = RunRegistry()
     run_ = registry.get(run_id)

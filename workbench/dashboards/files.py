@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from lab.events import BadLine
+from prime_lab.lab.events import BadLine
 
 FIRST_READ = 256 << 10  # of a text log first seen, only its last 256 KiB
 MAX_READ = 1 << 20  # a chunk parses in one call, which holds the GIL: keep it short for the UI

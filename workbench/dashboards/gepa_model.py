@@ -8,8 +8,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.dashboards.rl_model import EventFold, RawEvent, is_number
-from workbench.dashboards.series import DownsampledSeries
+from prime_lab.workbench.dashboards.rl_model import EventFold, RawEvent, is_number
+from prime_lab.workbench.dashboards.series import DownsampledSeries
 
 MAX_ITERATIONS = 200
 

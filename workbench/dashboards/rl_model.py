@@ -8,9 +8,9 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from lab.alerts import AlertMonitor, completion_text
-from lab.events import BadLine, Event
-from workbench.dashboards.series import DEFAULT_CAPACITY, DownsampledSeries
+from prime_lab.lab.alerts import AlertMonitor, completion_text
+from prime_lab.lab.events import BadLine, Event
+from prime_lab.workbench.dashboards.series import DEFAULT_CAPACITY, DownsampledSeries
 
 RawEvent = dict[str, Any]  # one line of events.jsonl as parsed
 MAX_SERIES = 256  # metric names kept (a run emitting more has a bug; the rest are dropped)

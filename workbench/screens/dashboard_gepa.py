@@ -15,13 +15,13 @@ from textual.widgets import DataTable, Footer, Header, ProgressBar, Static, Tabb
 from textual.widgets.tree import TreeNode
 from textual_plot import HiResMode, LegendLocation, PlotWidget
 
-from lab.events import BadLine
-from lab.runs import Run
-from workbench.dashboards.files import TextLogs
-from workbench.dashboards.gepa_model import CandidateInfo, GepaRunModel
-from workbench.dashboards.rl_model import RawEvent
-from workbench.screens.run import DashboardScreen
-from workbench.widgets.logs_pane import LogsPane
+from prime_lab.lab.events import BadLine
+from prime_lab.lab.runs import Run
+from prime_lab.workbench.dashboards.files import TextLogs
+from prime_lab.workbench.dashboards.gepa_model import CandidateInfo, GepaRunModel
+from prime_lab.workbench.dashboards.rl_model import RawEvent
+from prime_lab.workbench.screens.run import DashboardScreen
+from prime_lab.workbench.widgets.logs_pane import LogsPane
 
 VERDICT_ROWS = 50
 NARROW = 110  # columns below which the overview stacks its chart above the verdicts

@@ -11,17 +11,17 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, ProgressBar, RichLog, Static, TabbedContent, TabPane
 
-from lab.events import BadLine
-from lab.runs import FINAL_STATES, Run
-from workbench.dashboards.files import TextLogs, read_events
-from workbench.dashboards.rl_model import RawEvent, RLRunModel
-from workbench.dashboards.samples import EnvParsers, rollout_steps
-from workbench.screens.pick_many import PickManyScreen
-from workbench.screens.run import LOG_LINES, DashboardScreen, cyclic_gc_paused
-from workbench.widgets.alerts_pane import AlertsPane
-from workbench.widgets.charts import RL_CHARTS, SMOOTHING_STEPS, ChartSpec, MetricChart, custom_chart
-from workbench.widgets.logs_pane import LogsPane
-from workbench.widgets.samples_browser import SamplesBrowser
+from prime_lab.lab.events import BadLine
+from prime_lab.lab.runs import FINAL_STATES, Run
+from prime_lab.workbench.dashboards.files import TextLogs, read_events
+from prime_lab.workbench.dashboards.rl_model import RawEvent, RLRunModel
+from prime_lab.workbench.dashboards.samples import EnvParsers, rollout_steps
+from prime_lab.workbench.screens.pick_many import PickManyScreen
+from prime_lab.workbench.screens.run import LOG_LINES, DashboardScreen, cyclic_gc_paused
+from prime_lab.workbench.widgets.alerts_pane import AlertsPane
+from prime_lab.workbench.widgets.charts import RL_CHARTS, SMOOTHING_STEPS, ChartSpec, MetricChart, custom_chart
+from prime_lab.workbench.widgets.logs_pane import LogsPane
+from prime_lab.workbench.widgets.samples_browser import SamplesBrowser
 
 LATEST_KEYS = ("reward/mean", "reward/std", "val_reward/mean", "policy/entropy", "policy/kl", "policy/ref_kl", "loss",
                "optim/lr", "optim/grad_norm", "rollout/mean_length", "rollout/truncated", "perf/tokens_per_s",

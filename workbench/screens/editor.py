@@ -14,17 +14,17 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TextArea
 
-from lab.envs import EnvInfo
-from workbench.config_document import ConfigDocument, schema_for
-from workbench.launch import LaunchError, config_argv
-from workbench.screens.confirm import ConfirmScreen
-from workbench.screens.pick_env import PickEnvScreen
-from workbench.widgets.config_form import ConfigForm, FieldRow
-from workbench.widgets.problems_panel import ProblemsPanel
-from workbench.widgets.toml_editor import TomlEditor
+from prime_lab.lab.envs import EnvInfo
+from prime_lab.workbench.config_document import ConfigDocument, schema_for
+from prime_lab.workbench.launch import LaunchError, config_argv
+from prime_lab.workbench.screens.confirm import ConfirmScreen
+from prime_lab.workbench.screens.pick_env import PickEnvScreen
+from prime_lab.workbench.widgets.config_form import ConfigForm, FieldRow
+from prime_lab.workbench.widgets.problems_panel import ProblemsPanel
+from prime_lab.workbench.widgets.toml_editor import TomlEditor
 
 if TYPE_CHECKING:
-    from workbench.app import LabApp
+    from prime_lab.workbench.app import LabApp
 
 NARROW = 110  # below this width one view shows at a time (ctrl+t switches)
 

@@ -14,17 +14,17 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header
 
-from lab.runs import ACTIVE_STATES
-from workbench.config_document import ConfigDocument
-from workbench.launch import LaunchError, config_argv
-from workbench.screens.confirm import ConfirmScreen
-from workbench.screens.launch_eval import LaunchEvalScreen
-from workbench.widgets.config_list import ConfigList
-from workbench.widgets.runs_table import RunsTable
+from prime_lab.lab.runs import ACTIVE_STATES
+from prime_lab.workbench.config_document import ConfigDocument
+from prime_lab.workbench.launch import LaunchError, config_argv
+from prime_lab.workbench.screens.confirm import ConfirmScreen
+from prime_lab.workbench.screens.launch_eval import LaunchEvalScreen
+from prime_lab.workbench.widgets.config_list import ConfigList
+from prime_lab.workbench.widgets.runs_table import RunsTable
 
 if TYPE_CHECKING:
-    from workbench.app import LabApp
-    from workbench.launch import EvalRequest
+    from prime_lab.workbench.app import LabApp
+    from prime_lab.workbench.launch import EvalRequest
 
 CONFIG_ACTIONS = {"open", "edit", "duplicate", "launch"}
 RUN_ACTIONS = {"open", "stop", "delete"}

@@ -10,8 +10,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from workbench.launch import EvalRequest
-from workbench.widgets.env_picker import EnvPicker
+from prime_lab.workbench.launch import EvalRequest
+from prime_lab.workbench.widgets.env_picker import EnvPicker
 
 
 class LaunchEvalScreen(ModalScreen[EvalRequest | None]):

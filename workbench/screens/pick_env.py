@@ -8,8 +8,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from lab.envs import EnvInfo
-from workbench.widgets.env_picker import EnvPicker
+from prime_lab.lab.envs import EnvInfo
+from prime_lab.workbench.widgets.env_picker import EnvPicker
 
 
 class PickEnvScreen(ModalScreen[EnvInfo | None]):

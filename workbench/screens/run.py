@@ -27,16 +27,16 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, ProgressBar, RichLog, Static, TabbedContent
 from textual.worker import get_current_worker
 
-from lab.events import BadLine, Event
-from lab.runs import ACTIVE_STATES, Run
-from workbench.dashboards.files import MAX_READ, read_events, read_jsonl_from
-from workbench.dashboards.rl_model import RawEvent
-from workbench.screens.confirm import ConfirmScreen
-from workbench.widgets.logs_pane import LogsPane
-from workbench.widgets.runs_table import ago, short_env
+from prime_lab.lab.events import BadLine, Event
+from prime_lab.lab.runs import ACTIVE_STATES, Run
+from prime_lab.workbench.dashboards.files import MAX_READ, read_events, read_jsonl_from
+from prime_lab.workbench.dashboards.rl_model import RawEvent
+from prime_lab.workbench.screens.confirm import ConfirmScreen
+from prime_lab.workbench.widgets.logs_pane import LogsPane
+from prime_lab.workbench.widgets.runs_table import ago, short_env
 
 if TYPE_CHECKING:
-    from workbench.app import LabApp
+    from prime_lab.workbench.app import LabApp
 
 LOG_LINES = 500
 RESULT_ROWS = 200
@@ -361,11 +361,11 @@ def run_screen(run: Run) -> RunScreen:
     """The page for a run: the RL or GEPA dashboard, or the evaluation page."""
     kind = run.read_status().get("kind")
     if kind == "rl":
-        from workbench.screens.dashboard_rl import RLDashboard
+        from prime_lab.workbench.screens.dashboard_rl import RLDashboard
 
         return RLDashboard(run)
     if kind == "gepa":
-        from workbench.screens.dashboard_gepa import GepaDashboard
+        from prime_lab.workbench.screens.dashboard_gepa import GepaDashboard
 
         return GepaDashboard(run)
     return EvalRunScreen(run)

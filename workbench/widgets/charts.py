@@ -13,8 +13,8 @@ from textual.app import RenderResult
 from textual.css.query import NoMatches
 from textual_plot import HiResMode, LegendLocation, PlotWidget
 
-from workbench.dashboards.rl_model import RLRunModel
-from workbench.dashboards.series import ema
+from prime_lab.workbench.dashboards.rl_model import RLRunModel
+from prime_lab.workbench.dashboards.series import ema
 
 PALETTE = ("#4EBF71", "#0178D4", "#FFA62B", "#E06C75", "#C678DD", "#56B6C2", "#D19A66", "#98C379")
 BAND_STYLE = "grey42"

@@ -19,9 +19,9 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, Select, Static, Switch
 from tomlkit.exceptions import TOMLKitError
 
-from lab.problems import KeyPath
-from workbench.config_document import ConfigDocument
-from workbench.schema_fields import FieldSpec, SectionSpec, sections
+from prime_lab.lab.problems import KeyPath
+from prime_lab.workbench.config_document import ConfigDocument
+from prime_lab.workbench.schema_fields import FieldSpec, SectionSpec, sections
 
 UNSET = "unset"
 
@@ -72,7 +72,7 @@ class FieldRow(Vertical):
 
     @property
     def key(self) -> str:
-        from lab.problems import dotted
+        from prime_lab.lab.problems import dotted
 
         return dotted(self.path)
 

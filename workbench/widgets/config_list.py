@@ -6,7 +6,7 @@ from pathlib import Path
 
 from textual.widgets import DataTable
 
-from workbench.config_document import detect_kind
+from prime_lab.workbench.config_document import detect_kind
 
 
 def find_configs(root: Path) -> list[Path]:

@@ -9,7 +9,7 @@ from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from lab.envs import EnvInfo, builtin_environments
+from prime_lab.lab.envs import EnvInfo, builtin_environments
 
 
 @lru_cache(maxsize=1)

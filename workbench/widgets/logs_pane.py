@@ -10,8 +10,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import RichLog, Static
 
-from lab.events import LEVELS
-from workbench.dashboards.rl_model import LogLine
+from prime_lab.lab.events import LEVELS
+from prime_lab.workbench.dashboards.rl_model import LogLine
 
 ALL = "all"
 LEVEL_STYLE = {"DEBUG": "dim", "WARNING": "yellow", "ERROR": "bold red", "SUCCESS": "green"}

@@ -8,7 +8,7 @@ from typing import Any
 
 from textual.widgets import DataTable
 
-from lab.runs import RunRegistry
+from prime_lab.lab.runs import RunRegistry
 
 
 def ago(then: Any, now: float) -> str:

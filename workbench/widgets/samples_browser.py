@@ -14,7 +14,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 
-from workbench.dashboards.samples import EnvParsers, messages_text, parsed_answer, read_rollouts
+from prime_lab.workbench.dashboards.samples import EnvParsers, messages_text, parsed_answer, read_rollouts
 
 
 def _num(value: Any, fmt: str = ".3f") -> str:

@@ -1,6 +1,6 @@
 """The built-in OpenAI-compatible server: a transformers causal LM behind vLLM's HTTP protocol.
 
-Run it as its own process: `python -m lab.inference.builtin --model PATH --port N [--adapter NAME=PATH]`.
+Run it as its own process: `python -m prime_lab.lab.inference.builtin --model PATH --port N [--adapter NAME=PATH]`.
 
 Modules: `schemas` (request bodies), `errors` (OpenAI-style error JSON), `prompts` (chat template, tokens to
 text), `sampling` (batched sampling in torch), `sequences` (per-request and per-choice state, stop conditions),

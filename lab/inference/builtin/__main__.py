@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from lab.inference.builtin.server import DTYPES, BuiltinServerSettings, run_server
+from prime_lab.lab.inference.builtin.server import DTYPES, BuiltinServerSettings, run_server
 
 
 def parse_adapter(value: str) -> tuple[str, Path]:
@@ -18,7 +18,7 @@ def parse_adapter(value: str) -> tuple[str, Path]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m lab.inference.builtin", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m prime_lab.lab.inference.builtin", description=__doc__)
     parser.add_argument("--model", required=True, type=Path, help="a Hugging Face model folder")
     parser.add_argument("--served-model-name", default=None, help="the name requests use (default: folder name)")
     parser.add_argument("--host", default="127.0.0.1")
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     except Exception as error:  # startup failures: a model that does not load, a bad adapter
-        logging.getLogger("lab.inference.builtin").debug("startup failed", exc_info=True)
+        logging.getLogger("prime_lab.lab.inference.builtin").debug("startup failed", exc_info=True)
         print(f"Error: the built-in server could not start: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     return 0

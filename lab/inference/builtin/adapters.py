@@ -21,7 +21,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from lab.inference.builtin.errors import APIError, ModelNotServedError
+from prime_lab.lab.inference.builtin.errors import APIError, ModelNotServedError
 
 _keys = itertools.count()
 

@@ -16,9 +16,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lab.inference.builtin.completions import CompletionService, model_card
-from lab.inference.builtin.errors import APIError, error_body
-from lab.inference.builtin.schemas import (
+from prime_lab.lab.inference.builtin.completions import CompletionService, model_card
+from prime_lab.lab.inference.builtin.errors import APIError, error_body
+from prime_lab.lab.inference.builtin.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     LoadLoraAdapterRequest,

@@ -8,15 +8,15 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lab.inference.builtin.adapters import ModelRegistry, ServedModel
-from lab.inference.builtin.errors import APIError
-from lab.inference.builtin.prompts import PromptCodec
-from lab.inference.builtin.sampling import SamplingParams
-from lab.inference.builtin.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
-from lab.inference.builtin.sequences import Choice, GenerationRequest
+from prime_lab.lab.inference.builtin.adapters import ModelRegistry, ServedModel
+from prime_lab.lab.inference.builtin.errors import APIError
+from prime_lab.lab.inference.builtin.prompts import PromptCodec
+from prime_lab.lab.inference.builtin.sampling import SamplingParams
+from prime_lab.lab.inference.builtin.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from prime_lab.lab.inference.builtin.sequences import Choice, GenerationRequest
 
 if TYPE_CHECKING:
-    from lab.inference.builtin.engine import GenerationEngine
+    from prime_lab.lab.inference.builtin.engine import GenerationEngine
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from lab.inference.builtin.adapters import ServedModel
-from lab.inference.builtin.kv_cache import BatchKVCache
-from lab.inference.builtin.sampling import RowSampling
-from lab.inference.builtin.sequences import Sequence
+from prime_lab.lab.inference.builtin.adapters import ServedModel
+from prime_lab.lab.inference.builtin.kv_cache import BatchKVCache
+from prime_lab.lab.inference.builtin.sampling import RowSampling
+from prime_lab.lab.inference.builtin.sequences import Sequence
 
 
 @dataclass

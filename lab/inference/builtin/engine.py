@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from lab.inference.builtin.adapters import ServedModel
-from lab.inference.builtin.decode_batch import DecodeBatch
-from lab.inference.builtin.errors import EngineStoppedError
-from lab.inference.builtin.kv_cache import BatchKVCache
-from lab.inference.builtin.prompts import PromptCodec
-from lab.inference.builtin.sampling import SampledTokens, sample
-from lab.inference.builtin.sequences import Choice, GenerationRequest, PendingRequest, Sequence
+from prime_lab.lab.inference.builtin.adapters import ServedModel
+from prime_lab.lab.inference.builtin.decode_batch import DecodeBatch
+from prime_lab.lab.inference.builtin.errors import EngineStoppedError
+from prime_lab.lab.inference.builtin.kv_cache import BatchKVCache
+from prime_lab.lab.inference.builtin.prompts import PromptCodec
+from prime_lab.lab.inference.builtin.sampling import SampledTokens, sample
+from prime_lab.lab.inference.builtin.sequences import Choice, GenerationRequest, PendingRequest, Sequence
 
 log = logging.getLogger(__name__)
 

@@ -5,21 +5,20 @@ No torch here: the server process imports it, this one does not.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.inference.builtin.server import BuiltinServerSettings
-from lab.inference.process import RunningServer, ServerProcess, free_port
-from lab.inference.vllm import RuntimeAdapters
-from lab.paths import lab_home
+from prime_lab.lab.inference.builtin.server import BuiltinServerSettings
+from prime_lab.lab.inference.process import RunningServer, ServerProcess, free_port
+from prime_lab.lab.inference.vllm import RuntimeAdapters
+from prime_lab.lab.paths import child_python, lab_home
 
 DEFAULT_STARTUP_TIMEOUT_S = 180.0
 
 
 def builtin_argv(settings: BuiltinServerSettings, port: int, host: str = "127.0.0.1") -> list[str]:
     argv = [
-        sys.executable, "-m", "lab.inference.builtin",
+        *child_python(), "-m", "prime_lab.lab.inference.builtin",
         "--model", str(settings.model),
         "--served-model-name", settings.model_name,
         "--host", host,

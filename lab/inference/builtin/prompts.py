@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from lab.inference.builtin.errors import APIError
+from prime_lab.lab.inference.builtin.errors import APIError
 
 
 def flatten_content(content: Any, index: int) -> str | None:

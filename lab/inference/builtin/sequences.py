@@ -11,13 +11,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from lab.inference.builtin.sampling import SamplingParams
+from prime_lab.lab.inference.builtin.sampling import SamplingParams
 
 if TYPE_CHECKING:
     import torch
 
-    from lab.inference.builtin.adapters import ServedModel
-    from lab.inference.builtin.prompts import PromptCodec
+    from prime_lab.lab.inference.builtin.adapters import ServedModel
+    from prime_lab.lab.inference.builtin.prompts import PromptCodec
 
 FinishReason = Literal["stop", "length"]
 

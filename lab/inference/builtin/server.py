@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.inference.builtin.adapters import ModelRegistry, ServedModel
-from lab.inference.builtin.completions import CompletionService, SamplingDefaults
-from lab.inference.builtin.prompts import PromptCodec
+from prime_lab.lab.inference.builtin.adapters import ModelRegistry, ServedModel
+from prime_lab.lab.inference.builtin.completions import CompletionService, SamplingDefaults
+from prime_lab.lab.inference.builtin.prompts import PromptCodec
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def load_model(path: Path, dtype: Any) -> Any:
     """The causal LM, with the grouped-query decode attention where the model supports SDPA."""
     from transformers import AutoModelForCausalLM
 
-    from lab.inference.builtin.attention import GROUPED_DECODE_SDPA
+    from prime_lab.lab.inference.builtin.attention import GROUPED_DECODE_SDPA
 
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=GROUPED_DECODE_SDPA)
@@ -83,8 +83,8 @@ def build_service(settings: BuiltinServerSettings) -> CompletionService:
     import torch
     from transformers import AutoTokenizer
 
-    from lab.inference.builtin.cpu_kernels import use_onednn_linears
-    from lab.inference.builtin.engine import GenerationEngine
+    from prime_lab.lab.inference.builtin.cpu_kernels import use_onednn_linears
+    from prime_lab.lab.inference.builtin.engine import GenerationEngine
 
     device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(settings.model)
@@ -125,7 +125,7 @@ def run_server(
     """Serve until interrupted (SIGINT/SIGTERM stop uvicorn, then the engine). `on_ready` runs once it serves."""
     import uvicorn
 
-    from lab.inference.builtin.app import create_app
+    from prime_lab.lab.inference.builtin.app import create_app
 
     service = build_service(settings)
     app = create_app(service, on_startup=on_ready, on_shutdown=service.engine.stop)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
-from lab.envs import (
+from prime_lab.lab.envs import (
     EnvironmentLoadError,
     MissingKeyError,
     MultiTurnEnv,
@@ -122,7 +122,7 @@ def test_empty_and_malformed_replies_are_recorded_not_fatal() -> None:
 
 
 def test_refused_connection_is_an_error_on_each_rollout_quickly() -> None:
-    from lab.inference.process import free_port
+    from prime_lab.lab.inference.process import free_port
 
     env = SingleTurnEnv(dataset=[{"question": "q", "answer": "a"}])
     rows = env.get_dataset()
@@ -151,7 +151,7 @@ def test_a_user_environment_package_installs_with_pip_and_loads_by_id(tmp_path: 
         version = "0.0.1"
     """))
     (pkg / "my_echo_env" / "__init__.py").write_text(textwrap.dedent("""
-        from lab.envs import Rubric, SingleTurnEnv
+        from prime_lab.lab.envs import Rubric, SingleTurnEnv
 
         def load_environment(word: str = "hello"):
             return SingleTurnEnv(dataset=[{"question": "say " + word, "answer": word}],
@@ -160,7 +160,8 @@ def test_a_user_environment_package_installs_with_pip_and_loads_by_id(tmp_path: 
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
     subprocess.run([*pip, str(pkg)], check=True, timeout=300)
     try:
-        code = ("from lab.envs import load_environment; env = load_environment('someone/my-echo-env', word='hi'); "
+        code = ("from prime_lab.lab.envs import load_environment; "
+                "env = load_environment('someone/my-echo-env', word='hi'); "
                 "print(env.get_dataset()[0]['answer'], env.env_id)")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert out.stdout.split() == ["hi", "someone/my-echo-env"], out.stderr

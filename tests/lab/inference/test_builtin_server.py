@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 
-from lab.inference.builtin.launcher import BuiltinServer, start_builtin_server
-from lab.inference.builtin.server import BuiltinServerSettings
-from lab.inference.process import ServerProcess, ServerStartError, free_port
+from prime_lab.lab.inference.builtin.launcher import BuiltinServer, start_builtin_server
+from prime_lab.lab.inference.builtin.server import BuiltinServerSettings
+from prime_lab.lab.inference.process import ServerProcess, ServerStartError, free_port
 from tests.plugins.servers import ReferenceForward
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -261,7 +261,7 @@ def test_server_process_stops_its_process_group(tmp_path: Path) -> None:
 
 def test_prime_serve_runs_the_builtin_server_in_the_foreground(tiny_model_dir: Path, tmp_path: Path) -> None:
     port = free_port()
-    prime = [sys.executable, "-c", "from workbench.cli.app import main; main()"]
+    prime = [sys.executable, "-c", "from prime_lab.workbench.cli.app import main; main()"]
     serve = ServerProcess([*prime, "serve", str(tiny_model_dir), "--port", str(port)], port=port,
                           log_path=tmp_path / "serve.log", name="prime serve")  # fmt: skip
     with serve.start():
@@ -274,7 +274,7 @@ def test_prime_serve_runs_the_builtin_server_in_the_foreground(tiny_model_dir: P
 def test_prime_serve_explains_a_missing_model_without_a_traceback(tmp_path: Path) -> None:
     import subprocess
 
-    prime = [sys.executable, "-c", "from workbench.cli.app import main; main()"]
+    prime = [sys.executable, "-c", "from prime_lab.workbench.cli.app import main; main()"]
     result = subprocess.run([*prime, "serve", "no-such-model-anywhere", "--port", str(free_port())],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 1

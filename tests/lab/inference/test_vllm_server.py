@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from lab.inference.vllm import AdapterLoadError, VLLMServer
-from lab.models.random_lora import build_random_lora_adapter
+from prime_lab.lab.inference.vllm import AdapterLoadError, VLLMServer
+from prime_lab.lab.models.random_lora import build_random_lora_adapter
 
 pytestmark = pytest.mark.slow  # the session's vLLM server takes about a minute to start on 2 cores
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from lab.inference.vllm import VLLMServer
+from prime_lab.lab.inference.vllm import VLLMServer
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.models import PRESETS, Availability, build_tiny_model, resolve_model
-from workbench.cli import main
+from prime_lab.lab.models import PRESETS, Availability, build_tiny_model, resolve_model
+from prime_lab.workbench.cli import main
 
 
 def run_prime(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

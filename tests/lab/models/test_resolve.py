@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.models import ModelNotFoundError, resolve_model
-from lab.models.store import materialise
+from prime_lab.lab.models import ModelNotFoundError, resolve_model
+from prime_lab.lab.models.store import materialise
 
 
 def test_unknown_model_says_what_to_do() -> None:

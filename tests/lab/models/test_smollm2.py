@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.models import resolve_model
+from prime_lab.lab.models import resolve_model
 
 
 @pytest.mark.slow

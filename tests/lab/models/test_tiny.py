@@ -41,7 +41,7 @@ def test_tiny_chat_template_is_chatml_with_enable_thinking(tiny_model_dir: Path)
 
 
 def test_same_seed_builds_identical_weights_and_another_seed_does_not(tmp_path: Path) -> None:
-    from lab.models import build_tiny_model
+    from prime_lab.lab.models import build_tiny_model
 
     def digest(folder: Path) -> str:
         return hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()

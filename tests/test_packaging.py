@@ -1,0 +1,59 @@
+"""The one `prime_lab` import package: every folder with an `__init__.py` is installed, under its mapped name."""
+
+from __future__ import annotations
+
+import importlib.util
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def setuptools_table() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_every_package_folder_is_listed_under_prime_lab() -> None:
+    table = setuptools_table()
+    mapped = {name: REPO / folder for name, folder in table["package-dir"].items()}
+    on_disk: set[str] = set()
+    for name, root in mapped.items():
+        for init in root.rglob("__init__.py"):
+            rel = init.parent.relative_to(root)
+            on_disk.add(".".join([name, *rel.parts]))
+    assert set(table["packages"]) == on_disk, (
+        "pyproject.toml [tool.setuptools] packages must list every package folder: "
+        f"missing {sorted(on_disk - set(table['packages']))}, stale {sorted(set(table['packages']) - on_disk)}")
+
+
+def test_installed_modules_come_from_this_checkout() -> None:
+    for name, folder in setuptools_table()["package-dir"].items():
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        assert Path(spec.origin).resolve().parent == (REPO / folder).resolve(), (name, spec.origin)
+
+
+def test_bare_folder_names_are_not_ours() -> None:
+    """`lab`, `gepa`, ... are not importable as ours: PyPI packages of those names keep them."""
+    for bare in ("lab", "environments", "trainer", "gepa", "workbench"):
+        spec = importlib.util.find_spec(bare)
+        if spec is None or spec.origin is None:
+            continue
+        # The repository root is on sys.path under pytest; from there a bare folder may be found, but never the
+        # installed package's copy, and never through the editable install's link tree.
+        assert "__editable__" not in spec.origin, (bare, spec.origin)
+
+
+def test_every_data_file_is_installed() -> None:
+    """Files that are not Python (styles, the config template) are declared package data, so the editable link tree
+    and the wheel carry them: each is found through the installed package."""
+    table = setuptools_table()
+    for name, folder in table["package-dir"].items():
+        root = REPO / folder
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.submodule_search_locations
+        installed = Path(list(spec.submodule_search_locations)[0])
+        for path in root.rglob("*"):
+            if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts:
+                assert (installed / path.relative_to(root)).exists(), (
+                    f"{path.relative_to(REPO)} is not installed: add it to [tool.setuptools.package-data]")
