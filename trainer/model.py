@@ -64,27 +64,43 @@ def _linear_names(model: Any) -> list[str]:
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
-                   *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprob of each token given the ones before it, from logits divided by the sampling temperature: [batch, seq]
-    aligned with `input_ids` (position 0, which nothing predicts, is 0), and the entropy of the distribution each
-    token was drawn from (same alignment) when asked."""
+                   top_p: float = 1.0, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of each token given the ones before it, under the distribution the sampler drew it from
+    (`sampling_logits`): [batch, seq] aligned with `input_ids` (position 0, which nothing predicts, is 0), and the
+    entropy of that distribution at each token (same alignment) when asked."""
     import torch
 
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-    chosen, entropy = chosen_logprobs(logits, input_ids[:, 1:], temperature, with_entropy=with_entropy)
+    chosen, entropy = chosen_logprobs(logits, input_ids[:, 1:], temperature, top_p, with_entropy=with_entropy)
     zero = torch.zeros_like(chosen[:, :1])
     return torch.cat([zero, chosen], dim=1), (torch.cat([zero, entropy], dim=1) if entropy is not None else None)
 
 
-def chosen_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, *,
-                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprobs of `targets` [batch, n] under `logits` [batch, n, vocab] / temperature, and (without gradient) the
-    entropies of those distributions when asked."""
-    import torch
+def sampling_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
+    """The logits of the distribution a sampled token was drawn from: divided by the temperature, then the tokens
+    outside the top-p nucleus at -inf. Both samplers report their logprobs under this distribution (vLLM with
+    `--logprobs-mode processed_logprobs`, the built-in server always), so at step 1 the trainer's logprobs equal
+    the sampler's and the importance ratio is 1 at any temperature and top_p. The nucleus is chosen without
+    gradient (the sampled token is always inside it); the gradient flows through the kept logits.
+    Temperature 0 (greedy) is left as 1, as the samplers report it."""
+    from prime_lab.lab.inference.builtin.sampling import keep_top_p
 
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
+    if top_p < 1.0 and temperature > 0:
+        outside = keep_top_p(logits.detach(), top_p).isneginf()
+        logits = logits.masked_fill(outside, float("-inf"))
+    return logits
+
+
+def chosen_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0, *,
+                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprobs of `targets` [batch, n] under `logits` [batch, n, vocab] as sampled (`sampling_logits`), and
+    (without gradient) the entropies of those distributions when asked."""
+    import torch
+
+    logits = sampling_logits(logits, temperature, top_p)
     chosen = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, :, None]).squeeze(-1)
     entropy = None
     if with_entropy:
@@ -127,7 +143,8 @@ class BatchResult:
 
 
 def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str,
-                               temperature: float = 1.0, micro_batch_size: int = 8, accumulation_steps: int = 1,
+                               temperature: float = 1.0, top_p: float = 1.0, micro_batch_size: int = 8,
+                               accumulation_steps: int = 1,
                                ratio_low: float = 0.125, ratio_high: float = 8.0, kl_beta: float = 0.0) -> BatchResult:
     """Forward and backward every micro-batch, each packed into one sequence (trainer/packing.py: a group's prompt
     once, no padding); gradients add up to those of the loss over the whole batch (normalised by the batch's
@@ -147,8 +164,9 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
         ref = None
         if kl_beta > 0:
             with torch.no_grad(), model.disable_adapter():
-                ref, _ = chosen_logprobs(model(**inputs).logits, targets, temperature)
-        logprobs, entropy = chosen_logprobs(model(**inputs).logits, targets, temperature, with_entropy=True)
+                ref, _ = chosen_logprobs(model(**inputs).logits, targets, temperature, top_p)
+        logprobs, entropy = chosen_logprobs(model(**inputs).logits, targets, temperature, top_p,
+                                             with_entropy=True)
         out = policy_loss(logprobs, sampler_logprobs, advantages, loss_mask, ratio_low=ratio_low,
                           ratio_high=ratio_high, ref_logprobs=ref, kl_beta=kl_beta,
                           num_loss_tokens=max(1, total_loss_tokens))

@@ -113,7 +113,8 @@ class Trainer:
             self.model.train()
             result = accumulate_batch_gradients(
                 self.model, samples, device=self.device,
-                temperature=cfg.sampling.temperature, micro_batch_size=cfg.trainer.micro_batch_size,
+                temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
+                micro_batch_size=cfg.trainer.micro_batch_size,
                 accumulation_steps=cfg.gradient_accumulation_steps, ratio_low=cfg.trainer.ratio_mask_low,
                 ratio_high=cfg.trainer.ratio_mask_high, kl_beta=self.kl_beta)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.trainer.max_grad_norm))

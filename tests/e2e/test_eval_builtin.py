@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,20 +57,10 @@ def test_eval_starts_and_stops_its_own_sampler(tiny_model_dir: Path, tmp_path: P
     assert len(results(run.id)) == 4
 
 
-@pytest.fixture(scope="module")
-def smollm2_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from prime_lab.lab.inference.launch import start_sampler
-
-    server = start_sampler("builtin", smollm2_dir, tmp_path_factory.mktemp("smollm2") / "server.log",
-                           served_name="smollm2-135m")
-    yield server
-    server.stop()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("env", ENVS)
-def test_every_builtin_env_with_smollm2(env: str, smollm2_server: Any, tmp_path: Path, lab_home: Path) -> None:
-    proc = prime("eval", "run", env, "-b", smollm2_server.base_url, "-m", "smollm2-135m", "-n", "1", "-r", "2",
+def test_every_builtin_env_with_smollm2(env: str, builtin_smollm2_server: Any, tmp_path: Path, lab_home: Path) -> None:
+    proc = prime("eval", "run", env, "-b", builtin_smollm2_server.base_url, "-m", "smollm2-135m", "-n", "1", "-r", "2",
                  "-t", "24", "-a", SHORT_ARGS.get(env, "{}"), cwd=tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stderr
     [run] = RunRegistry().runs()

@@ -4,6 +4,9 @@
   served as `tiny-qwen3`, float32. It yields a `lab.inference.builtin.launcher.BuiltinServer`: `base_url` (for
   `openai.OpenAI(base_url=...)`), `root_url`, `model_path`, `model_name`, `adapters` (load/replace/unload LoRA
   adapters) and `log_path`. It starts in a few seconds. Tests that load adapters use their own adapter names.
+- `builtin_smollm2_server`: the built-in server on the real SmolLM2-135M-Instruct (`smollm2_dir`), served as
+  `smollm2-135m`, float32, for the tests that need a real model's distribution (a tiny random model's is near
+  uniform at every temperature). One per session, started on first use.
 - `tiny_lora_adapters`: two LoRA adapters (rank 8, random non-zero A and B, different seeds) for the tiny model.
 """
 
@@ -30,6 +33,14 @@ def builtin_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.fixture(scope="session")
+def builtin_smollm2_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltinServer]:
+    settings = BuiltinServerSettings(model=smollm2_dir, served_model_name="smollm2-135m", max_model_len=2048)
+    server = start_builtin_server(settings, log_path=tmp_path_factory.mktemp("builtin") / "smollm2.log", timeout=300)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def tiny_lora_adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("adapters")
     return (
@@ -51,15 +62,20 @@ class ReferenceForward:
         self.base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self._adapted: dict[Path, object] = {}
 
-    def logprobs(self, prompt_ids: list[int], token_ids: list[int], adapter: Path | None = None) -> list[float]:
-        """The logprob of each of `token_ids` given the prompt and the tokens before it."""
+    def logprobs(self, prompt_ids: list[int], token_ids: list[int], adapter: Path | None = None, *,
+                 temperature: float = 1.0, top_p: float = 1.0) -> list[float]:
+        """The logprob of each of `token_ids` given the prompt and the tokens before it, under the distribution a
+        sampler draws from at `temperature` and `top_p` (the trainer's `sampling_logits`)."""
         import torch
+
+        from prime_lab.trainer.model import sampling_logits
 
         model = self.base if adapter is None else self._adapter_model(adapter)
         ids = torch.tensor([prompt_ids + token_ids])
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0].float()  # type: ignore[operator]
-        logprobs = torch.log_softmax(logits, dim=-1)[len(prompt_ids) - 1 : -1]
+        logits = sampling_logits(logits[len(prompt_ids) - 1 : -1], temperature, top_p)
+        logprobs = torch.log_softmax(logits, dim=-1)
         return logprobs.gather(1, torch.tensor(token_ids).unsqueeze(1)).squeeze(1).tolist()
 
     def _adapter_model(self, adapter: Path) -> object:

