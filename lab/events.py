@@ -1,13 +1,19 @@
 """The event bus: one append-only JSON-lines log per run, many writer processes, tailing readers.
 
-A line is `{"seq", "time", "source", "kind", "step", "data"}`. Writers hold an exclusive `flock` while they read
-the last sequence number and append their line with one `write` on an `O_APPEND` descriptor, so `seq` is global,
-gap-free and increasing in file order, and no line is ever torn by another writer. A line left unfinished by a
+A line is `{"seq", "time", "source", "kind", "step", "data", "attempt"}`. Writers hold an exclusive `flock` while
+they read the last sequence number and append their line with one `write` on an `O_APPEND` descriptor, so `seq` is
+global, gap-free and increasing in file order, and no line is ever torn by another writer. A line left unfinished by a
 writer that died mid-write is closed with a newline by the next writer (readers skip it with a notice).
 
 Readers keep a byte offset: `EventLog.read(offset)` returns the complete lines after it and the new offset, leaving
 a partial last line for the next read; `tail()` replays from zero and, with `follow=True`, keeps polling. The TUI,
 `prime rl logs` and the W&B mirror all read this file; nothing reads another process's memory.
+
+Restarts (DESIGN.md, restart contract): the log keeps every attempt of a run. Each event carries its `attempt`
+(1 for the first; `prime rl restart` makes the next), and a restart from the checkpoint of step k writes a
+`restart` event with `step` k before anything of the new attempt. `final_timeline` turns the log into what every
+reader shows: for each step, the latest attempt's events (an earlier attempt's events of steps after k are dropped);
+events without a step (logs) all stay.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,18 +42,37 @@ class Event:
     kind: str
     step: int | None = None
     data: dict[str, Any] = field(default_factory=dict)
+    attempt: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "time": self.time, "source": self.source, "kind": self.kind, "step": self.step,
-                "data": self.data}
+                "data": self.data, "attempt": self.attempt}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Event:
         if not isinstance(obj, dict) or not isinstance(obj.get("seq"), int) or not isinstance(obj.get("kind"), str):
             raise ValueError("not an event")
         data = obj.get("data")
+        attempt = obj.get("attempt")
         return cls(seq=obj["seq"], time=float(obj.get("time", 0.0)), source=str(obj.get("source", "")),
-                   kind=obj["kind"], step=obj.get("step"), data=data if isinstance(data, dict) else {})
+                   kind=obj["kind"], step=obj.get("step"), data=data if isinstance(data, dict) else {},
+                   attempt=attempt if isinstance(attempt, int) else 1)
+
+
+RESTART = "restart"  # kind of the event a restart from the checkpoint of step `step` writes first
+
+
+def final_timeline(events: Iterable[Event]) -> list[Event]:
+    """The events a reader shows: a `restart` event at step k drops the events of steps after k that came before it
+    (the attempt that is being replaced), so each step keeps only its latest attempt's events and the step numbers
+    continue. Events without a step, and the restart events themselves, stay."""
+    out: list[Event] = []
+    for event in events:
+        if event.kind == RESTART and event.step is not None:
+            rewind = event.step
+            out = [e for e in out if e.step is None or e.step <= rewind or e.kind == RESTART]
+        out.append(event)
+    return out
 
 
 @dataclass(frozen=True)
@@ -61,9 +86,10 @@ class BadLine:
 class EventWriter:
     """Appends events for one source. Safe across processes and threads (the lock is per write)."""
 
-    def __init__(self, path: Path, source: str) -> None:
+    def __init__(self, path: Path, source: str, attempt: int = 1) -> None:
         self.path = Path(path)
         self.source = source
+        self.attempt = attempt
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         # Where this writer's last line ended and its seq: if the file still ends there, nobody else wrote since,
@@ -73,7 +99,8 @@ class EventWriter:
 
     def emit(self, kind: str, data: dict[str, Any] | None = None, step: int | None = None) -> int:
         """Append one event and return its seq."""
-        body = {"time": time.time(), "source": self.source, "kind": kind, "step": step, "data": data or {}}
+        body = {"time": time.time(), "source": self.source, "kind": kind, "step": step, "data": data or {},
+                "attempt": self.attempt}
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             size = os.fstat(self._fd).st_size

@@ -3,7 +3,8 @@
 A run is a directory `$PRIME_LAB_HOME/runs/<run-id>/` (layout in DESIGN.md). `status.json` is replaced atomically
 (write a temp file, then rename) under a lock, so readers never see half a status and concurrent writers never lose
 each other's fields. States: queued -> starting -> running -> completed | failed | stopped. A run whose processes
-are all gone while its status still says it is active shows as `failed` (and is recorded so).
+are all gone while its status still says it is active, or whose supervisor (`launcher`) is gone, shows as `failed` (and
+is recorded so).
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ STATES: tuple[str, ...] = ("queued", "starting", "running", "completed", "failed
 ACTIVE_STATES = frozenset({"queued", "starting", "running"})
 FINAL_STATES = frozenset({"completed", "failed", "stopped"})
 KINDS = ("rl", "gepa", "eval")
+# The process that owns a run, by kind: the RL supervisor, or the `prime eval run` / `prime gepa run` command. When
+# it is gone while the run is active, the run has failed, whatever else of it is still running.
+OWNER_ROLES = ("launcher", "eval", "gepa")
+# Registered processes never signalled when a run's leftovers are ended: the foreground `prime rl run` / `restart`
+# command is the user's own terminal process (it sees the run fail and exits by itself).
+SPARED_ROLES = frozenset({"cli"})
 _ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"  # no 0/o, 1/l: ids are read and typed by people
 
 
@@ -188,12 +195,48 @@ class Run:
         """The status, with a dead active run turned into `failed` (and recorded, so it stays failed)."""
         status = self.read_status()
         state = status.get("state")
-        if state in ACTIVE_STATES and status.get("processes") and not self.live_processes(status):
-            reason = "its processes exited without a final status (killed or crashed); resume it from its " \
-                     "latest checkpoint"
+        live = self.live_processes(status) if state in ACTIVE_STATES and status.get("processes") else None
+        owners = [role for role in OWNER_ROLES if role in (status.get("processes") or {})]
+        if live is not None and (not live or (owners and not any(role in live for role in owners))):
+            reason = "its processes exited without a final status (killed or crashed)"
+            if status.get("kind") == "rl":
+                reason += f"; resume it from its latest checkpoint: prime rl restart {self.id}"
+            if live:
+                self.end_processes()  # what the dead owner left running (a sampler in its own group)
             self.set_state("failed", reason=reason)
             status = self.read_status()
         return status
+
+    def registered_processes(self, status: dict[str, Any] | None = None) -> list[tuple[str, int, str | None]]:
+        """(role, pid, start time) of every process registered in the status."""
+        processes = (self.read_status() if status is None else status).get("processes")
+        out = []
+        if isinstance(processes, dict):
+            for role, info in processes.items():
+                if isinstance(info, dict) and isinstance(info.get("pid"), int):
+                    out.append((str(role), info["pid"], info.get("start_time")))
+        return out
+
+    def end_processes(self, grace: float = 5.0) -> list[int]:
+        """SIGKILL the run's process group and every registered process (and the group each leads: a sampler runs
+        in its own, with vLLM's engine core beside it), but the spared roles and this process; wait up to `grace` s.
+        Returns the pids still alive (none, normally). The reaper calls it when a supervisor dies, `status()` when a
+        dead owner left processes behind, `prime rl restart` before it starts a new supervisor."""
+        status = self.read_status()
+        targets = [(pid, start) for role, pid, start in self.registered_processes(status)
+                   if role not in SPARED_ROLES and pid != os.getpid()]
+        pgid = status.get("pgid")
+        if isinstance(pgid, int) and pgid > 1 and pgid != os.getpgrp():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        for pid, start in targets:
+            _kill_with_group(pid, start)
+        deadline = time.monotonic() + grace
+        while True:
+            alive = [pid for pid, start in targets if pid_alive(pid, start)]
+            if not alive or time.monotonic() >= deadline:
+                return alive
+            time.sleep(0.05)
 
     @property
     def state(self) -> str:
@@ -201,10 +244,27 @@ class Run:
 
     # Events -------------------------------------------------------------------------------------------------
     def writer(self, source: str) -> EventWriter:
-        return EventWriter(self.events_path, source)
+        """A writer for `source`, stamping the run's current attempt (status `attempt`, 1 until a restart)."""
+        return EventWriter(self.events_path, source, attempt=self.attempt)
+
+    @property
+    def attempt(self) -> int:
+        value = self.read_status().get("attempt")
+        return value if isinstance(value, int) and value >= 1 else 1
 
     def event_log(self) -> EventLog:
         return EventLog(self.events_path)
+
+
+def _kill_with_group(pid: int, start_time: str | None) -> None:
+    """SIGKILL the process group `pid` leads, if it leads one, else `pid` alone (only the same live process)."""
+    if not pid_alive(pid, start_time):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
 
 
 def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ from prime_lab.lab.events import Event, EventLog
 from prime_lab.lab.inference.backend import BackendChoice
 from prime_lab.lab.inference.process import RunningServer, log_tail
 from prime_lab.lab.paths import child_python
+from prime_lab.lab.reaper import ReaperHandle, die_with_parent, start_reaper
 from prime_lab.lab.runs import Run
 from prime_lab.trainer.batch import batch_path
 from prime_lab.trainer.config import RLConfig
@@ -59,6 +60,9 @@ def prepare_resume(run: Run) -> int:
         raise LaunchFailed(f"{run.id} has no checkpoint yet (checkpoints/step_N), so there is nothing to resume "
                            "from: start it again with `prime rl run`")
     step = found[0]
+    for root in (run.checkpoints_dir, run.adapters_dir):  # folders a killed writer left half-written
+        for partial in root.glob(".step_*.tmp"):
+            shutil.rmtree(partial, ignore_errors=True)
     for k, path in step_dirs(run.adapters_dir).items():
         if k > step:
             shutil.rmtree(path, ignore_errors=True)
@@ -81,6 +85,7 @@ class Supervisor:
         self.events = run.writer("launcher")
         self.server: RunningServer | None = None
         self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.reaper: ReaperHandle | None = None
         self.offset = 0
         self.last_error: dict[str, str] = {}
         self.monitor = AlertMonitor()
@@ -91,7 +96,8 @@ class Supervisor:
     def start_child(self, role: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         with open(self.run.log_path(role), "ab") as log:
             process = subprocess.Popen([*child_python(), "-m", *argv], stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+                                       stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                       preexec_fn=die_with_parent)
         self.children[role] = process
         self.run.register_process(role, process.pid)
 
@@ -99,6 +105,7 @@ class Supervisor:
     def start(self) -> None:
         cfg, run = self.config, self.run
         self.run.register_process("launcher", os.getpid(), pgid=os.getpgrp())
+        self.reaper = start_reaper(self.run)
         run.set_state("starting")
         resume = ["--resume"] if self.resume else []
         choice = self.choose_backend()
@@ -269,6 +276,8 @@ class Supervisor:
         if final == "failed":
             self.log(reason, "ERROR")
         self.run.set_state(final, reason=reason)  # type: ignore[arg-type]
+        if self.reaper is not None:
+            self.reaper.release()
         return 0 if final != "failed" else 1
 
 

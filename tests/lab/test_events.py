@@ -105,3 +105,27 @@ def test_four_writer_processes_and_a_following_reader(tmp_path: Path) -> None:
     assert [e.seq for e in got] == list(range(1, writers * count + 1))
     for w in range(writers):
         assert [e.data["i"] for e in got if e.data["writer"] == w] == list(range(count))
+
+
+def test_final_timeline_keeps_each_steps_latest_attempt() -> None:
+    from prime_lab.lab.events import RESTART, final_timeline
+
+    def metrics(seq: int, step: int, attempt: int) -> Event:
+        return Event(seq, 0.0, "trainer", "metrics", step, {"loss": float(attempt * 100 + step)}, attempt)
+
+    events = [metrics(i, i, 1) for i in range(1, 9)]
+    events.append(Event(9, 0.0, "launcher", "log", None, {"message": "attempt 1 log"}, 1))
+    events.append(Event(10, 0.0, "launcher", RESTART, 6, {"from_step": 6}, 2))
+    events += [metrics(10 + i, 6 + i, 2) for i in range(1, 5)]
+    final = final_timeline(events)
+    steps = [(e.step, e.attempt) for e in final if e.kind == "metrics"]
+    assert steps == [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (7, 2), (8, 2), (9, 2), (10, 2)]
+    assert [e.data["message"] for e in final if e.kind == "log"] == ["attempt 1 log"]
+
+
+def test_events_carry_their_attempt(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    with EventWriter(path, "trainer", attempt=3) as writer:
+        writer.metrics({"loss": 1.0}, step=4)
+    [event] = EventLog(path).events()
+    assert event.attempt == 3 and event.step == 4

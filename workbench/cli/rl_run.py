@@ -79,6 +79,7 @@ def restart(
     foreground: bool = typer.Option(False, "--foreground", help="Stay attached with a live progress line."),
 ) -> None:
     """Resume a stopped or failed RL run from its latest checkpoint."""
+    from prime_lab.lab.events import RESTART
     from prime_lab.lab.runs import ACTIVE_STATES, RunRegistry
     from prime_lab.trainer.launcher import LaunchFailed, prepare_resume
 
@@ -88,13 +89,19 @@ def restart(
         fail(f"{run_.id} is a {status.get('kind')} run: only RL runs restart (GEPA: `prime gepa run --resume`)")
     if status.get("state") in ACTIVE_STATES:
         fail(f"{run_.id} is {status.get('state')}: stop it first (`prime rl stop {run_.id}`)")
+    left = run_.end_processes()  # what an older supervisor left (a sampler of a run killed before the reaper)
+    if left:
+        fail(f"{run_.id}: processes {', '.join(map(str, left))} of the earlier attempt did not exit; end them first")
     try:
         step = prepare_resume(run_)
     except LaunchFailed as exc:
         fail(str(exc))
     if step >= int(status.get("max_steps") or 0):
         fail(f"{run_.id} already trained all {step} steps")
-    run_.update_status(step=step, reason=None)
+    # A new attempt: its events carry the new number, after a `restart` event that rewinds readers to `step`.
+    run_.update_status(step=step, reason=None, attempt=run_.attempt + 1, processes={})
+    with run_.writer("launcher") as writer:
+        writer.emit(RESTART, {"from_step": step, "attempt": run_.attempt}, step=step)
     run_.set_state("queued", reason=f"resuming after step {step}")
     _spawn(run_, resume=True)
     err(f"Resuming {run_.id} from its checkpoint after step {step}.")
