@@ -105,3 +105,39 @@ def test_a_log_folded_in_chunks_gives_the_model_it_gives_in_one_go(tmp_path: Pat
         for mine, theirs in zip(chunked.series[key].points(), whole.series[key].points(), strict=True):
             assert mine == pytest.approx(theirs, rel=1e-12)
         assert chunked.series[key].count == 3000 and len(chunked.series[key]) <= 64 + 1
+
+
+def restarted_log() -> list[dict]:
+    """Steps 1-8 (attempt 1), a restart from the checkpoint of step 6, steps 7-10 (attempt 2, other values)."""
+    def step(seq: int, k: int, attempt: int) -> list[dict]:
+        return [{"seq": seq, "time": 0.0, "source": "trainer", "kind": "metrics", "step": k,
+                 "data": {"loss": attempt * 100.0 + k}, "attempt": attempt},
+                {"seq": seq, "time": 0.0, "source": "orchestrator", "kind": "sample", "step": k,
+                 "data": {"completion": f"a{attempt}s{k}", "example_id": k}, "attempt": attempt}]
+    out = [e for k in range(1, 9) for e in step(k, k, 1)]
+    out.append({"seq": 9, "time": 0.0, "source": "launcher", "kind": "restart", "step": 6,
+                "data": {"from_step": 6}, "attempt": 2})
+    return out + [e for k in range(7, 11) for e in step(10 + k, k, 2)]
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 100])
+def test_a_restart_shows_each_step_once_with_its_latest_attempt(chunk: int) -> None:
+    events = restarted_log()
+    model = RLRunModel()
+    for start in range(0, len(events), chunk):
+        model.feed(events[start:start + chunk])
+    xs, ys = model.series["loss"].points()
+    assert xs == [float(k) for k in range(1, 11)]
+    assert ys == [100.0 + k for k in range(1, 7)] + [200.0 + k for k in range(7, 11)]
+    assert [s["completion"] for s in model.samples if s["step"] in (6, 7)] == ["a1s6", "a2s7"]
+    assert model.latest_step == 10 and model.latest()["loss"] == 210.0
+
+
+def test_rewinding_a_downsampled_series_keeps_the_points_before_the_restart() -> None:
+    series = DownsampledSeries(4)
+    series.extend([float(x) for x in range(1, 21)], [float(x) for x in range(1, 21)])
+    series.rewind(12.0)
+    xs, _ = series.points()
+    assert xs and max(xs) <= 12.0 and series.last is not None and series.last[0] <= 12.0
+    series.extend([13.0, 14.0], [0.0, 0.0])
+    assert series.points()[0][-1] > 12.0

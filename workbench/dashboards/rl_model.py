@@ -1,5 +1,8 @@
 """An RL run as its dashboard sees it, folded from events: bounded metric series, the latest merged metrics, recent
-samples, log lines, alerts (from the log, or raised here by `lab.alerts` for logs that carry none)."""
+samples, log lines, alerts (from the log, or raised here by `lab.alerts` for logs that carry none).
+
+A `restart` event at step k (the run resumed from the checkpoint of step k) rewinds what was folded for the steps
+after k, as `lab.events.final_timeline` does for the other readers: each step shows its latest attempt."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from prime_lab.lab.alerts import AlertMonitor, completion_text
-from prime_lab.lab.events import BadLine, Event
+from prime_lab.lab.events import RESTART, BadLine, Event
 from prime_lab.workbench.dashboards.series import DEFAULT_CAPACITY, DownsampledSeries
 
 RawEvent = dict[str, Any]  # one line of events.jsonl as parsed
@@ -109,11 +112,27 @@ class RLRunModel(EventFold):
 
     def feed(self, items: Iterable[RawEvent | Event | BadLine]) -> None:
         super().feed(items)
+        self._flush_points()
+
+    def _flush_points(self) -> None:
         for key, (xs, ys) in self._points.items():  # into each series at once (a chunk holds thousands of steps)
             self.series[key].extend(xs, ys)
         if self._points:
             self.series_version += 1
         self._points.clear()
+
+    def _rewind(self, step: int) -> None:
+        self._flush_points()  # what came before the restart event in this chunk
+        for series in self.series.values():
+            series.rewind(float(step))
+        for later in [s for s in self.recent if s > step]:
+            del self.recent[later]
+        self.samples = deque((s for s in self.samples if not (isinstance(s.get("step"), int) and s["step"] > step)),
+                             maxlen=MAX_SAMPLES)
+        self.checkpoints = [c for c in self.checkpoints if c <= step]
+        if self.latest_step is not None and self.latest_step > step:
+            self.latest_step = step
+        self.series_version += 1
 
     def fold(self, kind: str, step: Any, data: dict[str, Any], raw: RawEvent) -> None:
         step = step if isinstance(step, int) else None
@@ -129,6 +148,8 @@ class RLRunModel(EventFold):
             self.log_alerts.append({**data, "step": step, "source": raw.get("source")})
         elif kind == "checkpoint" and step is not None:
             self.checkpoints.append(step)
+        elif kind == RESTART and step is not None:
+            self._rewind(step)
         for alert in alerts:
             self.local_alerts.append({**alert, "step": step, "source": "lab"})
 

@@ -8,6 +8,7 @@ a 100,000-step run still draws in a few milliseconds.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 
 DEFAULT_CAPACITY = 1024
@@ -66,6 +67,22 @@ class DownsampledSeries:
             i += take
             if len(self.xs) >= self.capacity:
                 self._halve()
+
+    def rewind(self, x: float) -> None:
+        """Drop the points after `x`: a run restarted from the checkpoint of step `x` logs those steps again. A
+        merged point (a long run's bucket) stays or goes whole, by its mean x."""
+        keep = bisect_right(self.xs, x)
+        dropped = (len(self.xs) - keep) * self.bucket
+        if self._pending_n and self._pending_x / self._pending_n > x:
+            dropped += self._pending_n
+            self._pending_x = self._pending_y = 0.0
+            self._pending_n = 0
+        if not dropped:
+            return
+        del self.xs[keep:], self.ys[keep:]
+        self.count = max(0, self.count - dropped)
+        self.last = (self.xs[-1], self.ys[-1]) if self.xs else None
+        self.version += 1
 
     def _halve(self) -> None:
         xs, ys = self.xs, self.ys
