@@ -17,6 +17,8 @@ from prime_lab.lab.paths import child_python, lab_home
 from prime_lab.lab.runs import Run, RunRegistry
 
 CLI_BOOTSTRAP = "import sys; from prime_lab.workbench.cli import main; sys.argv[0] = 'prime'; main()"
+LOCAL_DEFAULT_MODEL = "smollm2-135m"  # what `prime eval run` and `prime gepa run` serve when no model is named
+FIRST_USE_SECONDS = {"smollm2-135m": 20}  # building a preset on first use (SmolLM2: its GGUF dequantised, 15-30 s)
 
 
 class LaunchError(Exception):
@@ -83,6 +85,19 @@ def config_argv(kind: str, path: Path) -> list[str]:
     return ["eval", "run", at]
 
 
+def first_use_note(model: object, *, served_locally: bool = True) -> str | None:
+    """What to say while a launched command builds its model preset before the run exists (the preset is not on
+    this machine yet: SmolLM2 is converted from its GGUF on first use); None when there is nothing to wait for."""
+    from prime_lab.lab.models import PRESETS, Availability
+
+    name = model if isinstance(model, str) and model else LOCAL_DEFAULT_MODEL
+    preset = PRESETS.get(name)
+    if not served_locally or preset is None or preset.availability() is not Availability.BUILDABLE:
+        return None
+    seconds = FIRST_USE_SECONDS.get(name)
+    return f"Preparing {name} (first use on this machine{f': ~{seconds} s' if seconds else ''}) before the run starts"
+
+
 def launch(argv: list[str], *, cwd: Path | None = None, log_dir: Path | None = None) -> Launched:
     """Start `prime ARGV` detached, its output in a log file. Returns at once."""
     logs = log_dir or lab_home() / "launches"
@@ -98,8 +113,12 @@ def launch(argv: list[str], *, cwd: Path | None = None, log_dir: Path | None = N
     return Launched(process.pid, log_path, argv, process)
 
 
-def find_run(launched: Launched, registry: RunRegistry, *, timeout: float = 30.0, poll: float = 0.1) -> Run:
-    """The run the launched process registered (its pid is one of the run's processes). Blocks: call in a worker."""
+def find_run(launched: Launched, registry: RunRegistry, *, timeout: float = 120.0, poll: float = 0.1) -> Run:
+    """The run the launched process registered (its pid is one of the run's processes). Blocks: call in a worker.
+
+    `prime rl run` builds a model preset met for the first time before it creates the run (15-30 s for SmolLM2,
+    longer on a busy machine), hence the long timeout; a command that exits is reported at once.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for run in registry.runs():

@@ -38,8 +38,8 @@ def _root(
     """prime-lab: improve LLMs on environments, locally."""
 
 
-app.add_typer(rl_app, name="rl", help="Reinforcement learning: configs and runs (same as `prime train`).")
-app.add_typer(rl_app, name="train", help="Reinforcement learning: configs and runs (same as `prime rl`).")
+app.add_typer(rl_app, name="train", help="Reinforcement learning: configs, runs, their metrics and rollouts.")
+app.add_typer(rl_app, name="rl", help="Same as `prime train` (its older name; both stay).")
 app.add_typer(eval_app, name="eval", help="Evaluate models on environments (vf-eval's flags).")
 app.add_typer(gepa_app, name="gepa", help="GEPA prompt optimization (headless; the same events as the TUI).")
 app.add_typer(env_app, name="env", help="Environments: the built-in ones and their arguments.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -48,6 +49,19 @@ def join_at_args(argv: list[str]) -> list[str]:
 def config_path(arg: str) -> Path:
     """`@file`, `@ file` and a bare path all name a config file."""
     return Path(arg[1:] if arg.startswith("@") else arg).expanduser()
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """`30s`, `15m`, `2h`, `1d` (or `1h30m`) in seconds; anything else fails naming `flag`."""
+    compact = text.strip().lower()
+    parts = _DURATION.findall(compact)
+    if not parts or "".join(n + u for n, u in parts) != compact:
+        fail(f"{flag} takes a duration like 30s, 15m, 2h or 1d, not {text!r}")
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
 
 
 def print_json(data: Any) -> None:

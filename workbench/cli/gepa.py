@@ -42,6 +42,8 @@ def run(
     state_columns: list[str] = typer.Option([], "--state-columns", help="State fields for reflection (repeat)."),
     env_args: str | None = typer.Option(None, "-a", "--env-args", help="load_environment() args as JSON."),
     sampling_args: str | None = typer.Option(None, "-S", "--sampling-args", help="Sampling args as JSON."),
+    max_tokens: int | None = typer.Option(None, "-t", "--max-tokens", min=1, help="Max tokens per turn."),
+    temperature: float | None = typer.Option(None, "-T", "--temperature", min=0.0, help="Sampling temperature."),
     concurrency: int | None = typer.Option(None, "-c", "--max-concurrent", min=1, help="Rollouts at once [32]."),
     parallel: int | None = typer.Option(None, "-P", "--num-parallel-proposals", min=1,
                                         help="Reflective proposals run at once [8]; 1 runs them one by one."),
@@ -82,6 +84,10 @@ def run(
     else:
         settings, config_text = {"env_id": env}, ""
     settings.update({k: v for k, v in flags.items() if v is not None})
+    # -t/-T set one key each of the sampling args, over [sampling] or -S (as in `prime eval run`)
+    overrides = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature)) if v is not None}
+    if overrides:
+        settings["sampling"] = {**(settings.get("sampling") or {}), **overrides}
     for key, value in FLAG_DEFAULTS.items():
         settings.setdefault(key, value)
     settings.setdefault("model", "smollm2-135m")
@@ -126,6 +132,8 @@ def _from_toml(path: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
 
 
 def _search(run: Any, resolved: dict[str, Any], *, backend: str) -> None:
+    from openai import APIError
+
     from prime_lab.gepa.runner import GepaSettings, run_gepa
     from prime_lab.lab.envs import EnvironmentLoadError
     from prime_lab.lab.inference.process import ServerStartError
@@ -156,6 +164,11 @@ def _search(run: Any, resolved: dict[str, Any], *, backend: str) -> None:
     except (EnvironmentLoadError, ValueError) as exc:
         run.set_state("failed", source="gepa", reason=str(exc))
         fail(str(exc))
+    except APIError as exc:  # the reflection model's endpoint (a task rollout's error only scores 0)
+        reason = f"the model endpoint failed: {exc}"
+        run.set_state("failed", source="gepa", reason=reason)
+        where = resolved.get("reflection_base_url") or resolved.get("base_url") or "the local sampler"
+        fail(f"{reason} (is {where} up and serving '{spec.reflection_model or spec.model}'?)")
     finally:
         signal.signal(signal.SIGTERM, previous)
         for sampler in samplers:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, print_json
+from prime_lab.workbench.cli.render import print_table
 
 
 def _parameters(count: int) -> str:
@@ -37,10 +35,7 @@ def models(output: OutputFormat = OUTPUT_OPTION) -> None:
     if output is OutputFormat.json:
         print_json(rows)
         return
-    table = Table(box=None, header_style="bold")
-    for column in ("NAME", "PARAMS", "STATUS", "SOURCE"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        status = f"{row['status']} ({row['hint']})" if row["hint"] else row["status"]
-        table.add_row(row["name"], _parameters(row["parameters"]), status, row["source"])
-    Console().print(table)
+    print_table(("NAME", "PARAMS", "STATUS", "SOURCE"),
+                [(row["name"], _parameters(row["parameters"]),
+                  f"{row['status']} ({row['hint']})" if row["hint"] else row["status"], row["source"])
+                 for row in rows], overflow="fold")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod, OverflowMethod
 from rich.table import Table
 
 from prime_lab.lab.events import Event
@@ -21,6 +22,32 @@ def clock(ts: float | None) -> str:
 
 def when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "-"
+
+
+def duration(seconds: float | None) -> str:
+    """`45s`, `3m 40s`, `2h 05m`, `1d 3h`: as long as a person needs, no longer."""
+    if seconds is None:
+        return "-"
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+def size(num_bytes: int) -> str:
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"  # pragma: no cover - the loop returns
 
 
 def number(value: Any) -> str:
@@ -49,15 +76,29 @@ def format_event(event: Event) -> str:
     return f"{head} {event.kind.upper():<7} {step}{fields}"
 
 
-def runs_table(statuses: list[dict[str, Any]]) -> None:
+def print_table(columns: Sequence[str], rows: Iterable[Sequence[str]], *, overflow: OverflowMethod = "ellipsis",
+                justify: dict[str, JustifyMethod] | None = None) -> None:
+    """A borderless table with bold headers on stdout, the one look of every `prime` table."""
     table = Table(box=None, header_style="bold")
-    for column in ("ID", "STATE", "KIND", "MODEL", "ENVIRONMENTS", "STEP", "REWARD", "STARTED"):
-        table.add_column(column)
-    for s in statuses:
-        step = f"{s.get('step', 0)}/{s['max_steps']}" if s.get("max_steps") else str(s.get("step", 0))
-        reward = s.get("reward")
-        table.add_row(str(s.get("id")), str(s.get("state")), str(s.get("kind")), str(s.get("model") or "-"),
-                      ", ".join(s.get("envs") or []) or "-", step,
-                      f"{reward:.3f}" if isinstance(reward, int | float) else "-",
-                      when(s.get("started_at") or s.get("created_at")))
+    for column in columns:
+        table.add_column(column, overflow=overflow, justify=(justify or {}).get(column, "left"))
+    for row in rows:
+        table.add_row(*row)
     Console().print(table)
+
+
+def steps_of(status: dict[str, Any]) -> str:
+    """`12/30`, or `12` when the run has no step count."""
+    step = status.get("step") or 0
+    return f"{step}/{status['max_steps']}" if status.get("max_steps") else str(step)
+
+
+def runs_table(statuses: list[dict[str, Any]]) -> None:
+    rows = []
+    for s in statuses:
+        reward = s.get("reward")
+        rows.append((str(s.get("id")), str(s.get("state")), str(s.get("kind")), str(s.get("model") or "-"),
+                     ", ".join(s.get("envs") or []) or "-", steps_of(s),
+                     f"{reward:.3f}" if isinstance(reward, int | float) else "-",
+                     when(s.get("started_at") or s.get("created_at"))))
+    print_table(("ID", "STATE", "KIND", "MODEL", "ENVIRONMENTS", "STEP", "REWARD", "STARTED"), rows)

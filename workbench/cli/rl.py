@@ -1,15 +1,25 @@
-"""`prime rl` (also `prime train`): RL configs and runs, headless."""
+"""`prime train` (also `prime rl`): RL configs and runs, headless."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
 
 import typer
 
-from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, config_path, err, fail, print_json
+from prime_lab.workbench.cli import run_views
+from prime_lab.workbench.cli.common import (
+    OUTPUT_OPTION,
+    OutputFormat,
+    config_path,
+    err,
+    fail,
+    parse_duration,
+    print_json,
+)
 from prime_lab.workbench.cli.models import models
 from prime_lab.workbench.cli.render import format_event, runs_table
 from prime_lab.workbench.cli.rl_run import restart, run
@@ -68,13 +78,14 @@ def validate(
         raise typer.Exit(1)
 
 
+@rl_app.command("ls", hidden=True, help="Same as `list`.")
 @rl_app.command("list")
 def list_runs(
     output: OutputFormat = OUTPUT_OPTION,
     num: int = typer.Option(20, "-n", "--num", min=1, help="How many runs (newest first)."),
     kind: str | None = typer.Option(None, "-k", "--kind", help="Only runs of this kind: rl, eval or gepa."),
 ) -> None:
-    """Local runs of every kind (RL, evaluations, GEPA), newest first."""
+    """Local runs of every kind (RL, evaluations, GEPA), newest first (alias: ls)."""
     from prime_lab.lab.runs import KINDS, RunRegistry
 
     if kind is not None and kind not in KINDS:
@@ -99,9 +110,15 @@ def logs(
     component: list[str] = typer.Option(
         [], "-c", "--component", help="Only these sources: orchestrator, trainer, inference, eval, gepa, launcher."),
     level: str | None = typer.Option(None, "--level", help="Only log lines at this level or above."),
+    since: str | None = typer.Option(None, "--since", help="Only events of the last 30s, 15m, 2h, 1d, ..."),
+    search: str | None = typer.Option(None, "--search", help="Only events whose line contains TEXT (any case)."),
+    regex: str | None = typer.Option(None, "--regex", help="Only events whose line matches PATTERN (any case)."),
     raw: bool = typer.Option(False, "-r", "--raw", help="Print the events as JSON lines."),
 ) -> None:
-    """A run's events: logs, metrics, status changes, alerts."""
+    """A run's events: logs, metrics, status changes, alerts.
+
+    --search and --regex look at the event as printed without --raw (its time, source, level and text).
+    """
     from prime_lab.lab.events import LEVELS, SOURCES, BadLine, Event, level_rank
     from prime_lab.lab.runs import FINAL_STATES, RunRegistry
 
@@ -111,13 +128,26 @@ def logs(
     if level is not None and level.upper() not in LEVELS:
         fail(f"unknown level '{level}': use one of {', '.join(LEVELS)}")
     min_level = LEVELS.index(level.upper()) if level else 0
+    not_before = time.time() - parse_duration(since, "--since") if since is not None else None
+    try:
+        pattern = re.compile(regex, re.IGNORECASE) if regex is not None else None
+    except re.error as exc:
+        fail(f"--regex {regex!r} is not a regular expression: {exc}")
+    needle = search.casefold() if search is not None else None
     run = RunRegistry().get(run_id)
     log = run.event_log()
 
     def keep(event: Event) -> bool:
         if component and event.source not in component:
             return False
-        return level is None or (event.kind == "log" and level_rank(event) >= min_level)
+        if not_before is not None and event.time < not_before:
+            return False
+        if level is not None and not (event.kind == "log" and level_rank(event) >= min_level):
+            return False
+        if needle is None and pattern is None:
+            return True
+        line = format_event(event)
+        return (needle is None or needle in line.casefold()) and (pattern is None or bool(pattern.search(line)))
 
     def show(event: Event) -> None:
         typer.echo(json.dumps(event.to_json(), separators=(",", ":")) if raw else format_event(event))
@@ -173,3 +203,11 @@ def delete(
 
     run = RunRegistry().delete(run_id, force=force)
     err(f"Deleted {run.id}")
+
+
+# Read-only views of one run (workbench/cli/run_views.py), after the commands that manage runs in the help.
+rl_app.command("get")(run_views.get)
+rl_app.command("progress")(run_views.progress)
+rl_app.command("metrics")(run_views.metrics)
+rl_app.command("rollouts")(run_views.rollouts)
+rl_app.command("checkpoints")(run_views.checkpoints)

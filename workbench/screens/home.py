@@ -16,7 +16,7 @@ from textual.widgets import DataTable, Footer, Header
 
 from prime_lab.lab.runs import ACTIVE_STATES
 from prime_lab.workbench.config_document import ConfigDocument
-from prime_lab.workbench.launch import LaunchError, config_argv
+from prime_lab.workbench.launch import LaunchError, config_argv, first_use_note
 from prime_lab.workbench.screens.confirm import ConfirmScreen
 from prime_lab.workbench.screens.launch_eval import LaunchEvalScreen
 from prime_lab.workbench.widgets.config_list import ConfigList
@@ -139,9 +139,19 @@ class HomeScreen(Screen[None]):
                 first = document.errors[0]
                 raise LaunchError(f"{path.name} has {len(document.errors)} problem(s), first: {first.format()}; "
                                   "open it (enter) to fix")
-            self.lab.start_launch(config_argv(document.kind, path))
+            argv = config_argv(document.kind, path)
+            # RL always builds its model locally (the trainer needs it); eval and GEPA only without a base_url
+            self._launch(argv, document.get(("model",)),
+                         served_locally=document.kind == "rl" or not document.get(("base_url",)))
         except (LaunchError, OSError) as exc:
             self.lab.report(exc)
+
+    def _launch(self, argv: list[str], model: object, *, served_locally: bool) -> None:
+        """Launch, first saying so when the command has a model to build before its run exists (~20 s)."""
+        note = first_use_note(model, served_locally=served_locally)
+        if note is not None:
+            self.notify(note, title="First use", timeout=25)
+        self.lab.start_launch(argv)
 
     def action_new_eval(self) -> None:
         env_id = model = None
@@ -157,7 +167,7 @@ class HomeScreen(Screen[None]):
 
         def launch(request: EvalRequest | None) -> None:
             if request is not None:
-                self.lab.start_launch(request.argv())
+                self._launch(request.argv(), request.model, served_locally=request.base_url is None)
 
         self.app.push_screen(LaunchEvalScreen(env_id, model if isinstance(model, str) else None,
                                               blink=self.lab.blink), launch)

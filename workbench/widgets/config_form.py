@@ -6,6 +6,7 @@ Attributes down (`show(document)` refreshes every control from the document), me
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,16 @@ from prime_lab.workbench.config_document import ConfigDocument
 from prime_lab.workbench.schema_fields import FieldSpec, SectionSpec, sections
 
 UNSET = "unset"
+LABEL_MAX = 34  # the widest label column; a longer name ends in an ellipsis and shows whole in its tooltip
+
+
+def field_label(spec: FieldSpec) -> str:
+    return f"{spec.path[-1]}{' *' if spec.required else ''}"
+
+
+def label_width(specs: Iterable[FieldSpec]) -> int:
+    """The label column that fits the form's longest field name (and a space), up to LABEL_MAX."""
+    return min(LABEL_MAX, 1 + max((len(field_label(spec)) for spec in specs), default=0))
 
 
 def parse_value(spec: FieldSpec, text: str) -> Any:
@@ -63,11 +74,12 @@ class FieldRow(Vertical):
         path: KeyPath
         value: Any
 
-    def __init__(self, spec: FieldSpec, path: KeyPath, *, blink: bool = True) -> None:
+    def __init__(self, spec: FieldSpec, path: KeyPath, *, blink: bool = True, label_width: int | None = None) -> None:
         super().__init__(classes="field-row")
         self.spec = spec
         self.path = path
         self.blink = blink
+        self.label_width = label_width
         self._shown: object = None  # what load() last put in the control: its echo is not an edit
 
     @property
@@ -79,11 +91,22 @@ class FieldRow(Vertical):
     def compose(self) -> ComposeResult:
         spec = self.spec
         with Horizontal(classes="field-line"):
-            yield Label(f"{spec.path[-1]}{' *' if spec.required else ''}", classes="field-name")
+            yield self._label()
             yield self._control()
         default = f" · default {spec.default}" if spec.default else (" · required" if spec.required else "")
         help_text = f" · {spec.help}" if spec.help else ""
         yield Static(f"{spec.type_name}{default}{help_text}", classes="field-help", markup=False)
+
+    def _label(self) -> Label:
+        text = field_label(self.spec)
+        label = Label(text, classes="field-name")
+        if self.label_width is not None:  # inline: the column is the form's, wider than the stylesheet's default
+            label.styles.width = self.label_width
+            label.styles.text_wrap = "nowrap"
+            label.styles.text_overflow = "ellipsis"
+            if len(text) >= self.label_width:
+                label.tooltip = self.key
+        return label
 
     def _control(self) -> Widget:
         spec = self.spec
@@ -153,16 +176,18 @@ class FieldRow(Vertical):
 class EnvEntry(Vertical):
     """One [[env]] entry: its fields, keyed by the entry's index."""
 
-    def __init__(self, section: SectionSpec, index: int, *, blink: bool) -> None:
+    def __init__(self, section: SectionSpec, index: int, *, blink: bool, label_width: int | None = None) -> None:
         super().__init__(classes="env-entry")
         self.section = section
         self.index = index
         self.blink = blink
+        self.label_width = label_width
 
     def compose(self) -> ComposeResult:
         yield Static(f"{self.section.title} #{self.index + 1}", classes="entry-title")
         for spec in self.section.fields:
-            yield FieldRow(spec, self.section.path + (self.index,) + spec.path, blink=self.blink)
+            yield FieldRow(spec, self.section.path + (self.index,) + spec.path, blink=self.blink,
+                           label_width=self.label_width)
 
 
 class ConfigForm(VerticalScroll):
@@ -188,6 +213,7 @@ class ConfigForm(VerticalScroll):
         self.schema = schema
         self.blink = blink
         self.layout_sections = sections(schema) if schema is not None else []
+        self.label_width = label_width(spec for section in self.layout_sections for spec in section.fields)
         self._env_counts: dict[KeyPath, int] = {}
 
     def compose(self) -> ComposeResult:
@@ -207,7 +233,8 @@ class ConfigForm(VerticalScroll):
         for section in self.layout_sections:
             if section.entries is None and section.fields:
                 container = self.query_one(f"#{self._section_id(section)}", Vertical)
-                await container.mount_all([FieldRow(spec, spec.path, blink=self.blink) for spec in section.fields])
+                await container.mount_all([FieldRow(spec, spec.path, blink=self.blink, label_width=self.label_width)
+                                           for spec in section.fields])
 
     @staticmethod
     def _section_id(section: SectionSpec) -> str:
@@ -223,7 +250,8 @@ class ConfigForm(VerticalScroll):
                 self._env_counts[section.path] = count
                 container = self.query_one(f"#{self._section_id(section)}", Vertical)
                 await container.query(EnvEntry).remove()
-                await container.mount_all([EnvEntry(section, i, blink=self.blink) for i in range(count)])
+                await container.mount_all([EnvEntry(section, i, blink=self.blink, label_width=self.label_width)
+                                           for i in range(count)])
         invalid = document.problem_paths()
         for row in self.query(FieldRow):
             row.load(document.get(row.path))

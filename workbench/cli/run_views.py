@@ -1,0 +1,337 @@
+"""`prime train get | metrics | rollouts | checkpoints | progress ID`: read-only views of one run.
+
+Each view reads what the run already wrote, its directory (status.json, rollouts/, checkpoints/, adapters/) and
+its event log, and stores nothing. Metrics come from the log's final timeline (`lab.events.final_timeline`): a
+restarted run shows each step once, with the values of its latest attempt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, err, fail, print_json
+from prime_lab.workbench.cli.render import duration, number, print_table, size, steps_of, when
+
+if TYPE_CHECKING:
+    from prime_lab.lab.events import Event
+    from prime_lab.lab.runs import Run
+
+RUN_ID = typer.Argument(..., help="Run id (or a unique prefix).")
+RATE_WINDOW = 10  # the last steps the time per step (and so the ETA) is measured over
+# The metrics table's columns (what fits 80 columns); a run that logs none of them shows its first few names.
+TABLE_METRICS = ("reward/mean", "policy/entropy", "policy/kl", "loss", "perf/tokens_per_s")
+
+
+def _run(run_id: str) -> Run:
+    from prime_lab.lab.runs import RunRegistry
+
+    return RunRegistry().get(run_id)  # RunError (unknown or ambiguous id): `Error: ...`, exit 1
+
+
+def _label(key: str, value: str) -> str:
+    return f"{key:<12} {value}"
+
+
+# get ------------------------------------------------------------------------------------------------------------
+def run_facts(run: Run) -> dict[str, Any]:
+    """status.json as it stands (a dead active run reads `failed`), each process with whether it is alive, and the
+    run's folders and files that exist."""
+    status = run.status()
+    live = run.live_processes(status)
+    found = status.get("processes")
+    processes = {role: {"pid": info.get("pid"), "alive": role in live}
+                 for role, info in (found.items() if isinstance(found, dict) else ()) if isinstance(info, dict)}
+    places = {"dir": run.dir, "config": run.config_path, "resolved": run.resolved_path, "status": run.status_path,
+              "events": run.events_path, "logs": run.logs_dir, "rollouts": run.rollouts_dir,
+              "checkpoints": run.checkpoints_dir, "adapters": run.adapters_dir, "gepa": run.gepa_dir}
+    facts = {k: v for k, v in status.items() if k not in ("processes", "pgid")}
+    facts.update(id=run.id, processes=processes, paths={k: str(p) for k, p in places.items() if p.exists()})
+    return facts
+
+
+SHOWN_FACTS = ("id", "name", "kind", "state", "reason", "model", "envs", "step", "max_steps", "attempt",
+               "created_at", "started_at", "updated_at", "ended_at", "processes", "paths")
+
+
+def get(run_id: str = RUN_ID, output: OutputFormat = OUTPUT_OPTION) -> None:
+    """A run's facts: id, kind, state, step, model, times, reason, processes and where its files are."""
+    facts = run_facts(_run(run_id))
+    if output is OutputFormat.json:
+        print_json(facts)
+        return
+    lines = [_label("id", facts["id"])]
+    if facts.get("name") and facts["name"] != facts["id"]:
+        lines.append(_label("name", str(facts["name"])))
+    lines += [_label("kind", str(facts.get("kind", "-"))), _label("state", str(facts.get("state", "-")))]
+    if facts.get("reason"):
+        lines.append(_label("reason", str(facts["reason"])))
+    lines += [_label("model", str(facts.get("model") or "-")),
+              _label("envs", ", ".join(facts.get("envs") or []) or "-"), _label("step", steps_of(facts))]
+    if int(facts.get("attempt") or 1) > 1:
+        lines.append(_label("attempt", str(facts["attempt"])))
+    for key in ("created", "started", "updated", "ended"):
+        if facts.get(f"{key}_at"):
+            lines.append(_label(key, when(facts[f"{key}_at"])))
+    processes = facts["processes"]
+    if processes:
+        lines.append(_label("processes", ", ".join(f"{role} {p['pid']} ({'alive' if p['alive'] else 'exited'})"
+                                                   for role, p in processes.items())))
+    lines += [_label(key, number(value)) for key, value in facts.items()
+              if key not in SHOWN_FACTS and value not in (None, "", [], {})]
+    lines += [_label(key if key != "dir" else "directory", path) for key, path in facts["paths"].items()]
+    typer.echo("\n".join(lines))
+
+
+# metrics --------------------------------------------------------------------------------------------------------
+def step_metrics(events: Iterable[Event]) -> list[dict[str, Any]]:
+    """Per step (in order), the merged `metrics` events of its latest attempt: `{step, attempt, time, metrics}`."""
+    from prime_lab.lab.events import final_timeline
+
+    rows: dict[int, dict[str, Any]] = {}
+    for event in final_timeline(events):
+        if event.kind != "metrics" or not isinstance(event.step, int):
+            continue
+        row = rows.setdefault(event.step, {"step": event.step, "attempt": event.attempt, "time": event.time,
+                                           "metrics": {}})
+        row["attempt"] = event.attempt
+        row["time"] = max(row["time"], event.time)
+        row["metrics"].update(event.data)
+    return [rows[step] for step in sorted(rows)]
+
+
+def _run_metrics(run: Run) -> list[dict[str, Any]]:
+    return step_metrics(run.event_log().events())
+
+
+def metric_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The headline metrics the rows have (or, for a run that logs none of them, the first few names)."""
+    names = {key for row in rows for key in row["metrics"]}
+    headline = [key for key in TABLE_METRICS if key in names]
+    return headline or sorted(names)[:len(TABLE_METRICS)]
+
+
+def metrics(
+    run_id: str = RUN_ID,
+    min_step: int | None = typer.Option(None, "--min-step", help="From this step on."),
+    max_step: int | None = typer.Option(None, "--max-step", help="Up to this step."),
+    limit: int | None = typer.Option(None, "-n", "--limit", min=1, help="Only the last N steps of that range."),
+    output: OutputFormat = OUTPUT_OPTION,
+) -> None:
+    """Metrics per step, one row a step (a restarted run: the latest attempt's values); json has every metric."""
+    run = _run(run_id)
+    rows = [row for row in _run_metrics(run) if (min_step is None or row["step"] >= min_step)
+            and (max_step is None or row["step"] <= max_step)]
+    if limit is not None:
+        rows = rows[-limit:]
+    if output is OutputFormat.json:
+        print_json(rows)
+        return
+    if not rows:
+        err(f"No metrics for {run.id}" + (" in that step range" if min_step or max_step else " yet"))
+        return
+    columns = metric_columns(rows)
+    restarted = any(row["attempt"] > 1 for row in rows)
+    head = ["STEP", *(["ATTEMPT"] if restarted else []), *columns]
+    print_table(head, [[str(row["step"]), *([str(row["attempt"])] if restarted else []),
+                        *(number(row["metrics"][c]) if c in row["metrics"] else "-" for c in columns)]
+                       for row in rows], overflow="fold", justify={c: "right" for c in head})
+    names = len({key for row in rows for key in row["metrics"]})
+    if names > len(columns):
+        err(f"({len(columns)} of {names} metrics shown; `-o json` has them all)")
+
+
+# rollouts -------------------------------------------------------------------------------------------------------
+def step_ranges(steps: list[int]) -> str:
+    """`1-3, 7, 9-10` for [1, 2, 3, 7, 9, 10]."""
+    spans: list[list[int]] = []
+    for step in steps:
+        if spans and step == spans[-1][1] + 1:
+            spans[-1][1] = step
+        else:
+            spans.append([step, step])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _one_line(text: Any, width: int = 160) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _last_content(messages: Any, role: str | None = None) -> str:
+    """The content of the last message (of `role`); a plain string stays as it is."""
+    if isinstance(messages, str):
+        return messages
+    if not isinstance(messages, list):
+        return ""
+    found = [m for m in messages if isinstance(m, dict) and (role is None or m.get("role") == role)]
+    return str(found[-1].get("content") or "") if found else ""
+
+
+def rollouts(
+    run_id: str = RUN_ID,
+    step: int | None = typer.Option(None, "-s", "--step", help="The step (default: the newest with rollouts)."),
+    output: OutputFormat = OUTPUT_OPTION,
+) -> None:
+    """The rollouts a step trained on (rollouts/step_N.jsonl): prompt, completion, reward, advantage, env."""
+    from prime_lab.trainer.batch import batch_path
+    from prime_lab.workbench.dashboards.files import read_jsonl_from
+    from prime_lab.workbench.dashboards.samples import rollout_steps
+
+    run = _run(run_id)
+    steps = rollout_steps(run.rollouts_dir)
+    if not steps:
+        fail(f"{run.id} has no rollouts yet (rollouts/step_N.jsonl)")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        fail(f"{run.id} has no rollouts of step {step}; steps with rollouts: {step_ranges(steps)}")
+    rows, _ = read_jsonl_from(batch_path(run.rollouts_dir, step), 0)
+    if output is OutputFormat.json:
+        print_json(rows)
+        return
+    rewards = [r["reward"] for r in rows if isinstance(r.get("reward"), int | float)]
+    summary = f"step {step} · {len(rows)} rollout{'s' * (len(rows) != 1)}"
+    if rewards:
+        summary += (f" · reward mean {sum(rewards) / len(rewards):.3f} (min {min(rewards):.3f}, "
+                    f"max {max(rewards):.3f})")
+    lines = [summary]
+    for i, row in enumerate(rows, 1):
+        flags = "  truncated" if row.get("is_truncated") else ""
+        prompt = _last_content(row.get("prompt"), "user") or _last_content(row.get("prompt"))
+        lines += ["", f"#{i}  {row.get('env', '-')}  {row.get('example_id', '-')}  reward "
+                      f"{number(row.get('reward', '-'))}  advantage {number(row.get('advantage', '-'))}{flags}",
+                  f"    prompt      {_one_line(prompt)}",
+                  f"    completion  {_one_line(_last_content(row.get('completion')))}"]
+        if row.get("answer") not in (None, ""):
+            lines.append(f"    answer      {_one_line(row['answer'])}")
+    typer.echo("\n".join(lines))
+
+
+# checkpoints ----------------------------------------------------------------------------------------------------
+def _folder(path: Path) -> tuple[int, float]:
+    """Bytes of the files under `path`, and when it was last written."""
+    total, latest = 0, path.stat().st_mtime
+    for child in path.rglob("*"):
+        if child.is_file():
+            stat = child.stat()
+            total += stat.st_size
+            latest = max(latest, stat.st_mtime)
+    return total, latest
+
+
+def checkpoint_rows(run: Run) -> list[dict[str, Any]]:
+    """The run's checkpoints/step_N and adapters/step_N folders by step; `resume` marks the checkpoint that
+    `prime train restart` resumes from (the newest complete one), `complete` is false for a checkpoint newer than
+    it (a save that did not finish)."""
+    from prime_lab.trainer.runtime import checkpoint_to_resume, step_dirs
+
+    found = checkpoint_to_resume(run)
+    resume_step = found[0] if found is not None else None
+    rows = []
+    for kind, root in (("checkpoint", run.checkpoints_dir), ("adapter", run.adapters_dir)):
+        for step, path in step_dirs(root).items():
+            total, written = _folder(path)
+            row: dict[str, Any] = {"kind": kind, "step": step, "path": str(path), "size_bytes": total,
+                                   "time": written}
+            if kind == "checkpoint":
+                row["resume"] = step == resume_step
+                row["complete"] = resume_step is not None and step <= resume_step
+            rows.append(row)
+    return sorted(rows, key=lambda r: (r["step"], r["kind"]))
+
+
+def checkpoints(run_id: str = RUN_ID, output: OutputFormat = OUTPUT_OPTION) -> None:
+    """A run's checkpoints (resumable) and adapters (loadable by peft and vLLM), marking the one restart uses."""
+    run = _run(run_id)
+    rows = checkpoint_rows(run)
+    if output is OutputFormat.json:
+        print_json(rows)
+        return
+    if not rows:
+        err(f"{run.id} has no checkpoints or adapters yet")
+        return
+
+    def note(row: dict[str, Any]) -> str:
+        if row.get("resume"):
+            return "resumes here"
+        return "incomplete" if row["kind"] == "checkpoint" and not row["complete"] else ""
+
+    print_table(("STEP", "KIND", "SIZE", "SAVED", "PATH", ""),
+                [(str(r["step"]), r["kind"], size(r["size_bytes"]), when(r["time"]),
+                  str(Path(r["path"]).relative_to(run.dir)), note(r)) for r in rows],
+                justify={"STEP": "right", "SIZE": "right"})
+    resume = next((r["step"] for r in rows if r.get("resume")), None)
+    err(f"`prime train restart {run.id}` resumes after step {resume}" if resume is not None else
+        f"{run.id} has no complete checkpoint: a restart has nothing to resume from")
+
+
+# progress -------------------------------------------------------------------------------------------------------
+def seconds_per_step(rows: list[dict[str, Any]]) -> float | None:
+    """Time per step over the last RATE_WINDOW steps of the latest attempt (a restart's pause is not counted)."""
+    if not rows:
+        return None
+    latest = [row for row in rows if row["attempt"] == rows[-1]["attempt"]][-RATE_WINDOW:]
+    if len(latest) < 2 or latest[-1]["step"] == latest[0]["step"]:
+        return None
+    return (latest[-1]["time"] - latest[0]["time"]) / (latest[-1]["step"] - latest[0]["step"])
+
+
+def _latest(rows: list[dict[str, Any]], key: str) -> Any:
+    return next((row["metrics"][key] for row in reversed(rows) if key in row["metrics"]), None)
+
+
+def run_progress(run: Run, now: float | None = None) -> dict[str, Any]:
+    from prime_lab.lab.runs import ACTIVE_STATES
+
+    now = time.time() if now is None else now
+    status = run.status()
+    rows = _run_metrics(run)
+    state = status.get("state")
+    step = int(status.get("step") or 0)
+    max_steps = status.get("max_steps")
+    active = state in ACTIVE_STATES
+    started = status.get("started_at") or status.get("created_at")
+    end = now if active else (status.get("ended_at") or status.get("updated_at") or now)
+    per_step = seconds_per_step(rows)
+    if per_step is None and active and started and step:
+        per_step = (now - started) / step
+    remaining = max_steps - step if isinstance(max_steps, int) and active else None
+    return {"id": run.id, "kind": status.get("kind"), "state": state, "reason": status.get("reason"), "step": step,
+            "max_steps": max_steps, "fraction": step / max_steps if isinstance(max_steps, int) and max_steps else None,
+            "elapsed_s": end - started if started else None, "seconds_per_step": per_step,
+            "eta_s": per_step * remaining if per_step is not None and remaining is not None else None,
+            "reward": _latest(rows, "reward/mean") if rows else status.get("reward"),
+            "tokens_per_s": _latest(rows, "perf/tokens_per_s")}
+
+
+def _bar(fraction: float, width: int = 24) -> str:
+    filled = round(min(1.0, max(0.0, fraction)) * width)
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def progress(run_id: str = RUN_ID, output: OutputFormat = OUTPUT_OPTION) -> None:
+    """Where a run stands: state, step, elapsed time, ETA, the latest reward and tokens/s."""
+    facts = run_progress(_run(run_id))
+    if output is OutputFormat.json:
+        print_json(facts)
+        return
+    head = f"{facts['id']}  {facts['state']}  step {steps_of(facts)}"
+    if facts["fraction"] is not None:
+        head += f"  {_bar(facts['fraction'])} {facts['fraction']:.0%}"
+    timing = f"elapsed {duration(facts['elapsed_s'])}"
+    if facts["seconds_per_step"] is not None:
+        timing += f"  {facts['seconds_per_step']:.1f} s/step"
+    if facts["eta_s"] is not None:
+        timing += f"  ETA {duration(facts['eta_s'])}"
+    numbers = [f"{label} {number(facts[key])}" for key, label in (("reward", "reward"),
+                                                                  ("tokens_per_s", "tokens/s"))
+               if facts[key] is not None]
+    lines = [head, timing] + (["  ".join(numbers)] if numbers else [])
+    if facts.get("reason"):
+        lines.append(f"reason: {facts['reason']}")
+    typer.echo("\n".join(lines))
