@@ -14,8 +14,10 @@ trainer has trained `max_steps` steps.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +32,7 @@ from prime_lab.lab.inference.process import RunningServer, log_tail
 from prime_lab.lab.paths import child_python
 from prime_lab.lab.reaper import ReaperHandle, die_with_parent, start_reaper
 from prime_lab.lab.runs import Run
+from prime_lab.lab.wandb_mirror import mirror_argv, wanted
 from prime_lab.trainer.batch import batch_path
 from prime_lab.trainer.config import RLConfig
 from prime_lab.trainer.runtime import StopFlag, checkpoint_to_resume, load_config, log_both, step_dirs
@@ -39,6 +42,7 @@ UNHEALTHY_AFTER_S = float(os.environ.get("PRIME_LAB_SAMPLER_UNHEALTHY_S", "30"))
 HEALTH_EVERY_S = min(5.0, UNHEALTHY_AFTER_S / 3)
 STOP_GRACE_S = 120.0  # the trainer may be mid-step on a slow CPU
 EXTERNAL_TIMEOUT_S = 30.0
+MIRROR_FINISH_S = 150.0  # the W&B mirror's finish() waits up to 120 s for uploads
 
 
 class LaunchFailed(RuntimeError):
@@ -86,6 +90,7 @@ class Supervisor:
         self.server: RunningServer | None = None
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.reaper: ReaperHandle | None = None
+        self.mirror: subprocess.Popen[bytes] | None = None  # the W&B mirror (not registered: never a run failure)
         self.offset = 0
         self.last_error: dict[str, str] = {}
         self.monitor = AlertMonitor()
@@ -124,6 +129,32 @@ class Supervisor:
         self.start_child("orchestrator", ["prime_lab.trainer.orchestrator", str(run.dir), "--base-url", base_url,
                                           "--model", model_name, *api_key, *resume])
         run.set_state("running")
+        self.start_mirror()
+
+    def start_mirror(self) -> None:
+        """With a `[wandb]` section: the W&B mirror follows the event log in its own process, so W&B (slow, offline,
+        failing) never holds up training. It gets this process's environment (WANDB_API_KEY from
+        --wandb-api-key or the user's); it writes nothing of the key."""
+        if not wanted(json.loads(self.run.resolved_path.read_text())):
+            return
+        with open(self.run.log_path("wandb"), "ab") as log:
+            self.mirror = subprocess.Popen(mirror_argv(self.run.dir), stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=subprocess.STDOUT)
+
+    def finish_mirror(self) -> None:
+        """After the final state: the mirror logs what it holds and exits by itself (seconds offline; online it may
+        wait on uploads, up to MIRROR_FINISH_S); then SIGINT makes it finish at once."""
+        if self.mirror is None:
+            return
+        for sig, wait in ((None, MIRROR_FINISH_S), (signal.SIGINT, 15.0), (signal.SIGKILL, 5.0)):
+            if sig is not None:
+                self.mirror.send_signal(sig)
+            try:
+                self.mirror.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                self.log(f"the W&B mirror did not finish within {wait:g} s", "WARNING")
+        self.mirror = None
 
     def choose_backend(self) -> BackendChoice:
         from prime_lab.lab.inference.backend import BackendUnavailableError, choose_backend
@@ -276,6 +307,7 @@ class Supervisor:
         if final == "failed":
             self.log(reason, "ERROR")
         self.run.set_state(final, reason=reason)  # type: ignore[arg-type]
+        self.finish_mirror()
         if self.reaper is not None:
             self.reaper.release()
         return 0 if final != "failed" else 1

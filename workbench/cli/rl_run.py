@@ -20,7 +20,12 @@ from prime_lab.workbench.cli.common import config_path, err, fail
 PROGRESS_KEYS = (("reward/mean", "reward"), ("loss", "loss"), ("policy/entropy", "entropy"), ("policy/kl", "kl"))
 
 
-def _env_vars(pairs: list[str], files: list[Path]) -> dict[str, str]:
+WANDB_KEY_HELP = "W&B API key for the run's W&B mirror (else WANDB_API_KEY; none: offline). Never written to disk."
+
+
+def _env_vars(pairs: list[str], files: list[Path], wandb_api_key: str | None = None) -> dict[str, str]:
+    """The environment the run's processes get on top of this one's; it reaches them through the supervisor's
+    environment only (nothing of it is written to the run directory)."""
     from prime_lab.lab.envs import load_env_files
 
     out: dict[str, str] = {}
@@ -34,6 +39,8 @@ def _env_vars(pairs: list[str], files: list[Path]) -> dict[str, str]:
         if not sep or not key:
             fail(f"-e/--env-var takes KEY=VALUE, got {pair!r}")
         out[key] = value
+    if wandb_api_key:
+        out["WANDB_API_KEY"] = wandb_api_key
     return out
 
 
@@ -44,6 +51,7 @@ def run(
     env_var: list[str] = typer.Option([], "-e", "--env-var", help="KEY=VALUE for the run's processes (repeat)."),
     env_file: list[Path] = typer.Option([], "--env-file", help=".env file(s) for the run's processes."),
     name: str | None = typer.Option(None, "--name", help="A display name for the run."),
+    wandb_api_key: str | None = typer.Option(None, "--wandb-api-key", help=WANDB_KEY_HELP),
 ) -> None:
     """Validate a config and start a local RL run: sampler, orchestrator and trainer. Prints the run id."""
     from prime_lab.lab.models import ModelNotFoundError, resolve_model
@@ -61,7 +69,7 @@ def run(
     if not cfg.lora.enabled:
         fail(f"{path}: [lora] enabled = false (full fine-tuning) is not supported by the local trainer yet: the "
              "samplers take LoRA adapters; set [lora] enabled = true")
-    extra_env = _env_vars(env_var, env_file)
+    extra_env = _env_vars(env_var, env_file, wandb_api_key)
     try:
         model_path = resolve_model(cfg.model)
     except ModelNotFoundError as exc:
@@ -77,8 +85,11 @@ def run(
 def restart(
     run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
     foreground: bool = typer.Option(False, "--foreground", help="Stay attached with a live progress line."),
+    env_var: list[str] = typer.Option([], "-e", "--env-var", help="KEY=VALUE for the run's processes (repeat)."),
+    env_file: list[Path] = typer.Option([], "--env-file", help=".env file(s) for the run's processes."),
+    wandb_api_key: str | None = typer.Option(None, "--wandb-api-key", help=WANDB_KEY_HELP),
 ) -> None:
-    """Resume a stopped or failed RL run from its latest checkpoint."""
+    """Resume a stopped or failed RL run from its latest checkpoint (the same W&B run, rewound to it)."""
     from prime_lab.lab.events import RESTART
     from prime_lab.lab.runs import ACTIVE_STATES, RunRegistry
     from prime_lab.trainer.launcher import LaunchFailed, prepare_resume
@@ -103,7 +114,7 @@ def restart(
     with run_.writer("launcher") as writer:
         writer.emit(RESTART, {"from_step": step, "attempt": run_.attempt}, step=step)
     run_.set_state("queued", reason=f"resuming after step {step}")
-    _spawn(run_, resume=True)
+    _spawn(run_, resume=True, env=_env_vars(env_var, env_file, wandb_api_key))
     err(f"Resuming {run_.id} from its checkpoint after step {step}.")
     _started(run_.id, foreground)
 
