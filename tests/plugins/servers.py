@@ -7,6 +7,9 @@
 - `builtin_smollm2_server`: the built-in server on the real SmolLM2-135M-Instruct (`smollm2_dir`), served as
   `smollm2-135m`, float32, for the tests that need a real model's distribution (a tiny random model's is near
   uniform at every temperature). One per session, started on first use.
+- `trained_adapter`: a LoRA adapter as a run writes it: the trainer's policy on the tiny model after one optimizer
+  step of its own loss pass, saved as `Trainer.publish_adapter` saves it (`save_pretrained`); with the trained
+  policy's logprobs of a fixed sequence, to compare what loads it elsewhere against.
 - `tiny_lora_adapters`: two LoRA adapters (rank 8, random non-zero A and B, different seeds) for the tiny model.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -38,6 +42,41 @@ def builtin_smollm2_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathF
     server = start_builtin_server(settings, log_path=tmp_path_factory.mktemp("builtin") / "smollm2.log", timeout=300)
     yield server
     server.stop()
+
+
+class TrainedAdapter(NamedTuple):
+    path: Path
+    token_ids: list[int]  # a sequence of the tiny model's vocabulary
+    logprobs: list[float]  # the trained policy's logprob of each token after the first (the trainer's own pass)
+
+
+@pytest.fixture(scope="session")
+def trained_adapter(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainedAdapter:
+    import torch
+
+    from prime_lab.trainer.batch import Sample
+    from prime_lab.trainer.model import accumulate_batch_gradients, load_policy, token_logprobs
+
+    torch.manual_seed(0)
+    policy = load_policy(tiny_model_dir, lora_r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj",
+                                                                                    "o_proj"])
+    rng = torch.Generator().manual_seed(1)
+    vocab = policy.config.vocab_size
+    samples = []
+    for i in range(4):
+        ids = torch.randint(0, vocab, (12,), generator=rng).tolist()
+        samples.append(Sample(input_ids=ids, loss_mask=[0] * 4 + [1] * 8, sampler_logprobs=[0.0] * 4 + [-5.0] * 8,
+                              advantage=1.0 if i % 2 else -1.0))
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=0.05)
+    accumulate_batch_gradients(policy, samples, device="cpu", ratio_low=0.0, ratio_high=float("inf"))
+    optimizer.step()
+    path = tmp_path_factory.mktemp("trained") / "adapters" / "step_1"
+    policy.save_pretrained(path)
+    token_ids = torch.randint(0, vocab, (10,), generator=rng).tolist()
+    policy.eval()
+    with torch.no_grad():
+        logprobs, _ = token_logprobs(policy, torch.tensor([token_ids]), torch.ones(1, len(token_ids)))
+    return TrainedAdapter(path, token_ids, logprobs[0, 1:].tolist())
 
 
 @pytest.fixture(scope="session")

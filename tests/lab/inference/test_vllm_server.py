@@ -12,6 +12,8 @@ import pytest
 
 from prime_lab.lab.inference.vllm import AdapterLoadError, VLLMServer
 from prime_lab.lab.models.random_lora import build_random_lora_adapter
+from tests.plugins.servers import ReferenceForward, TrainedAdapter
+from tests.plugins.vllm import RUN_ADAPTER_NAME
 
 pytestmark = pytest.mark.slow  # the session's vLLM server takes about a minute to start on 2 cores
 
@@ -110,3 +112,17 @@ def test_loading_a_missing_adapter_is_a_clear_error(vllm_server: VLLMServer, tmp
     with pytest.raises(AdapterLoadError, match="could not load adapter 'ghost'.*HTTP 4"):
         vllm_server.adapters.load("ghost", tmp_path / "no-such-adapter")
     assert httpx.get(f"{vllm_server.root_url}/health", timeout=10).status_code == 200
+
+
+def test_lora_modules_at_start_up_serve_a_run_adapter(vllm_server: VLLMServer, trained_adapter: TrainedAdapter,
+                                                      reference_forward: ReferenceForward) -> None:
+    """vLLM's own `--lora-modules NAME=PATH` accepts an adapter as a run writes it, and serves its logprobs."""
+    served = {m.id for m in client(vllm_server).models.list().data}
+    assert RUN_ADAPTER_NAME in served
+    body = client(vllm_server).chat.completions.create(
+        model=RUN_ADAPTER_NAME, messages=PROMPT, max_tokens=6, temperature=1.0, logprobs=True, seed=3,  # type: ignore[arg-type]
+        extra_body={"return_token_ids": True},
+    ).model_dump()
+    choice = body["choices"][0]
+    expected = reference_forward.logprobs(body["prompt_token_ids"], choice["token_ids"], trained_adapter.path)
+    assert [e["logprob"] for e in choice["logprobs"]["content"]] == pytest.approx(expected, abs=1e-4)
