@@ -1,6 +1,7 @@
 """The default config (smollm2-135m on reverse-text, LoRA) for 50 steps on this machine: the reward curve and its rise.
 
     .venv/bin/python bench/reverse_text.py [--steps 50] [--config configs/rl/reverse-text.toml] [--lr 2e-4]
+                                           [--temperature 0.8]
 
 Runs `prime rl run @CONFIG --foreground` (the real sampler, orchestrator and trainer) with `max_steps` set to
 `--steps`, then reads the run's events and prints the reward per step, the rise (mean of the last 10 steps minus the
@@ -32,6 +33,7 @@ def main() -> int:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "rl" / "reverse-text.toml")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--lr", type=float, default=None, help="Override learning_rate.")
+    parser.add_argument("--temperature", type=float, default=None, help="Override [sampling].temperature.")
     parser.add_argument("--window", type=int, default=10, help="Steps averaged at each end for the rise.")
     parser.add_argument("--run", default=None, help="Report on a finished run instead of starting one.")
     args = parser.parse_args()
@@ -44,10 +46,13 @@ def main() -> int:
     doc["max_steps"] = args.steps
     if args.lr is not None:
         doc["learning_rate"] = args.lr
+    if args.temperature is not None:
+        doc["sampling"]["temperature"] = args.temperature  # type: ignore[index]
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as fh:
         fh.write(tomlkit.dumps(doc))
         config = Path(fh.name)
-    print(f"config {args.config} with max_steps = {args.steps}" + (f", learning_rate = {args.lr:g}" if args.lr else ""))
+    print(f"config {args.config} with max_steps = {args.steps}" + (f", learning_rate = {args.lr:g}" if args.lr else "")
+          + (f", temperature = {args.temperature:g}" if args.temperature is not None else ""))
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}", flush=True)
     t0 = time.monotonic()
     proc = subprocess.run([PRIME, "rl", "run", f"@{config}", "--foreground"], capture_output=True, text=True)
