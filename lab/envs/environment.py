@@ -93,11 +93,18 @@ class Rollout:
 def normalize_rows(rows: Iterable[dict[str, Any]], system_prompt: str | None, task: str,
                    few_shot: Messages | None = None) -> list[dict[str, Any]]:
     """Rows with `prompt` (chat messages) or `question` become rows with `prompt`, `answer`, `info`, `task`,
-    `example_id` (verifiers' dataset format)."""
+    `example_id` (verifiers' dataset format).
+
+    `system_prompt` opens every prompt, as in verifiers from 0.1.9: a `question` row gets it (then `few_shot`, then
+    the question); a `prompt` row without a system message gets it prepended; a `prompt` row that already opens with
+    a system message keeps its own (the row's author chose it), and `few_shot` does not apply to `prompt` rows.
+    """
     out: list[dict[str, Any]] = []
     for index, row in enumerate(rows):
         if "prompt" in row:
             prompt = [dict(m) for m in row["prompt"]]
+            if system_prompt and not (prompt and prompt[0].get("role") == "system"):
+                prompt.insert(0, {"role": "system", "content": system_prompt})
         elif "question" in row:
             prompt = ([{"role": "system", "content": system_prompt}] if system_prompt else []) \
                 + [dict(m) for m in (few_shot or [])] + [{"role": "user", "content": str(row["question"])}]
@@ -243,6 +250,11 @@ class MultiTurnEnv(Environment):
     async def env_response(self, messages: Messages, state: State) -> tuple[Messages, State]:
         raise NotImplementedError(f"{type(self).__name__} must define env_response")
 
+    async def get_model_response(self, client: Any, model: str, messages: Messages, sampling: SamplingArgs,
+                                 state: State) -> Any:
+        """One chat completion for the conversation so far (`ToolEnv` adds its tools here)."""
+        return await client.chat.completions.create(model=model, messages=messages, **sampling.request_kwargs())
+
     async def rollout(self, client: Any, model: str, row: dict[str, Any], sampling: SamplingArgs) -> Rollout:
         started = time.perf_counter()
         prompt = [dict(m) for m in row["prompt"]]
@@ -254,8 +266,7 @@ class MultiTurnEnv(Environment):
         try:
             while True:
                 t0 = time.perf_counter()
-                response = await client.chat.completions.create(model=model, messages=messages,
-                                                                **sampling.request_kwargs())
+                response = await self.get_model_response(client, model, messages, sampling, state)
                 elapsed = (time.perf_counter() - t0) * 1000
                 generation_ms += elapsed
                 turn, assistant = _turn_from_response(response, len(messages), elapsed)

@@ -1,9 +1,12 @@
 """Environment ids to environments: `owner/name` -> module `name` (dashes to underscores).
 
-The module is looked up among prime-lab's built-ins (`prime_lab.environments.<name>`) first, then among installed
-packages (`import <name>`), as verifiers does for Hub environments. Problems (no such environment, no
-`load_environment`, an argument it does not take) raise `EnvironmentLoadError` with a message that names the id and
-what to do.
+An installed environment comes first, being the user's intent: a `prime_lab.environments` entry point named `name`,
+else an installed module `name` (`import name`, as verifiers does for Hub environments). prime-lab's built-in
+(`prime_lab.environments.<name>`) is used when no installed environment has the name; an installed module that
+does not mention `load_environment` (some unrelated package with the same name) does not hide a built-in.
+`environments()` lists both, with what each id resolves to. Problems (no such environment, no `load_environment`,
+an argument it does not take, a Hub dataset out of reach) raise `EnvironmentLoadError` with a one-line message that
+names the id and what to do. Environments load with the Hub offline unless the user chose (`hub.py`).
 """
 
 from __future__ import annotations
@@ -12,11 +15,21 @@ import importlib
 import importlib.util
 import inspect
 import pkgutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
+from prime_lab.lab.envs import hub
 from prime_lab.lab.envs.environment import Environment
+from prime_lab.lab.envs.installed import (
+    ENTRY_POINT_GROUP,
+    LOAD_FUNCTION,
+    entry_point_for,
+    installed_environments,
+    looks_like_environment,
+    module_name,
+    read_signature,
+)
 
 # The built-in environments' package (the `environments/` folder), found by name: lab sits below it in the layers.
 BUILTIN_PACKAGE = "prime_lab.environments"
@@ -26,28 +39,53 @@ class EnvironmentLoadError(Exception):
     """The environment id cannot be loaded; the message says why and what to do."""
 
 
-def module_name(env_id: str) -> str:
-    return env_id.rsplit("/", 1)[-1].replace("-", "_").replace(".", "_")
+INSTALLED, BUILTIN = "installed", "built-in"
 
 
-def _find_module(env_id: str) -> ModuleType:
+@dataclass(frozen=True)
+class Resolution:
+    """Where an environment id leads: the module, its load function, and whether it is installed or built-in."""
+
+    module: str
+    function: str
+    source: str
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def resolve(env_id: str) -> Resolution:
+    """The module `env_id` loads (nothing is imported; the order is the module docstring's)."""
     name = module_name(env_id)
-    for candidate in (f"{BUILTIN_PACKAGE}.{name}", name):
-        try:
-            spec = importlib.util.find_spec(candidate)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None:
-            continue
-        try:
-            return importlib.import_module(candidate)
-        except Exception as exc:
-            raise EnvironmentLoadError(f"environment '{env_id}': importing module '{candidate}' failed: "
-                                       f"{type(exc).__name__}: {exc}") from exc
+    target = entry_point_for(env_id)
+    if target is not None:
+        return Resolution(target[0], target[1], INSTALLED)
+    builtin = f"{BUILTIN_PACKAGE}.{name}"
+    has_builtin = _importable(builtin)
+    if _importable(name) and (not has_builtin or looks_like_environment(name)):
+        return Resolution(name, LOAD_FUNCTION, INSTALLED)
+    if has_builtin:
+        return Resolution(builtin, LOAD_FUNCTION, BUILTIN)
     known = ", ".join(e.id for e in builtin_environments())
-    raise EnvironmentLoadError(f"no environment '{env_id}': looked for module '{BUILTIN_PACKAGE}.{name}' (built-in) "
-                               f"and an installed package '{name}'. Built-ins: {known}. Install a package that "
-                               f"provides '{name}' (pip install ...) or fix the id")
+    raise EnvironmentLoadError(f"no environment '{env_id}': no installed package provides a module '{name}' or a "
+                               f"'{ENTRY_POINT_GROUP}' entry point '{name.replace('_', '-')}', and there is no "
+                               f"built-in '{name}'. Built-ins: {known}. Install it (prime env install PATH; "
+                               "`prime env list` shows what is installed) or fix the id")
+
+
+def _find_module(env_id: str) -> tuple[ModuleType, str]:
+    """The environment's module, imported, and the name of its load function."""
+    where = resolve(env_id)
+    try:
+        return importlib.import_module(where.module), where.function
+    except Exception as exc:
+        message = hub.failure_message(exc, env_id, {})
+        raise EnvironmentLoadError(message or f"environment '{env_id}': importing module '{where.module}' failed: "
+                                              f"{type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -64,6 +102,10 @@ class EnvInfo:
     module: str
     doc: str
     args: tuple[EnvArg, ...]
+    source: str = BUILTIN  # or INSTALLED
+    distribution: str = ""  # an installed environment's distribution and version
+    version: str = ""
+    shadowed_by: str = ""  # a built-in whose ids load this installed environment instead
 
 
 def env_args(func: Any) -> tuple[EnvArg, ...]:
@@ -79,21 +121,33 @@ def env_args(func: Any) -> tuple[EnvArg, ...]:
 
 def _entry_point(env_id: str) -> tuple[ModuleType, Any]:
     """The environment's module and its `load_environment` function."""
-    module = _find_module(env_id)
-    func = getattr(module, "load_environment", None)
+    module, name = _find_module(env_id)
+    func = getattr(module, name, None)
     if func is None or not callable(func):
-        raise EnvironmentLoadError(f"environment '{env_id}': module '{module.__name__}' has no load_environment() "
-                                   "function; define `def load_environment(**args) -> Environment`")
+        raise EnvironmentLoadError(f"environment '{env_id}': module '{module.__name__}' has no {name}() "
+                                   f"function; define `def {name}(**args) -> Environment`")
     return module, func
 
 
 def describe(env_id: str) -> EnvInfo:
+    """The environment `env_id` loads, imported, with its arguments."""
     module, func = _entry_point(env_id)
-    return EnvInfo(env_id, module.__name__, (inspect.getdoc(module) or "").split("\n\n")[0], env_args(func))
+    return EnvInfo(env_id, module.__name__, _first_paragraph(inspect.getdoc(module)), env_args(func),
+                   source=resolve(env_id).source)
+
+
+def _first_paragraph(doc: str | None) -> str:
+    return " ".join((doc or "").split("\n\n")[0].split())
 
 
 def load_environment(env_id: str, **args: Any) -> Environment:
-    """Load an environment by id with `args` for its `load_environment(**args)`."""
+    """Load an environment by id with `args` for its `load_environment(**args)`; the Hub is offline meanwhile
+    unless the user chose (see hub.py)."""
+    with hub.offline_unless_chosen():
+        return _load(env_id, args)
+
+
+def _load(env_id: str, args: dict[str, Any]) -> Environment:
     _, func = _entry_point(env_id)
     params = inspect.signature(func).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
@@ -107,8 +161,9 @@ def load_environment(env_id: str, **args: Any) -> Environment:
     except EnvironmentLoadError:
         raise
     except Exception as exc:
-        raise EnvironmentLoadError(f"environment '{env_id}': load_environment({_fmt_args(args)}) raised "
-                                   f"{type(exc).__name__}: {exc}") from exc
+        message = hub.failure_message(exc, env_id, _with_defaults(func, args))
+        raise EnvironmentLoadError(message or f"environment '{env_id}': load_environment({_fmt_args(args)}) raised "
+                                              f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(env, Environment):
         raise EnvironmentLoadError(f"environment '{env_id}': load_environment() returned {type(env).__name__}, "
                                    "not an Environment")
@@ -120,6 +175,12 @@ def _fmt_args(args: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in args.items())
 
 
+def _with_defaults(func: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """The load function's arguments for this call: its defaults, then `args`."""
+    defaults = {a.name: a.default for a in env_args(func) if not a.required}
+    return {**defaults, **args}
+
+
 def builtin_environments() -> list[EnvInfo]:
     """The environments shipped in `environments/` (ids `primeintellect/<name>`), with their arguments."""
     # Discovered by name like any plugin (lab sits below `environments` and does not import it statically).
@@ -127,8 +188,43 @@ def builtin_environments() -> list[EnvInfo]:
     if spec is None or not spec.submodule_search_locations:
         return []
     infos: list[EnvInfo] = []
-    for module in pkgutil.iter_modules(list(spec.submodule_search_locations)):
-        if module.name.startswith("_"):
+    for found in pkgutil.iter_modules(list(spec.submodule_search_locations)):
+        if found.name.startswith("_"):
             continue
-        infos.append(describe("primeintellect/" + module.name.replace("_", "-")))
+        module = importlib.import_module(f"{BUILTIN_PACKAGE}.{found.name}")
+        infos.append(EnvInfo("primeintellect/" + found.name.replace("_", "-"), module.__name__,
+                             _first_paragraph(inspect.getdoc(module)), env_args(module.load_environment)))
+    return infos
+
+
+def installed_environment_infos() -> list[EnvInfo]:
+    """The installed environments (see installed.py), described from their source without importing them (a
+    package that re-exports `load_environment` from elsewhere is imported to read it)."""
+    infos: list[EnvInfo] = []
+    for env in installed_environments():
+        signature = read_signature(env.module, env.function)
+        if signature is not None:
+            doc = signature.doc or env.summary
+            args = tuple(EnvArg(*a) for a in signature.args)
+        else:
+            try:
+                described = describe(env.name)
+                doc, args = described.doc or env.summary, described.args
+            except Exception as exc:  # a broken package is listed with its problem, not left out
+                doc, args = f"cannot be read: {type(exc).__name__}: {exc}", ()
+        infos.append(EnvInfo(env.name, env.module, doc, args, INSTALLED, env.distribution, env.version))
+    return infos
+
+
+def environments() -> list[EnvInfo]:
+    """Installed and built-in environments; a built-in whose name an installed one takes says so (`shadowed_by`):
+    its ids load the installed one."""
+    installed = installed_environment_infos()
+    infos = list(installed)
+    for info in builtin_environments():
+        where = resolve(info.id)
+        if where.source == INSTALLED:
+            by = next((i.id for i in installed if i.module == where.module), where.module)
+            info = replace(info, shadowed_by=by)
+        infos.append(info)
     return infos

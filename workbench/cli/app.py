@@ -42,7 +42,7 @@ app.add_typer(rl_app, name="train", help="Reinforcement learning: configs, runs,
 app.add_typer(rl_app, name="rl", help="Same as `prime train` (its older name; both stay).")
 app.add_typer(eval_app, name="eval", help="Evaluate models on environments (vf-eval's flags).")
 app.add_typer(gepa_app, name="gepa", help="GEPA prompt optimization (headless; the same events as the TUI).")
-app.add_typer(env_app, name="env", help="Environments: the built-in ones and their arguments.")
+app.add_typer(env_app, name="env", help="Environments: list (installed and built-in), init, install.")
 app.command("serve")(serve)
 app.command("lab")(lab_command)
 

@@ -1,34 +1,106 @@
-"""`prime env list`: the environments this machine can run (built-ins and installed packages), with arguments."""
+"""`prime env`: the environments this machine can run (installed and built-in), new ones, and installing them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import typer
 
-from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, print_json
+from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, err, fail, print_json
 
-env_app = typer.Typer(help="Environments: list the built-in ones and their arguments.", no_args_is_help=True)
+env_app = typer.Typer(help="Environments: list, create and install them.", no_args_is_help=True)
+
+
+def _source(info: Any) -> str:
+    if info.source == "installed":
+        return f"installed: {info.distribution} {info.version}".rstrip()
+    if info.shadowed_by:
+        return f"built-in, shadowed: its ids load installed {info.shadowed_by}"
+    return "built-in"
 
 
 @env_app.command("list")
 def list_envs(output: OutputFormat = OUTPUT_OPTION) -> None:
-    """Built-in environments, each with its load_environment() arguments and defaults."""
+    """Installed and built-in environments, each with its load_environment() arguments and defaults.
+
+    An installed environment takes precedence over a built-in of the same name: the built-in's row says so."""
     from rich.console import Console
     from rich.table import Table
 
-    from prime_lab.lab.envs import builtin_environments
+    from prime_lab.lab.envs.loader import environments
 
-    infos = builtin_environments()
+    infos = environments()
     if output is OutputFormat.json:
-        print_json([{"id": i.id, "module": i.module, "description": i.doc,
-                     "args": [{"name": a.name, "default": a.default, "required": a.required} for a in i.args]}
+        print_json([{"id": i.id, "source": i.source, "module": i.module, "distribution": i.distribution or None,
+                     "version": i.version or None, "shadowed_by": i.shadowed_by or None, "description": i.doc,
+                     "args": [{"name": a.name, "default": a.default, "required": a.required,
+                               "annotation": a.annotation} for a in i.args]}
                     for i in infos])
         return
     table = Table(box=None, header_style="bold")
     table.add_column("ID", no_wrap=True)
+    table.add_column("SOURCE")
     table.add_column("DESCRIPTION", ratio=1)
     table.add_column("ARGS", ratio=1)
     for info in infos:
         args = ", ".join(a.name if a.required else f"{a.name}={a.default!r}" for a in info.args
                          if a.name != "system_prompt")
-        table.add_row(info.id, info.doc.split(": ", 1)[-1], args)
+        style = "dim" if info.shadowed_by else None
+        table.add_row(info.id, _source(info), info.doc.split(": ", 1)[-1], args, style=style)
     Console().print(table)
+
+
+@env_app.command("init")
+def init(
+    name: str = typer.Argument(..., help="The new environment's name (e.g. my-env): its id and package name."),
+    path: Path = typer.Option(Path("."), "-p", "--path", help="Folder to create the package in (as PATH/NAME)."),
+    verifiers: bool = typer.Option(False, "--verifiers",
+                                   help="Write it in verifiers' classic API (import verifiers as vf)."),
+    force: bool = typer.Option(False, "-f", "--force", help="Overwrite the package's files if they exist."),
+) -> None:
+    """Write a new environment package: pyproject, a module with load_environment(), a README and a test."""
+    from prime_lab.lab.envs.loader import builtin_environments
+    from prime_lab.lab.envs.scaffold import ScaffoldError, write_package
+
+    try:
+        package = write_package(name, path, verifiers=verifiers, force=force)
+    except ScaffoldError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write the package: {exc}")
+    for written in package.files:
+        err(f"wrote {written}")
+    if any(info.id.split("/")[-1] == package.name for info in builtin_environments()):
+        err(f"note: '{package.name}' is also a built-in; once installed, its ids load this package instead")
+    err(f"next: prime env install {package.folder} && prime eval run {package.name}")
+    typer.echo(str(package.folder))
+
+
+@env_app.command("install")
+def install(
+    target: Path = typer.Argument(..., help="A package folder (installed editable), or a wheel or sdist file."),
+) -> None:
+    """pip-install an environment package into prime-lab's environment; its id works right after."""
+    from prime_lab.lab.envs.install import InstallError, environments_of
+    from prime_lab.lab.envs.install import install as pip_install
+
+    try:
+        done = pip_install(target)
+        found = environments_of(done.project) if done.project else []
+    except InstallError as exc:
+        fail(str(exc))
+    how = "editable" if done.editable else "from a file"
+    err(f"installed {done.project or done.target} ({how}"
+        + (f", constraints {done.constraints}" if done.constraints else "") + ")")
+    if done.project and not found:
+        fail(f"{done.project} is installed but provides no environment prime-lab can find: declare an entry point "
+             "in [project.entry-points.\"prime_lab.environments\"] (NAME = \"module\"), or name its module like the "
+             "package and depend on verifiers or prime-lab")
+    broken = [f for f in found if "error" in f]
+    for env in found:
+        if "error" not in env:
+            typer.echo(f"{env['id']}\t{env['module']}")
+            err(f"ready: prime eval run {env['id']}")
+    if broken:
+        fail("; ".join(str(f["error"]) for f in broken))

@@ -1,7 +1,8 @@
 """A scripted OpenAI-compatible endpoint for unit tests of environment logic (not of any model server).
 
-Each request pops the next reply from a queue: a string (the assistant's content), `None` (an empty reply), or
-the string "!malformed" (a 200 answer without choices). It records the messages it was sent.
+Each request pops the next reply from a queue: a string (the assistant's content), `None` (an empty reply), a dict
+(the assistant message itself, e.g. with native `tool_calls`; finish_reason "tool_calls" when it has them), or the
+string "!malformed" (a 200 answer without choices). It records every request body it was sent.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 
 class ScriptedEndpoint:
-    def __init__(self, replies: list[str | None]) -> None:
+    def __init__(self, replies: list[str | None | dict[str, Any]]) -> None:
         self.replies = list(replies)
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
@@ -28,14 +29,16 @@ class ScriptedEndpoint:
         if content == "!malformed":
             return {"id": "x", "object": "chat.completion", "created": 0, "model": request.get("model"),
                     "choices": []}
+        message = {"role": "assistant", **content} if isinstance(content, dict) else \
+            {"role": "assistant", "content": content}
         return {"id": "x", "object": "chat.completion", "created": 0, "model": request.get("model"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                             "finish_reason": "stop"}],
+                "choices": [{"index": 0, "message": message,
+                             "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
                 "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
 
 
 @contextmanager
-def scripted_endpoint(replies: list[str | None]) -> Iterator[ScriptedEndpoint]:
+def scripted_endpoint(replies: list[str | None | dict[str, Any]]) -> Iterator[ScriptedEndpoint]:
     endpoint = ScriptedEndpoint(replies)
 
     class Handler(BaseHTTPRequestHandler):

@@ -78,6 +78,24 @@ def test_question_rows_get_the_system_prompt_and_splits_are_seeded() -> None:
     assert [r["answer"] for r in env.get_dataset(4, seed=7)] != [r["answer"] for r in env.get_dataset(4)]
 
 
+def test_prompt_rows_get_the_system_prompt_unless_they_open_with_their_own() -> None:
+    user = {"role": "user", "content": "q"}
+    rows = [{"prompt": [user], "answer": "a"},
+            {"prompt": [{"role": "system", "content": "Mine."}, user], "answer": "b"}]
+    env = SingleTurnEnv(dataset=rows, system_prompt="Be brief.",
+                        few_shot=[{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}])
+    plain, own = env.get_dataset()
+    assert plain["prompt"] == [{"role": "system", "content": "Be brief."}, user]  # few-shot: question rows only
+    assert own["prompt"] == [{"role": "system", "content": "Mine."}, user]
+    assert SingleTurnEnv(dataset=rows).get_dataset()[0]["prompt"] == [user]
+    assert rows[0]["prompt"] == [user]  # the caller's rows are not modified
+    with scripted_endpoint(["x", "y"]) as ep:
+        run(env, ep.base_url, env.get_dataset(), max_concurrent=1)
+    assert [r["messages"][0] for r in ep.requests] == [{"role": "system", "content": "Be brief."},
+                                                      {"role": "system", "content": "Mine."}]
+    assert env.with_system_prompt("Be long.").get_dataset()[0]["prompt"][0]["content"] == "Be long."
+
+
 class Echo(MultiTurnEnv):
     """Replies 'again' until the model says 'done'; raises when the model says 'boom'."""
 

@@ -1,0 +1,136 @@
+"""The Hugging Face Hub while an environment loads: offline unless the user chose, and its failures in one line.
+
+Many environments call `datasets.load_dataset("owner/name")`. prime-lab runs on machines without Hub access, where
+that retries for about 20 s and ends in a traceback. So environments load with `HF_HUB_OFFLINE=1` and
+`HF_DATASETS_OFFLINE=1` unless the user set either (or `TRANSFORMERS_OFFLINE`) themselves: `HF_HUB_OFFLINE=0`
+lets an environment download. Local files (json, jsonl, csv, parquet, a folder of them) and the Hub cache load as
+usual; a Hub dataset that is not on the machine fails at once, and `failure_message` says which dataset it is and
+how to point the environment at a local copy.
+
+datasets and huggingface_hub read these variables when first imported. An environment that imports them while it
+loads (most do) keeps them offline for the rest of the process, so a dataset built later (verifiers'
+`dataset=build_fn`) does not reach for the network either; the variables are restored afterwards, so the processes
+started later (a local sampler) see the user's own settings.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+_USER_CHOICE = (*OFFLINE_VARIABLES, "TRANSFORMERS_OFFLINE")
+# The module-level flags the two libraries read on each request, for when they were imported before the load.
+_LIVE_FLAGS = {"huggingface_hub.constants": ("HF_HUB_OFFLINE",),
+               "datasets.config": ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+
+_UNREACHABLE = {"OfflineModeIsEnabled", "LocalEntryNotFoundError"}
+_MISSING = {"DatasetNotFoundError", "RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError"}
+_QUOTED_ID = re.compile(r"'([^'\s]+)'")
+_URL_ID = re.compile(r"/datasets/([\w.-]+(?:/[\w.-]+)?)")
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+_forcing = 0  # how many `offline_unless_chosen` blocks set the variables (they are then not the user's)
+
+
+def offline_chosen_by_user() -> bool:
+    return _forcing == 0 and any(name in os.environ for name in _USER_CHOICE)
+
+
+@contextmanager
+def offline_unless_chosen() -> Iterator[None]:
+    """Within the block, the Hub is offline, unless the user set one of the offline variables."""
+    global _forcing
+    if _forcing or offline_chosen_by_user():
+        yield
+        return
+    patched: list[tuple[Any, str, Any]] = []
+    for module_name, flags in _LIVE_FLAGS.items():
+        module = sys.modules.get(module_name)
+        for flag in flags if module is not None else ():
+            if hasattr(module, flag):
+                patched.append((module, flag, getattr(module, flag)))
+                setattr(module, flag, True)
+    os.environ.update(dict.fromkeys(OFFLINE_VARIABLES, "1"))
+    _forcing += 1
+    try:
+        yield
+    finally:
+        _forcing -= 1
+        for name in OFFLINE_VARIABLES:
+            os.environ.pop(name, None)
+        for module, flag, value in reversed(patched):
+            setattr(module, flag, value)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _kind(exc: BaseException) -> str | None:
+    """'unreachable' or 'missing' for a Hub failure (datasets' or huggingface_hub's), else None."""
+    name, package = type(exc).__name__, type(exc).__module__.split(".")[0]
+    if package in ("datasets", "huggingface_hub"):
+        if name in _MISSING:
+            return "missing"
+        if name in _UNREACHABLE:
+            return "unreachable"
+    if isinstance(exc, ConnectionError) and "on the Hub" in str(exc):  # datasets: "Couldn't reach 'x' on the Hub"
+        return "unreachable"
+    return None
+
+
+def _dataset_id(exc: BaseException) -> str | None:
+    text = str(exc)
+    for pattern in (_URL_ID, _QUOTED_ID):
+        match = pattern.search(text)
+        if match:
+            return match.group(1)
+    return None
+
+
+# Arguments that commonly name an environment's dataset, for when none holds the failing id itself.
+_DATASET_ARGUMENTS = ("dataset_name", "dataset_path", "dataset_id", "dataset", "data_path", "data_dir")
+
+
+def failure_message(exc: BaseException, env_id: str, arguments: dict[str, Any]) -> str | None:
+    """A one-line message for a Hub dataset out of reach (None when `exc` is something else).
+
+    `arguments` are the environment's `load_environment` arguments with their values for this load (defaults
+    included): the one holding the dataset id is the one to point at a local copy."""
+    failures = [(e, kind) for e in _chain(exc) if (kind := _kind(e)) is not None]
+    if not failures:
+        return None
+    error, kind = failures[0]
+    dataset = next((d for e, _ in failures if (d := _dataset_id(e))), None)
+    if dataset is None:
+        dataset = next((v for v in arguments.values() if isinstance(v, str) and _HUB_ID.match(v)), None)
+    named = f"dataset '{dataset}'" if dataset else "a Hugging Face Hub dataset"
+    if kind == "missing":
+        why = f"{named} is not on the Hugging Face Hub or is not public (a gated one needs HF_TOKEN)"
+    elif "OfflineModeIsEnabled" in f"{type(error).__name__} {error}":
+        chosen = "" if offline_chosen_by_user() else "environments load with HF_HUB_OFFLINE=1 unless you set it; "
+        why = f"{named} is not on this machine and the Hub is offline ({chosen}HF_HUB_OFFLINE=0 downloads)"
+    else:
+        why = f"{named} is not on this machine and the Hugging Face Hub cannot be reached"
+    folder = "/path/to/folder"
+    download = (f"download it where the Hub is reachable (hf download {dataset} --repo-type dataset --local-dir "
+                "FOLDER), copy the folder here, and ") if dataset else "put a copy in a local folder and "
+    argument = next((name for name, value in arguments.items() if dataset and value == dataset), None)
+    argument = argument or next((name for name in _DATASET_ARGUMENTS if name in arguments), None)
+    if argument is not None:
+        fix = f"pass {argument}='{folder}' (-a '{{\"{argument}\": \"{folder}\"}}')"
+    else:
+        fix = (f"load it in the environment with datasets.load_dataset('{folder}'), or from files with "
+               "datasets.load_dataset('json', data_files=...)")
+    return f"environment '{env_id}': {why}; {download}{fix}"

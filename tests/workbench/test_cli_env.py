@@ -1,0 +1,206 @@
+"""`prime env list | init | install` through the real `prime` console script.
+
+Installed environments are real distributions: a folder on PYTHONPATH with a module and its `.dist-info` metadata
+(what pip writes), or a package that `prime env install` pip-installs into this interpreter's environment and the
+test uninstalls afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prime_lab.lab.runs import RunRegistry
+from tests.lab.envs.scripted import scripted_endpoint
+
+PRIME = str(Path(sys.executable).parent / "prime")
+
+
+def prime(*args: str, cwd: Path, env: dict[str, str] | None = None,
+          timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, **(env or {})})
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def distribution(site: Path, name: str, version: str, *, requires: tuple[str, ...] = (),
+                 entry_points: str = "", summary: str = "") -> None:
+    """The metadata pip writes for an installed distribution."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", f"Summary: {summary}",
+             *(f"Requires-Dist: {r}" for r in requires)]
+    (info / "METADATA").write_text("\n".join(lines) + "\n")
+    if entry_points:
+        (info / "entry_points.txt").write_text(entry_points)
+
+
+ENV_MODULE = '''\
+"""{doc}"""
+import os
+from pathlib import Path
+
+from prime_lab.lab.envs import Rubric, SingleTurnEnv
+
+Path(os.environ.get("IMPORT_MARKS", os.devnull)).open("a").write("{name}\\n")
+
+
+def load_environment(flavour: str = "{name}", size: int = 2, seed=len("ab")):
+    rows = [{{"question": f"{{flavour}} {{i}}", "answer": str(i)}} for i in range(size)]
+    return SingleTurnEnv(dataset=rows, system_prompt="{name} speaking",
+                         rubric=Rubric([lambda completion, answer: float(completion[-1]["content"] == answer)]))
+'''
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    """Installed environments: reverse-text (verifiers' convention; takes the built-in's name), sums-plugin (an
+    entry point to a module of another name), an unrelated package named `wordle`, and a verifiers-dependent
+    package without an environment."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "reverse_text.py").write_text(ENV_MODULE.format(doc="reverse-text: the installed one.",
+                                                            name="reverse_text"))
+    distribution(site, "reverse-text", "0.1.4", requires=("verifiers>=0.1.5", "datasets"))
+    (site / "plugin_impl").mkdir()
+    (site / "plugin_impl" / "__init__.py").write_text(ENV_MODULE.format(doc="sums: a plugin.", name="plugin_impl"))
+    distribution(site, "sums-plugin", "1.0", summary="Sums as a plugin.",
+                 entry_points="[prime_lab.environments]\nsums-plugin = plugin_impl\n")
+    (site / "wordle.py").write_text("def solve():\n    return 'crane'\n")
+    distribution(site, "wordle", "2.0")
+    (site / "vf_helpers.py").write_text("X = 1\n")
+    distribution(site, "vf-helpers", "0.3", requires=("verifiers",))
+    return site
+
+
+def test_env_list_shows_installed_environments_and_what_each_id_loads(site: Path, tmp_path: Path) -> None:
+    marks = tmp_path / "imported.txt"
+    env = {"PYTHONPATH": str(site), "IMPORT_MARKS": str(marks)}
+    proc = prime("env", "list", "-o", "json", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    envs = {e["id"]: e for e in json.loads(proc.stdout)}
+    assert set(envs) == {"reverse-text", "sums-plugin", "primeintellect/alphabet-sort", "primeintellect/gsm8k",
+                         "primeintellect/math-python", "primeintellect/reverse-text", "primeintellect/wordle"}
+    installed = envs["reverse-text"]
+    assert (installed["source"], installed["module"], installed["distribution"], installed["version"]) == \
+        ("installed", "reverse_text", "reverse-text", "0.1.4")
+    assert installed["description"] == "reverse-text: the installed one."
+    assert [(a["name"], a["default"], a["required"]) for a in installed["args"]] == \
+        [("flavour", "reverse_text", False), ("size", 2, False), ("seed", "len('ab')", False)]
+    assert envs["sums-plugin"]["module"] == "plugin_impl" and envs["sums-plugin"]["source"] == "installed"
+    assert envs["primeintellect/reverse-text"]["shadowed_by"] == "reverse-text"
+    assert envs["primeintellect/wordle"]["shadowed_by"] is None  # `wordle` here is no environment
+    assert not marks.exists()  # listed from metadata and source: nothing was imported
+    table = prime("env", "list", cwd=tmp_path, env={**env, "COLUMNS": "250"}).stdout
+    assert "installed: reverse-text 0.1.4" in table and "built-in, shadowed: its ids load installed" in table
+
+
+@pytest.mark.parametrize(("env_id", "system"), [("reverse-text", "reverse_text speaking"),
+                                                ("primeintellect/reverse-text", "reverse_text speaking"),
+                                                ("sums-plugin", "plugin_impl speaking"),
+                                                ("wordle", None)])
+def test_an_id_loads_the_installed_environment_before_a_builtin(site: Path, tmp_path: Path, env_id: str,
+                                                                system: str | None) -> None:
+    with scripted_endpoint(["0"] * 4) as ep:
+        proc = prime("eval", "run", env_id, "-b", ep.base_url, "-m", "m", "-n", "1", "-r", "1", cwd=tmp_path,
+                     env={"PYTHONPATH": str(site)})
+    assert proc.returncode == 0, proc.stderr
+    first = ep.requests[0]["messages"][0]
+    if system is None:  # the built-in wordle: an unrelated installed module does not hide it
+        assert "five-letter" in first["content"]
+    else:
+        assert first == {"role": "system", "content": system}
+
+
+def test_env_init_writes_a_package_and_refuses_to_overwrite_or_collide(tmp_path: Path) -> None:
+    proc = prime("env", "init", "you/My_Sums", "-p", str(tmp_path / "envs"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    folder = tmp_path / "envs" / "my-sums"
+    assert proc.stdout.strip() == str(folder)
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) == \
+        ["README.md", "my_sums.py", "pyproject.toml", "tests/test_my_sums.py"]
+    pyproject = (folder / "pyproject.toml").read_text()
+    assert '[project.entry-points."prime_lab.environments"]\nmy-sums = "my_sums"' in pyproject
+    assert "prime env install" in proc.stderr and "prime eval run my-sums" in proc.stderr
+    again = prime("env", "init", "my-sums", "-p", str(tmp_path / "envs"), cwd=tmp_path)
+    assert again.returncode == 1 and "pass -f/--force" in again.stderr
+    assert prime("env", "init", "my-sums", "-p", str(tmp_path / "envs"), "-f", cwd=tmp_path).returncode == 0
+    taken = prime("env", "init", "json", cwd=tmp_path)
+    assert taken.returncode == 1 and "a module 'json' is already installed" in taken.stderr
+    bad = prime("env", "init", "9lives", cwd=tmp_path)
+    assert bad.returncode == 1 and "cannot name an environment" in bad.stderr
+    builtin = prime("env", "init", "gsm8k", cwd=tmp_path)
+    assert builtin.returncode == 0 and "also a built-in; once installed, its ids load this package" in builtin.stderr
+
+
+def test_env_install_refuses_what_is_not_a_package(tmp_path: Path) -> None:
+    missing = prime("env", "install", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert missing.returncode == 1 and "no such folder or file" in missing.stderr
+    (tmp_path / "empty").mkdir()
+    empty = prime("env", "install", str(tmp_path / "empty"), cwd=tmp_path)
+    assert empty.returncode == 1 and "has no pyproject.toml" in empty.stderr
+
+
+@pytest.fixture
+def uninstall_after() -> Iterator[list[str]]:
+    names: list[str] = []
+    yield names
+    for name in names:
+        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", name], timeout=300, check=False)
+
+
+def init_install_and_eval(name: str, tmp_path: Path, *flags: str) -> dict[str, Any]:
+    """`prime env init` + `prime env install`, then the package's own tests, `prime env list` and an evaluation."""
+    assert prime("env", "init", name, *flags, cwd=tmp_path).returncode == 0
+    folder = tmp_path / name
+    installed = prime("env", "install", str(folder), cwd=tmp_path)
+    assert installed.returncode == 0, installed.stderr
+    module = name.replace("-", "_")
+    assert installed.stdout.split() == [name, module]
+    constraints = Path(__file__).resolve().parents[2] / "constraints.txt"
+    assert f"(editable, constraints {constraints})" in installed.stderr
+    own_tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+                               cwd=folder, capture_output=True, text=True, timeout=300)
+    assert own_tests.returncode == 0, own_tests.stdout + own_tests.stderr
+    listed = {e["id"]: e for e in json.loads(prime("env", "list", "-o", "json", cwd=tmp_path).stdout)}
+    assert listed[name]["source"] == "installed" and listed[name]["distribution"] == name
+    rows = 2
+    with scripted_endpoint(["<answer>right</answer>"] * rows) as ep:
+        proc = prime("eval", "run", name, "-b", ep.base_url, "-m", "m", "-n", str(rows), "-r", "1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(ep.requests) == rows and "Add the two numbers" in ep.requests[0]["messages"][0]["content"]
+    [run] = RunRegistry().runs()
+    assert run.status()["state"] == "completed"
+    return listed[name]
+
+
+def test_a_new_environment_installs_and_runs_by_id_at_once(tmp_path: Path, uninstall_after: list[str]) -> None:
+    uninstall_after.append("plab-sums-test")
+    info = init_install_and_eval("plab-sums-test", tmp_path)
+    assert [a["name"] for a in info["args"]] == ["num_train_examples", "num_eval_examples", "seed", "system_prompt"]
+
+
+@pytest.mark.slow
+def test_a_new_verifiers_environment_installs_and_runs_by_id_at_once(tmp_path: Path,
+                                                                     uninstall_after: list[str]) -> None:
+    pytest.importorskip("verifiers")
+    uninstall_after.append("plab-vf-sums-test")
+    info = init_install_and_eval("plab-vf-sums-test", tmp_path, "--verifiers")
+    assert "dataset_name" in [a["name"] for a in info["args"]]
+    source = (tmp_path / "plab-vf-sums-test" / "plab_vf_sums_test.py").read_text()
+    assert "import verifiers as vf" in source and "vf.SingleTurnEnv(" in source and "Dataset.from_list" in source
+
+
+def test_env_list_imports_neither_torch_nor_textual() -> None:
+    from tests.test_import_hygiene import loaded_after
+
+    body = "from prime_lab.workbench.cli import main\ntry:\n    main(['env', 'list'])\nexcept SystemExit:\n    pass"
+    assert loaded_after(body) == []
