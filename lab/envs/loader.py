@@ -156,8 +156,13 @@ def _load(env_id: str, args: dict[str, Any]) -> Environment:
             valid = ", ".join(f"{a.name}={a.default!r}" if not a.required else a.name for a in env_args(func))
             raise EnvironmentLoadError(f"environment '{env_id}' does not take argument(s) {', '.join(unknown)}; "
                                        f"its arguments are: {valid or '(none)'}")
+    from prime_lab.lab.envs import verifiers_adapter  # it never imports verifiers itself
+
     try:
-        env = func(**args)
+        # a verifiers environment installs its own SIGINT/SIGTERM handlers when built (replacing a run's graceful
+        # stop) and cannot be built off the main thread (the samples browser loads in a worker): keep ours
+        with verifiers_adapter.kept_signal_handlers():
+            env = func(**args)
     except EnvironmentLoadError:
         raise
     except Exception as exc:
@@ -165,8 +170,10 @@ def _load(env_id: str, args: dict[str, Any]) -> Environment:
         raise EnvironmentLoadError(message or f"environment '{env_id}': load_environment({_fmt_args(args)}) raised "
                                               f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(env, Environment):
-        raise EnvironmentLoadError(f"environment '{env_id}': load_environment() returned {type(env).__name__}, "
-                                   "not an Environment")
+        if not verifiers_adapter.is_verifiers_environment(env):
+            raise EnvironmentLoadError(f"environment '{env_id}': load_environment() returned {type(env).__name__}, "
+                                       "not an Environment (prime-lab's or a verifiers one)")
+        env = verifiers_adapter.wrap(env, env_id=env_id, load=func, load_args=args)
     env.env_id = env_id
     return env
 

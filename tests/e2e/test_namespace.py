@@ -20,6 +20,7 @@ import pytest
 
 from prime_lab.lab.runs import RunRegistry
 from tests.e2e.test_rl_run import FIXTURE_ENVS, write_config
+from tests.gepa.reflection_standin import write_gepa_config
 from tests.lab.envs.scripted import scripted_endpoint
 
 PRIME = str(Path(sys.executable).parent / "prime")
@@ -62,11 +63,8 @@ def test_eval_and_gepa_run_from_a_shadowing_project(project: Path, builtin_serve
 
     proposals = [f"```\nReverse the text (attempt {i}).\n```" for i in range(20)]
     with scripted_endpoint(proposals) as reflection:
-        config = project / "gepa.toml"
-        config.write_text(f'model = "{builtin_server.model_name}"\nreflection_model = "stand-in"\n'
-                          f'base_url = "{builtin_server.base_url}"\nreflection_base_url = "{reflection.base_url}"\n'
-                          '[env]\nid = "reverse-text"\n[gepa]\nmax_calls = 12\nnum_train = 4\nnum_val = 2\n'
-                          'minibatch_size = 2\n[sampling]\nmax_tokens = 8\ntemperature = 0.0\n')
+        config = write_gepa_config(project / "gepa.toml", builtin_server, reflection, "reverse-text", max_calls=12,
+                                   num_train=4, num_val=2)
         proc = prime("gepa", "run", f"@{config}", "-o", str(project / "gepa-run"), cwd=project)
     assert proc.returncode == 0, proc.stderr
     meta = json.loads((project / "gepa-run" / "gepa" / "metadata.json").read_text())

@@ -8,6 +8,7 @@ import hashlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from tests.lab.envs.scripted import ScriptedEndpoint, scripted_endpoint
@@ -34,3 +35,14 @@ def reflection_standin(delay: float = 0.0) -> Iterator[ScriptedEndpoint]:
 
         endpoint.next_reply = reply  # type: ignore[method-assign]
         yield endpoint
+
+
+def write_gepa_config(path: Path, server: Any, reflection: ScriptedEndpoint, env_id: str, **gepa: int) -> Path:
+    """A `prime gepa run` config: the task model served by `server` (8 tokens, greedy), the reflection stand-in at
+    `reflection`, and these `[gepa]` settings (minibatch_size 2 unless given)."""
+    settings = {"minibatch_size": 2, **gepa}
+    path.write_text(f'model = "{server.model_name}"\nreflection_model = "stand-in"\n'
+                    f'base_url = "{server.base_url}"\nreflection_base_url = "{reflection.base_url}"\n'
+                    f'[env]\nid = "{env_id}"\n[gepa]\n' + "".join(f"{k} = {v}\n" for k, v in settings.items())
+                    + "[sampling]\nmax_tokens = 8\ntemperature = 0.0\n")
+    return path

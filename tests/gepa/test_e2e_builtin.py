@@ -11,6 +11,7 @@ from typing import Any
 
 from prime_lab.lab.events import EventLog
 from prime_lab.lab.runs import Run
+from tests.gepa.reflection_standin import write_gepa_config
 from tests.lab.envs.scripted import scripted_endpoint
 
 PRIME = str(Path(sys.executable).parent / "prime")
@@ -26,11 +27,8 @@ def prime(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_gepa_run_through_the_builtin_server(builtin_server: Any, tmp_path: Path) -> None:
     with scripted_endpoint(list(PROPOSALS)) as reflection:
-        config = tmp_path / "gepa.toml"
-        config.write_text(f'model = "{builtin_server.model_name}"\nreflection_model = "stand-in"\n'
-                          f'base_url = "{builtin_server.base_url}"\nreflection_base_url = "{reflection.base_url}"\n'
-                          '[env]\nid = "reverse-text"\n[gepa]\nmax_calls = 30\nnum_train = 6\nnum_val = 4\n'
-                          'minibatch_size = 2\nseed = 1\n[sampling]\nmax_tokens = 8\ntemperature = 0.0\n')
+        config = write_gepa_config(tmp_path / "gepa.toml", builtin_server, reflection, "reverse-text", max_calls=30,
+                                   num_train=6, num_val=4, seed=1)
         run_dir = tmp_path / "runs" / "my-gepa"
         proc = prime("gepa", "run", f"@{config}", "-o", str(run_dir), "--test", "3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
