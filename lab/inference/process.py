@@ -1,7 +1,10 @@
 """A model server running as its own process: start it, wait until `/health` answers, stop it cleanly.
 
 Both engines (the built-in server and vLLM) run through `ServerProcess`. The server gets its own process
-group, so `stop()` ends it together with any workers it forked. Its stdout and stderr go to a log file; when
+group, so `stop()` ends it together with any workers it forked, and it gets SIGKILL when the process that started
+it dies (Linux's parent-death signal: a `prime eval run` or `prime gepa run` killed with -9 leaves no sampler behind;
+an RL run's reaper also ends the sampler's whole group). Start servers from a main thread: the signal fires when the
+starting thread ends. Its stdout and stderr go to a log file; when
 it fails to come up, the error carries the tail of that log, which is where the reason is.
 """
 
@@ -19,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+
+from prime_lab.lab.reaper import die_with_parent
 
 LOG_TAIL_LINES = 40
 
@@ -99,6 +104,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                preexec_fn=die_with_parent,
             )
         return self
 

@@ -7,6 +7,7 @@ engines must do alike is in test_conformance.py.
 from __future__ import annotations
 
 import concurrent.futures
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from prime_lab.lab.inference.builtin.launcher import BuiltinServer, start_builtin_server
 from prime_lab.lab.inference.builtin.server import BuiltinServerSettings
 from prime_lab.lab.inference.process import ServerProcess, ServerStartError, free_port
+from prime_lab.lab.runs import pid_alive
 from tests.plugins.servers import ReferenceForward
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -257,6 +259,25 @@ def test_server_process_stops_its_process_group(tmp_path: Path) -> None:
             sleeper.wait_ready(timeout=1)
     assert sleeper.poll() is not None
     assert sleeper.stop() == sleeper.poll()
+
+
+def test_a_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A `prime eval run` (or any owner) killed with -9 leaves no server behind: the parent-death signal."""
+    owner_code = ("import sys, time; from pathlib import Path; "
+                  "from prime_lab.lab.inference.process import ServerProcess; "
+                  "p = ServerProcess([sys.executable, '-c', 'import time; time.sleep(600)'], port=1, "
+                  "log_path=Path(sys.argv[1])).start(); print(p.pid, flush=True); time.sleep(600)")
+    owner = subprocess.Popen([sys.executable, "-c", owner_code, str(tmp_path / "server.log")], stdout=subprocess.PIPE,
+                             text=True)
+    assert owner.stdout is not None
+    server = int(owner.stdout.readline())
+    assert pid_alive(server)
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 10
+    while pid_alive(server):
+        assert time.monotonic() < deadline, "the server outlived the process that started it"
+        time.sleep(0.05)
 
 
 def test_prime_serve_runs_the_builtin_server_in_the_foreground(tiny_model_dir: Path, tmp_path: Path) -> None:
