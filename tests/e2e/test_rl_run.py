@@ -186,6 +186,8 @@ def test_stop_checkpoints_and_restart_resumes(learnable_model_dir: Path, tmp_pat
 
     proc = prime("rl", "restart", run.id, "--foreground")
     assert proc.returncode == 0, proc.stderr + logs(run)
+    progress = [line.split()[1] for line in proc.stderr.splitlines() if line.startswith("step ")]
+    assert progress[0] == f"{stopped_at + 1}/12", proc.stderr  # the new attempt's steps, not a replay of the old
     status = run.status()
     assert status["state"] == "completed" and status["step"] == 12
     trainer_steps = [e.step for e in run.event_log().events() if e.kind == "metrics" and e.source == "trainer"]

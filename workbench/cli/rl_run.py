@@ -153,11 +153,12 @@ def follow_progress(run_id: str, poll: float = 0.5) -> int:
     tty = sys.stderr.isatty()
     started = time.monotonic()
     max_steps = int(run_.read_status().get("max_steps") or 0)
+    attempt = run_.attempt  # a restart follows its own attempt, not the earlier ones' steps again
     try:
         while True:
             items, offset = log.read(offset)
             for item in items:
-                if not isinstance(item, Event):
+                if not isinstance(item, Event) or item.attempt < attempt:
                     continue
                 if item.kind == "metrics" and item.step is not None:
                     by_step.setdefault(item.step, {}).update(item.data)
