@@ -139,7 +139,7 @@ class KLPenaltyConfig(Section):
 
 
 class LoraConfig(Section):
-    enabled: bool = Field(default=True, description="false = full fine-tuning.")
+    enabled: bool = Field(default=True, description="false = full fine-tuning (every weight; learning rate ~1e-6).")
     r: int = Field(default=16, ge=1, description="LoRA rank.")
     alpha: float = Field(default=16, gt=0, description="LoRA alpha (same setting as top-level lora_alpha).")
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
@@ -153,6 +153,8 @@ class CheckpointsConfig(Section):
 
 
 class AdaptersConfig(Section):
+    """Which published policy versions stay on disk: adapters/step_N, or weights/step_N with full fine-tuning."""
+
     interval: int = Field(default=0, ge=0, description="Keep an adapter every N steps (0: only the final one).")
     keep_last: int = Field(default=3, ge=-1, description="Adapters kept (-1 = all).")
 
@@ -384,6 +386,30 @@ def _check_inference(ctx: CheckContext) -> None:
         ctx.problem(("inference", "base_url"), "must start with http:// or https://")
 
 
+FULL_FINETUNING_LR = 1e-6  # the prime-rl guide: "1e-5 for LoRA, 1e-6 for full finetuning"
+LORA_SCALE_LR = 1e-4  # at or above this, a rate meant for LoRA adapters
+
+
+def _check_full_finetuning(ctx: CheckContext) -> None:
+    if ctx.get(("lora", "enabled"), True) is not False:
+        return
+    lr = _num(ctx.get(("learning_rate",), RLConfig.model_fields["learning_rate"].default))
+    if lr is not None and lr >= LORA_SCALE_LR:
+        advice = (f"full fine-tuning moves every weight of the model: the prime-rl guide suggests a learning_rate "
+                  f"of about {FULL_FINETUNING_LR:g}")
+        if ctx.has(("learning_rate",)):
+            ctx.problem(("learning_rate",), f"{lr:g} is a LoRA rate ([lora] enabled = false); {advice}",
+                        severity="note")
+        else:
+            ctx.problem(("lora", "enabled"), f"the default learning_rate ({lr:g}) is a LoRA rate; {advice}",
+                        severity="note")
+    if ctx.get(("inference", "backend")) == "external":
+        ctx.problem(("lora", "enabled"), "full fine-tuning loads each step's weights into the sampler through "
+                    "POST /collective_rpc and /reset_prefix_cache: an external server must be a vLLM started with "
+                    "VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
+                    "prime_lab.lab.inference.vllm_worker.WeightUpdateExtension", severity="note")
+
+
 def _hosted_notes(ctx: CheckContext) -> None:
     if ctx.has(("tailscale",)):
         ctx.problem(("tailscale",), "Tailscale sidecars are a Hosted Training feature and do nothing here: "
@@ -403,7 +429,7 @@ def _hosted_notes(ctx: CheckContext) -> None:
 
 
 RL_CHECKS = (_check_group, _check_sampling, _check_env_ratios, _check_spellings, _check_ranges, _check_inference,
-             _hosted_notes)
+             _check_full_finetuning, _hosted_notes)
 
 
 def validate_rl_config(text: str, file: str | None = None) -> Validation[RLConfig]:

@@ -35,7 +35,8 @@ from prime_lab.lab.runs import Run
 from prime_lab.lab.wandb_mirror import mirror_argv, wanted
 from prime_lab.trainer.batch import batch_path
 from prime_lab.trainer.config import RLConfig
-from prime_lab.trainer.runtime import StopFlag, checkpoint_to_resume, load_config, log_both, step_dirs
+from prime_lab.trainer.runtime import StopFlag, checkpoint_to_resume, load_config, log_both
+from prime_lab.trainer.versions import drop_versions_after, weights_dir
 
 POLL_S = 0.25
 UNHEALTHY_AFTER_S = float(os.environ.get("PRIME_LAB_SAMPLER_UNHEALTHY_S", "30"))  # tests shorten it
@@ -64,12 +65,11 @@ def prepare_resume(run: Run) -> int:
         raise LaunchFailed(f"{run.id} has no checkpoint yet (checkpoints/step_N), so there is nothing to resume "
                            "from: start it again with `prime rl run`")
     step = found[0]
-    for root in (run.checkpoints_dir, run.adapters_dir):  # folders a killed writer left half-written
+    for root in (run.checkpoints_dir, run.adapters_dir, weights_dir(run)):  # what a killed writer left half-written
         for partial in root.glob(".step_*.tmp"):
             shutil.rmtree(partial, ignore_errors=True)
-    for k, path in step_dirs(run.adapters_dir).items():
-        if k > step:
-            shutil.rmtree(path, ignore_errors=True)
+    for root in (run.adapters_dir, weights_dir(run)):
+        drop_versions_after(root, step)
     for path in run.rollouts_dir.glob("step_*.jsonl"):
         try:
             if int(path.stem.split("_", 1)[1]) > step:
@@ -192,7 +192,7 @@ class Supervisor:
         options = SamplerOptions(port=inf.port or None, dtype=inf.dtype, max_model_len=inf.max_model_len,
                                  tensor_parallel_size=inf.tensor_parallel_size,
                                  gpu_memory_utilization=inf.gpu_memory_utilization, kv_cache_gb=inf.kv_cache_gb,
-                                 max_lora_rank=self.config.lora.r)
+                                 max_lora_rank=self.config.lora.r, lora=self.config.lora.enabled)
         served = None if Path(self.config.model).exists() else self.config.model
         try:
             self.server = start_sampler(choice.backend, self.model_path, self.run.log_path("inference"),

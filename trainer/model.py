@@ -1,5 +1,6 @@
-"""The policy the trainer updates: a transformers causal LM with a peft LoRA adapter, its token logprobs, and the
-loss of one batch of samples computed in micro-batches (gradients accumulate; one optimizer step per batch).
+"""The policy the trainer updates: a transformers causal LM with a peft LoRA adapter (or, for full fine-tuning, the
+whole model), its token logprobs, and the loss of one batch of samples computed in micro-batches (gradients
+accumulate; one optimizer step per batch).
 
 torch, transformers and peft are imported inside the functions, so importing this module stays cheap.
 """
@@ -55,6 +56,18 @@ def load_policy(model_path: Path, *, lora_r: int = 16, lora_alpha: float = 16, l
                         lora_dropout=lora_dropout, target_modules=target_modules,
                         task_type="CAUSAL_LM", bias="none")
     return get_peft_model(base, config)
+
+
+def load_full_policy(model_path: Path, *, device: str = "cpu", dtype: str = "auto", trainable: bool = True) -> Any:
+    """The model at `model_path` with every parameter trainable (full fine-tuning), or frozen in eval mode (the
+    reference policy of the KL penalty). Tied weights (an LM head tied to the embeddings) stay one parameter."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=pick_dtype(dtype, device))
+    model.to(device)  # type: ignore[arg-type]
+    model.config.use_cache = False
+    model.requires_grad_(trainable)
+    return model if trainable else model.eval()
 
 
 def _linear_names(model: Any) -> list[str]:
@@ -131,6 +144,15 @@ def row_inputs(model: Any, row: PackedRow, device: str) -> dict[str, torch.Tenso
             "attention_mask": mask}
 
 
+def reference_logits(model: Any, reference: Any | None, inputs: dict[str, Any]) -> torch.Tensor:
+    """The logits of the KL penalty's reference policy: `reference` (full fine-tuning keeps a frozen copy of the
+    base model), or the LoRA policy with its adapter disabled (the base model, at no extra memory)."""
+    if reference is not None:
+        return reference(**inputs).logits
+    with model.disable_adapter():
+        return model(**inputs).logits
+
+
 @dataclass
 class BatchResult:
     loss: float
@@ -145,10 +167,13 @@ class BatchResult:
 def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str,
                                temperature: float = 1.0, top_p: float = 1.0, micro_batch_size: int = 8,
                                accumulation_steps: int = 1,
-                               ratio_low: float = 0.125, ratio_high: float = 8.0, kl_beta: float = 0.0) -> BatchResult:
+                               ratio_low: float = 0.125, ratio_high: float = 8.0, kl_beta: float = 0.0,
+                               reference: Any | None = None) -> BatchResult:
     """Forward and backward every micro-batch, each packed into one sequence (trainer/packing.py: a group's prompt
     once, no padding); gradients add up to those of the loss over the whole batch (normalised by the batch's
-    completion tokens). The caller clips and steps the optimizer."""
+    completion tokens). The caller clips and steps the optimizer.
+
+    The KL penalty (`kl_beta` > 0) is to `reference_logits`."""
     import torch
 
     rows = pack(samples, micro_batch_size, accumulation_steps,
@@ -163,8 +188,8 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
         loss_mask = torch.ones_like(sampler_logprobs)
         ref = None
         if kl_beta > 0:
-            with torch.no_grad(), model.disable_adapter():
-                ref, _ = chosen_logprobs(model(**inputs).logits, targets, temperature, top_p)
+            with torch.no_grad():
+                ref, _ = chosen_logprobs(reference_logits(model, reference, inputs), targets, temperature, top_p)
         logprobs, entropy = chosen_logprobs(model(**inputs).logits, targets, temperature, top_p,
                                              with_entropy=True)
         out = policy_loss(logprobs, sampler_logprobs, advantages, loss_mask, ratio_low=ratio_low,

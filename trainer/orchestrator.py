@@ -7,10 +7,12 @@ rollout), scores them with the environments' rubrics, filters groups by difficul
 writes one batch of `batch_size` rollouts per step for the trainer (`rollouts/step_k.jsonl`).
 
 Policy versions: a batch for step k may hold groups sampled with policy version k - 1 - max_async_level or newer.
-The orchestrator loads each adapter the trainer publishes into the sampler as soon as it appears
-(`/v1/load_lora_adapter`, in place), and starts groups only while the loaded version is new enough for the batch
-being filled, so the groups still in flight when a batch completes are fresh enough for the next one; before
-filling step k it waits for version k - 1 - max_async_level. Groups older than that are dropped as stale.
+The orchestrator loads each version the trainer publishes into the sampler as soon as it appears: a LoRA adapter
+(`/v1/load_lora_adapter`, in place; requests then name the adapter), or with full fine-tuning the whole model's
+weights (`RuntimeWeights`: in place; requests keep the base model's name and carry a `cache_salt` per version).
+It starts groups only while the loaded version is new enough for the batch being filled, so the groups still in
+flight when a batch completes are fresh enough for the next one; before filling step k it waits for version
+k - 1 - max_async_level. Groups older than that are dropped as stale.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 from prime_lab.lab.envs import Environment, Rollout, SamplingArgs, load_env_files, load_environment
 from prime_lab.lab.events import EventWriter
 from prime_lab.lab.inference.process import answers_health
-from prime_lab.lab.inference.vllm import AdapterLoadError, RuntimeAdapters
+from prime_lab.lab.inference.vllm import AdapterLoadError, RuntimeAdapters, RuntimeWeights, policy_cache_salt
 from prime_lab.lab.runs import Run
 from prime_lab.trainer.batch import Sample, rollout_samples, write_batch
 from prime_lab.trainer.buffer import ExampleSampler, GroupFilter
@@ -43,6 +45,7 @@ from prime_lab.trainer.runtime import (
     log_both,
     step_dirs,
 )
+from prime_lab.trainer.versions import drop_versions_after, versions_dir
 
 SAMPLE_EVENTS_PER_STEP = 2
 MAX_FILTERED_BATCHES = 5  # a batch's worth of groups filtered or failed this many times over: give up
@@ -120,8 +123,12 @@ class Orchestrator:
         self.client = AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=REQUEST_TIMEOUT_S, max_retries=1)
         self.root_url = base_url.rstrip("/").removesuffix("/v1")
         self.adapters = RuntimeAdapters(self.root_url)
+        self.weights = RuntimeWeights(self.root_url)
+        self.versions = versions_dir(run, config)
         found = checkpoint_to_resume(run) if resume else None
         self.start_step = found[0] if found else 0
+        if found:
+            drop_versions_after(self.versions, self.start_step)  # the stopped attempt's: never the resumed run's
         self.version = -1  # the policy version the sampler serves; -1: not loaded yet
         self.model_name = model
         self.group_size = config.rollouts_per_example
@@ -141,47 +148,62 @@ class Orchestrator:
         log_both(self.events, message, level, step)
 
     # Weights -----------------------------------------------------------------------------------------------
-    def needs_adapter(self) -> bool:
+    def needs_published_version(self) -> bool:
+        """Whether version 0 comes from the trainer (a resume or a warm start) rather than being the base model."""
         return self.start_step > 0 or self.config.checkpoint_id is not None
 
     async def wait_for_version(self, minimum: int) -> float:
         """Block until the trainer has published version >= `minimum`; load the newest into the sampler."""
         t0 = time.perf_counter()
         while True:
-            newest = latest_step(self.run.adapters_dir)
-            have = newest if newest is not None else (-1 if self.needs_adapter() else 0)
+            newest = latest_step(self.versions)
+            have = newest if newest is not None else (-1 if self.needs_published_version() else 0)
             if have >= minimum:
                 break
             if self.stop.set:
                 raise asyncio.CancelledError
             await asyncio.sleep(0.05)
         waited = time.perf_counter() - t0
-        await self.refresh_adapter()
+        await self.refresh_policy()
         return waited
 
-    async def refresh_adapter(self) -> None:
-        """Load the newest published adapter into the sampler if it is newer than the one it serves."""
+    async def refresh_policy(self) -> None:
+        """Load the newest published version into the sampler if it is newer than the one it serves."""
         async with self.load_lock:
-            newest = latest_step(self.run.adapters_dir)
+            newest = latest_step(self.versions)
             if newest is not None and newest > self.version:
-                await asyncio.to_thread(self.load_adapter, newest)
-            elif self.version < 0 and not self.needs_adapter():
+                await asyncio.to_thread(self.load_version, newest)
+            elif self.version < 0 and not self.needs_published_version():
                 self.version = 0
 
-    def load_adapter(self, version: int) -> None:
-        path = step_dirs(self.run.adapters_dir).get(version)
+    def load_version(self, version: int) -> None:
+        path = step_dirs(self.versions).get(version)
         if path is None:  # pruned in between: take whatever is newest now
-            newest = latest_step(self.run.adapters_dir)
+            newest = latest_step(self.versions)
             if newest is None:
                 return
-            version, path = newest, step_dirs(self.run.adapters_dir)[newest]
+            version, path = newest, step_dirs(self.versions)[newest]
         try:
-            self.adapters.load(ADAPTER_NAME, path)
+            if self.config.lora.enabled:
+                self.adapters.load(ADAPTER_NAME, path)
+                self.model_name = ADAPTER_NAME
+            else:
+                self.weights.load(path)
         except AdapterLoadError as exc:
-            raise OrchestratorError(f"the sampler refused the trainer's adapter: {exc}") from exc
-        self.version, self.model_name = version, ADAPTER_NAME
+            what = "adapter" if self.config.lora.enabled else "weights"
+            raise OrchestratorError(f"the sampler refused the trainer's {what}: {exc}") from exc
+        self.version = version
 
     # Sampling ----------------------------------------------------------------------------------------------
+    def sampling_at(self, version: int) -> SamplingArgs:
+        """The sampling arguments of requests made with policy `version`. Full fine-tuning tags them with a
+        `cache_salt` per version: the sampler's prefix cache may still hold prompt state computed with older
+        weights (vLLM keeps it while requests are in flight), and a salted request never reuses another salt's."""
+        if self.config.lora.enabled:
+            return self.sampling
+        salt = policy_cache_salt(self.run.id, version)
+        return replace(self.sampling, extra_body={**self.sampling.extra_body, "cache_salt": salt})
+
     async def sample_group(self, env_name: str, row: dict[str, Any], version: int) -> Group:
         """`rollouts_per_example` rollouts of one example, scored. With a `[sampling] seed`, each rollout gets its
         own seed derived from it (one seed for all would make every rollout of a group the same)."""
@@ -190,9 +212,11 @@ class Orchestrator:
         first = self.rollouts_started
         self.rollouts_started += self.group_size
 
+        sampling = self.sampling_at(version)
+
         async def one(i: int) -> Rollout:
-            args = self.sampling if self.sampling.seed is None else \
-                replace(self.sampling, seed=self.sampling.seed * 1_000_003 + first + i)
+            args = sampling if sampling.seed is None else \
+                replace(sampling, seed=sampling.seed * 1_000_003 + first + i)
             try:
                 rollout = await env.rollout(self.client, self.model_name, row, args)
             finally:
@@ -231,7 +255,7 @@ class Orchestrator:
     async def next_group(self) -> Group:
         if self.ready:
             return self.ready.pop(0)
-        await self.refresh_adapter()
+        await self.refresh_policy()
         self.top_up()
         done, _ = await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
@@ -337,7 +361,7 @@ class Orchestrator:
         return out
 
     async def mean_reward(self, env: Environment, rows: list[dict[str, Any]], rollouts_per_example: int) -> float:
-        sampling = replace(self.sampling, rl_fields=False)
+        sampling = replace(self.sampling_at(self.version), rl_fields=False)
         rollouts = await env.run_rollouts(self.client, self.model_name, rows, sampling,
                                           rollouts_per_example=rollouts_per_example, max_concurrent=32)
         return sum(r.reward for r in rollouts) / max(1, len(rollouts))
@@ -377,7 +401,7 @@ class Orchestrator:
                 await self.evaluate(0, eval_sets)
             for step in range(self.start_step + 1, cfg.max_steps + 1):
                 if eval_sets and self.eval_due(step - 1) and step > 1:
-                    # evaluate the policy after step - 1 with its own adapter (on-policy, not the async one)
+                    # evaluate the policy after step - 1 with its own weights (on-policy, not the async one)
                     await self.wait_for_version(step - 1)
                     await self.evaluate(step - 1, eval_sets)
                 if step > 1:

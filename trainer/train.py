@@ -1,9 +1,15 @@
 """The trainer process: `python -m trainer.train RUN_DIR --model-path PATH [--resume]`.
 
 For each step k from the start: wait for the orchestrator's batch (`rollouts/step_k.jsonl`), recompute token
-logprobs with the LoRA policy in micro-batches, take one AdamW step (linear warmup, gradient clipping), publish the
-adapter as `adapters/step_k/` for the sampler, emit the step's metrics, and checkpoint every
-`[checkpoints].interval` steps and at the end. SIGTERM finishes the current step, checkpoints and exits 0.
+logprobs with the policy in micro-batches, take one AdamW step (linear warmup, gradient clipping), publish the
+policy for the sampler (`adapters/step_k/`, or `weights/step_k/` for full fine-tuning: trainer/versions.py), emit
+the step's metrics, and checkpoint every `[checkpoints].interval` steps and at the end. SIGTERM finishes the current
+step, checkpoints and exits 0.
+
+The policy is a LoRA adapter on the frozen base model, or with `[lora] enabled = false` the whole model (float32 on
+a CPU, AdamW over every parameter). A checkpoint holds the policy as published (the adapter, or the full weights)
+and `trainer_state.pt` (optimizer state, KL beta, RNG state), so a resume continues exactly. Full fine-tuning keeps
+a frozen copy of the base model for the KL penalty, only when the penalty is on (LoRA disables its adapter instead).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from prime_lab.lab.events import EventWriter
 from prime_lab.lab.runs import Run
 from prime_lab.trainer.batch import batch_path, read_batch, truncate
 from prime_lab.trainer.config import RLConfig
-from prime_lab.trainer.model import accumulate_batch_gradients, load_policy, pick_device
+from prime_lab.trainer.model import accumulate_batch_gradients, load_full_policy, load_policy, pick_device
 from prime_lab.trainer.runtime import (
     StopFlag,
     checkpoint_to_resume,
@@ -31,6 +37,7 @@ from prime_lab.trainer.runtime import (
     step_dirs,
     warm_start_adapter,
 )
+from prime_lab.trainer.versions import drop_versions_after, versions_dir, warm_start_weights
 
 DEFAULT_CHECKPOINT_INTERVAL = 10
 POLL_S = 0.05
@@ -45,20 +52,30 @@ class Trainer:
         self.stop = StopFlag().install()
         self.device = pick_device(config.trainer.device)
         lora = config.lora
+        self.versions = versions_dir(run, config)
         self.start_step = 0
-        adapter: Path | None = None
+        start_from: Path | None = None  # the adapter, or full weights, the policy starts from
         state: dict[str, Any] | None = None
         found = checkpoint_to_resume(run) if resume else None
         if resume and found is None:
             self.log("no checkpoint to resume from: starting at step 1", "WARNING")
         if found:
-            self.start_step, adapter = found
-            state = torch.load(adapter / "trainer_state.pt", weights_only=False)
+            self.start_step, start_from = found
+            state = torch.load(start_from / "trainer_state.pt", weights_only=False)
+            drop_versions_after(self.versions, self.start_step)
         elif config.checkpoint_id:
-            adapter = warm_start_adapter(config.checkpoint_id, run.dir.parent)
-        self.model = load_policy(model_path, lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                 target_modules=lora.target_modules, device=self.device, dtype=config.trainer.dtype,
-                                 adapter_path=adapter)
+            start_from = (warm_start_adapter if lora.enabled else warm_start_weights)(config.checkpoint_id,
+                                                                                      run.dir.parent)
+        self.reference: Any | None = None  # full fine-tuning: the frozen base model of the KL penalty
+        if lora.enabled:
+            self.model = load_policy(model_path, lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                     target_modules=lora.target_modules, device=self.device,
+                                     dtype=config.trainer.dtype, adapter_path=start_from)
+        else:
+            self.model = load_full_policy(start_from or model_path, device=self.device, dtype=config.trainer.dtype)
+            if config.kl_penalty.enabled:
+                self.reference = load_full_policy(model_path, device=self.device, dtype=config.trainer.dtype,
+                                                  trainable=False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate,
                                            weight_decay=config.trainer.weight_decay)
@@ -71,11 +88,13 @@ class Trainer:
         if self.checkpoint_interval is None:
             self.checkpoint_interval = DEFAULT_CHECKPOINT_INTERVAL
         self.last_checkpoint = self.start_step
-        if adapter is not None or self.start_step:
-            self.publish_adapter(self.start_step)  # the sampler starts from this version
+        if start_from is not None or self.start_step:
+            self.publish_policy(self.start_step)  # the sampler starts from this version
         n_train = sum(p.numel() for p in self.params)
-        self.log(f"trainer ready on {self.device}: {model_path.name}, LoRA r={lora.r} alpha={lora.alpha:g} on "
-                 f"{', '.join(lora.target_modules)} ({n_train:,} trainable parameters); "
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        what = (f"LoRA r={lora.r} alpha={lora.alpha:g} on {', '.join(lora.target_modules)}" if lora.enabled
+                else f"full fine-tuning in {dtype}")
+        self.log(f"trainer ready on {self.device}: {model_path.name}, {what} ({n_train:,} trainable parameters); "
                  + (f"resuming after step {self.start_step}" if self.start_step else "starting at step 1"))
 
     def log(self, message: str, level: str = "INFO", step: int | None = None) -> None:
@@ -116,13 +135,13 @@ class Trainer:
                 temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
                 micro_batch_size=cfg.trainer.micro_batch_size,
                 accumulation_steps=cfg.gradient_accumulation_steps, ratio_low=cfg.trainer.ratio_mask_low,
-                ratio_high=cfg.trainer.ratio_mask_high, kl_beta=self.kl_beta)
+                ratio_high=cfg.trainer.ratio_mask_high, kl_beta=self.kl_beta, reference=self.reference)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.trainer.max_grad_norm))
             if math.isfinite(grad_norm):
                 self.optimizer.step()
             else:
                 self.log(f"step {step}: gradient norm is {grad_norm}; skipped the update", "WARNING", step)
-            self.publish_adapter(step)
+            self.publish_policy(step)
             elapsed = time.perf_counter() - t0
             metrics = {"loss": result.loss, "policy/entropy": result.entropy, "policy/kl": result.mismatch_kl,
                        "policy/masked_fraction": result.masked_fraction, "optim/lr": lr, "optim/grad_norm": grad_norm,
@@ -151,7 +170,7 @@ class Trainer:
         return 0
 
     def latest_trained_step(self) -> int:
-        return max([self.start_step, *step_dirs(self.run.adapters_dir)])
+        return max([self.start_step, *step_dirs(self.versions)])
 
     def adapt_kl_beta(self, kl: float) -> None:
         target = self.config.kl_penalty.target_kl
@@ -162,15 +181,15 @@ class Trainer:
         elif kl < target / 1.5:
             self.kl_beta /= 1.5
 
-    def publish_adapter(self, step: int) -> Path:
-        root = self.run.adapters_dir
-        tmp = staging_dir(root, f"step_{step}")
+    def publish_policy(self, step: int) -> Path:
+        """Version `step` for the sampler: the adapter (LoRA) or the whole model (full fine-tuning)."""
+        tmp = staging_dir(self.versions, f"step_{step}")
         self.model.save_pretrained(tmp)
-        final = publish_dir(tmp, root / f"step_{step}")
-        self.prune_adapters(step)
+        final = publish_dir(tmp, self.versions / f"step_{step}")
+        self.prune_versions(step)
         return final
 
-    def prune_adapters(self, newest: int) -> None:
+    def prune_versions(self, newest: int) -> None:
         """Keep the newest few (the sampler may still be loading one), every `[adapters].interval`-th, and the last
         `[adapters].keep_last`."""
         import shutil
@@ -178,7 +197,7 @@ class Trainer:
         keep_last = self.config.adapters.keep_last
         interval = self.config.adapters.interval
         floor = max(3, self.config.max_async_level + 2, keep_last if keep_last >= 0 else 10**9)
-        for k, path in step_dirs(self.run.adapters_dir).items():
+        for k, path in step_dirs(self.versions).items():
             if newest - k < floor or (interval and k % interval == 0):
                 continue
             shutil.rmtree(path, ignore_errors=True)

@@ -1,6 +1,8 @@
 """Start a sampler for a job (evaluation, RL, GEPA): the built-in server or vLLM, each as its own process.
 
-Both engines answer the same protocol and return a `RunningServer` (base URL, served model name, stop()).
+Both engines answer the same protocol and return a `RunningServer` (base URL, served model name, stop()). With
+`SamplerOptions.lora` off (full fine-tuning) both take full weights at runtime (`lab.inference.vllm.RuntimeWeights`):
+the built-in server always can; vLLM starts with our worker extension and its developer routes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class SamplerOptions:
     gpu_memory_utilization: float | None = None
     kv_cache_gb: float = 2.0
     max_lora_rank: int = 16
+    lora: bool = True  # False: full fine-tuning, the sampler takes full weights at runtime instead of adapters
 
 
 def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name: str | None = None,
@@ -43,6 +46,8 @@ def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name
                                 max_lora_rank=opts.max_lora_rank, dtype=dtype,
                                 tensor_parallel_size=opts.tensor_parallel_size,
                                 gpu_memory_utilization=opts.gpu_memory_utilization, cpu_kv_cache_gib=opts.kv_cache_gb)
+        if not opts.lora:
+            settings = settings.taking_full_weights()
         if opts.max_model_len:
             settings = replace(settings, max_model_len=opts.max_model_len)
         return start_vllm(settings, log_path=log_path, timeout=timeout)

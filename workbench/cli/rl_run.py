@@ -66,9 +66,6 @@ def run(
     for note in result.notes:
         err(note.format())
     cfg = result.config
-    if not cfg.lora.enabled:
-        fail(f"{path}: [lora] enabled = false (full fine-tuning) is not supported by the local trainer yet: the "
-             "samplers take LoRA adapters; set [lora] enabled = true")
     extra_env = _env_vars(env_var, env_file, wandb_api_key)
     try:
         model_path = resolve_model(cfg.model)

@@ -8,6 +8,9 @@ grows only by the adapted layers. An adapter replaced in place (`load_inplace`) 
 new weights from their next token (as vLLM's in-place load does: the running batch keeps its rows and its KV
 cache), so an RL sampler never drains its batch to switch policies. An unloaded adapter's running requests finish
 on the weights they have.
+
+Full weights (a trainer's full fine-tuning) replace the base model's in place (`update_base_weights`): read and
+checked off the engine thread, copied between two forward passes, so running requests continue on them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -126,3 +130,65 @@ class ModelRegistry:
             if self._adapters.pop(name, None) is None:
                 raise APIError(f"The lora adapter '{name}' cannot be found.", HTTPStatus.NOT_FOUND)
         return f"Success: LoRA adapter '{name}' removed successfully."
+
+    def update_base_weights(
+        self, path: str, between_steps: Callable[[Callable[[], Any]], Future[Any]]
+    ) -> dict[str, Any]:
+        """Replace every weight of the base model with those of the model folder `path` (HF-named safetensors), in
+        place; the copy runs through `between_steps` (the engine's: no forward pass meanwhile). Slow: run it off the
+        event loop. Refused while adapters are loaded (they were merged into the old weights)."""
+        if not path:
+            raise APIError("'args' must hold the folder of the new weights", type="InvalidUserInput")
+        t0 = time.perf_counter()
+        with self._load_lock:
+            with self._lock:
+                adapters = sorted(self._adapters)
+            if adapters:
+                raise APIError(
+                    f"cannot replace the base weights while LoRA adapters are loaded ({', '.join(adapters)}: they "
+                    "are merged into the current weights); unload them first",
+                    type="InvalidUserInput",
+                )
+            pairs = base_weight_pairs(self.base.module, Path(path).expanduser())
+            copied = between_steps(lambda: copy_weights(pairs)).result()
+        return {"tensors": copied, "seconds": time.perf_counter() - t0}
+
+
+def base_weight_pairs(module: Any, folder: Path) -> list[tuple[Any, Any]]:
+    """(parameter, new tensor) for every tensor in `folder`, checked against `module`: an APIError names
+    an unknown tensor, a shape that differs, or a parameter the folder leaves out (tied ones excepted)."""
+    from prime_lab.lab.inference.weights import read_weights
+
+    targets = dict(module.named_parameters(remove_duplicate=False))
+    try:
+        new = dict(read_weights(folder))
+    except (OSError, ValueError) as error:  # no safetensors, an unreadable file
+        raise APIError(f"Loading weights from {folder} failed: {error}", HTTPStatus.NOT_FOUND) from error
+    unknown = sorted(set(new) - set(targets))
+    if unknown:
+        raise APIError(
+            f"Loading weights from {folder} failed: {len(unknown)} tensors are not in the served model "
+            f"(first: {unknown[0]})"
+        )
+    wrong = [n for n, t in new.items() if tuple(t.shape) != tuple(targets[n].shape)]
+    if wrong:
+        raise APIError(
+            f"Loading weights from {folder} failed: {wrong[0]} has shape {tuple(new[wrong[0]].shape)}, "
+            f"the served model's {tuple(targets[wrong[0]].shape)}"
+        )
+    covered = {id(targets[n]) for n in new}
+    missing = sorted(n for n, p in targets.items() if id(p) not in covered)
+    if missing:
+        raise APIError(
+            f"Loading weights from {folder} failed: {len(missing)} parameters are missing (first: {missing[0]})"
+        )
+    return [(targets[n], t) for n, t in new.items()]
+
+
+def copy_weights(pairs: list[tuple[Any, Any]]) -> int:
+    import torch
+
+    with torch.no_grad():
+        for target, tensor in pairs:
+            target.copy_(tensor)
+    return len(pairs)

@@ -1,4 +1,5 @@
-"""The HTTP routes (FastAPI): vLLM's OpenAI-compatible surface, with OpenAI-style JSON errors."""
+"""The HTTP routes (FastAPI): vLLM's OpenAI-compatible surface, with OpenAI-style JSON errors, and the two developer
+routes a trainer's full weights go through (`/collective_rpc` for `weights.UPDATE_METHOD`, `/reset_prefix_cache`)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ from prime_lab.lab.inference.builtin.completions import CompletionService, model
 from prime_lab.lab.inference.builtin.errors import APIError, error_body
 from prime_lab.lab.inference.builtin.schemas import (
     ChatCompletionRequest,
+    CollectiveRpcRequest,
     CompletionRequest,
     LoadLoraAdapterRequest,
     UnloadLoraAdapterRequest,
 )
+from prime_lab.lab.inference.weights import UPDATE_METHOD
 
 log = logging.getLogger(__name__)
 
@@ -118,5 +121,23 @@ def create_app(
     async def unload_lora_adapter(request: Request) -> PlainTextResponse:
         body = await parse_body(request, UnloadLoraAdapterRequest)
         return PlainTextResponse(registry.unload_adapter(body.lora_name))
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(request: Request) -> JSONResponse:
+        """vLLM's developer route, for the one worker method the built-in server has: new full weights, in place."""
+        body = await parse_body(request, CollectiveRpcRequest)
+        if body.method != UPDATE_METHOD:
+            raise APIError(
+                f"the built-in server has no worker method {body.method!r}; it runs {UPDATE_METHOD!r} only",
+                param="method",
+            )
+        path = body.args[0] if body.args else body.kwargs.get("path", "")
+        result = await asyncio.to_thread(registry.update_base_weights, path, service.engine.between_steps)
+        return JSONResponse({"results": [result]})
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> JSONResponse:
+        """Nothing to drop: the built-in server keeps no prompt state between requests (vLLM's answer shape)."""
+        return JSONResponse({"success": True})
 
     return app

@@ -6,7 +6,8 @@ them to the batch, and decodes one token for every row per forward pass. Finishe
 their requests are answered. A batch serves one model (the base or one adapter); requests for another model wait
 until the running batch drains, and are then served in arrival order. Models resolve through `resolve` before
 every step: an adapter replaced in place is the same model to the engine, so the running batch moves to the new
-weights and requests for it join the batch instead of waiting.
+weights and requests for it join the batch instead of waiting. `between_steps(fn)` runs `fn` on the engine thread
+between two forward passes (new full weights copied into the model: the running batch continues on them).
 
 Importing this module imports torch; `server.py` does so when a server is built.
 """
@@ -35,6 +36,20 @@ from prime_lab.lab.inference.builtin.sequences import Choice, GenerationRequest,
 log = logging.getLogger(__name__)
 
 _STOP = object()
+
+
+class _Call:
+    """Work for the engine thread between two forward passes, and the future of its result."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.future: Future[Any] = Future()
+
+    def run(self) -> None:
+        try:
+            self.future.set_result(self.fn())
+        except Exception as error:
+            self.future.set_exception(error)
 
 
 class GenerationEngine:
@@ -86,6 +101,16 @@ class GenerationEngine:
         self._inbox.put(PendingRequest(request, future, generator))
         return future
 
+    def between_steps(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Run `fn` on the engine thread before its next forward pass (no forward pass runs meanwhile); the future
+        resolves to its result."""
+        call = _Call(fn)
+        if self._stopped.is_set():
+            call.future.set_exception(EngineStoppedError("the server is shutting down"))
+        else:
+            self._inbox.put(call)
+        return call.future
+
     # --- the engine thread ---------------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -114,7 +139,10 @@ class GenerationEngine:
         while item is not None:
             if item is _STOP:
                 return False
-            self._waiting.append(item)
+            if isinstance(item, _Call):
+                item.run()
+            else:
+                self._waiting.append(item)
             item = self._next_nowait()
             if item is None and time.monotonic() < deadline:
                 item = self._next_until(deadline)
@@ -264,7 +292,9 @@ class GenerationEngine:
             item = self._next_nowait()
             if item is None:
                 break
-            if item is not _STOP:
+            if isinstance(item, _Call):
+                item.future.set_exception(error)
+            elif item is not _STOP:
                 self._waiting.append(item)
         for pending in self._waiting:
             if not pending.future.done():

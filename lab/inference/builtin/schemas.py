@@ -141,3 +141,13 @@ class UnloadLoraAdapterRequest(BaseModel):
 
     lora_name: str = ""
     lora_int_id: int | None = None
+
+
+class CollectiveRpcRequest(BaseModel):
+    """vLLM's developer route `/collective_rpc`: a worker method by name, with string arguments."""
+
+    model_config = ConfigDict(extra="allow")
+
+    method: str
+    args: list[str] = Field(default_factory=list)
+    kwargs: dict[str, str] = Field(default_factory=dict)
