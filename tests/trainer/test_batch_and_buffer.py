@@ -97,10 +97,12 @@ def test_example_sampler_follows_weights_and_covers_each_env_per_epoch() -> None
 def test_batch_metrics() -> None:
     def group(env: str, rewards: list[float], version: int) -> Group:
         rs = [rollout([([1], [2] * (i + 1))], reward=r, truncated=i == 0) for i, r in enumerate(rewards)]
-        return Group(env, rs, version, 1.0)
+        return Group(env, rs, version, 1.0, finished_at=10.0 + version)
 
-    m = batch_metrics([group("x", [1.0, 0.0], 3), group("y", [0.5, 0.5], 2)], step=5, fill_seconds=2.0)
+    m = batch_metrics([group("x", [1.0, 0.0], 3), group("y", [0.5, 0.5], 2)], step=5, fill_seconds=0.001)
     assert m["reward/mean"] == 0.5 and m["reward/x"] == 0.5 and m["reward/y"] == 0.5
     assert m["reward/std"] == pytest.approx(0.3535534, rel=1e-6)
     assert m["rollout/mean_length"] == 1.5 and m["rollout/truncated"] == 0.5
-    assert m["perf/tokens_per_s"] == 3.0 and m["batch/async_level"] == 2.0
+    # 6 tokens over the 2 s from the first group's start (12 - 1 s) to the last one's end (13), however quickly the
+    # batch filled
+    assert m["perf/tokens_per_s"] == 3.0 and m["rollout/generation_time"] == 0.001 and m["batch/async_level"] == 2.0
