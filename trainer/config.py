@@ -149,7 +149,8 @@ class LoraConfig(Section):
 
 class CheckpointsConfig(Section):
     interval: int | None = Field(default=None, ge=0, description="Checkpoint every N steps (local default 10).")
-    keep_cloud: int = Field(default=5, ge=-1, description="Hosted only: checkpoints kept in cloud storage.")
+    keep_cloud: int = Field(default=5, ge=-1, description="Checkpoints kept (hosted: in cloud storage; locally: in the "
+                            "run directory, the newest; -1 = all).")
 
 
 class AdaptersConfig(Section):
@@ -418,8 +419,8 @@ def _hosted_notes(ctx: CheckContext) -> None:
         ctx.problem(("tailscale", "auth_key"), "a secret in the config file: prefer the TAILSCALE_AUTH_KEY "
                     "environment variable", severity="note")
     if ctx.has(("checkpoints", "keep_cloud")):
-        ctx.problem(("checkpoints", "keep_cloud"), "there is no cloud storage locally: every checkpoint stays in "
-                    "the run directory until the run is deleted", severity="note")
+        ctx.problem(("checkpoints", "keep_cloud"), "there is no cloud storage locally: keep_cloud is how many "
+                    "checkpoints the run directory keeps (the newest; -1 keeps all)", severity="note")
     if ctx.has(("infrastructure", "compute_size")):
         ctx.problem(("infrastructure", "compute_size"), "sizes hosted environment containers; locally, "
                     "environments run in this machine's processes", severity="note")

