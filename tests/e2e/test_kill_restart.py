@@ -51,7 +51,8 @@ def wait_for_step(run: Run, step: int, timeout: float = 180.0) -> None:
 
 def test_kill_9_five_times_and_the_run_still_completes(learnable_model_dir: Path, tmp_path: Path) -> None:
     rng = random.Random(20261124)
-    run = start(write_config(tmp_path / "rl.toml", learnable_model_dir, steps=STEPS, checkpoint_interval=INTERVAL))
+    run = start(write_config(tmp_path / "rl.toml", learnable_model_dir, steps=STEPS, checkpoint_interval=INTERVAL,
+                             extra="[adapters]\ninterval = 10\nkeep_last = 4\n"))
     resumed: list[int] = []
     for kill in range(KILLS):
         base = resumed[-1] if resumed else 0
@@ -99,3 +100,5 @@ def test_kill_9_five_times_and_the_run_still_completes(learnable_model_dir: Path
     assert final == list(range(1, STEPS + 1))
     # [checkpoints].keep_cloud (default 5) is the local retention: the newest 5 of the ~20 written
     assert sorted(step_dirs(run.checkpoints_dir)) == list(range(STEPS - 8, STEPS + 1, INTERVAL))
+    # [adapters]: every 10th step's adapter, and the last 4
+    assert sorted(step_dirs(run.adapters_dir)) == [10, 20, 30, 37, 38, 39, 40]
