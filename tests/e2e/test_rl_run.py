@@ -132,13 +132,10 @@ def test_reward_rises_over_20_steps(seed: int, learnable_model_dir: Path, tmp_pa
     first, last = sum(curve[:5]) / 5, sum(curve[-5:]) / 5
     assert last > first + 0.2, f"seed {seed}: reward did not rise: {[round(r, 3) for r in curve]}"
 
-    # tokens/s is over a real interval: no step reads far above the run's own overall rate (it read 1000x on steps
-    # whose groups were sampled ahead)
-    orchestrator = metrics(run, "orchestrator")
-    events = run.event_log().events()
-    span = max(e.time for e in events) - min(e.time for e in events)
-    overall = sum(m["rollout/mean_length"] * 16 for m in orchestrator.values()) / span
-    assert max(m["perf/tokens_per_s"] for m in orchestrator.values()) < 5 * overall, orchestrator
+    # tokens/s is over a real interval (the batch's generation span): steady from step to step. Over the wait for
+    # the batch's last groups it read 40k-2.9M on steps whose groups were sampled ahead, ~1,000 on the others.
+    rates = sorted(m["perf/tokens_per_s"] for m in metrics(run, "orchestrator").values())
+    assert rates[0] > 0 and rates[-1] < 10 * rates[len(rates) // 2], rates
 
     # every metric DESIGN.md names, from the process that owns it
     merged: dict[str, float] = {}
