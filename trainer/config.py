@@ -190,11 +190,19 @@ class InferenceConfig(Section):
         default="auto", description="Sampler engine: auto, builtin (transformers), vllm, or external (base_url).")
     base_url: str | None = Field(default=None, description="OpenAI-compatible URL when backend = external.")
     api_key_var: str = Field(default="OPENAI_API_KEY", description="Env var holding the external API key.")
-    port: int = Field(default=0, ge=0, le=65535, description="Port on 127.0.0.1 (0: pick a free one).")
+    port: int = Field(default=0, ge=0, le=65535, description="Port on 127.0.0.1 (0: pick a free one; several "
+                      "servers: port, port + 1, ...).")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="Serving dtype (auto: float32 on CPU, bfloat16 on GPU).")
     max_model_len: int | None = Field(default=None, ge=1)
-    tensor_parallel_size: int = Field(default=1, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per vLLM engine (vLLM's tensor parallelism).")
+    data_parallel_size: int | None = Field(
+        default=None, ge=1, description="vLLM engines behind one server (vLLM's data parallelism); default: from "
+        "num_gpus, else 1.")
+    num_servers: int = Field(default=1, ge=1, description="Local sampler servers to start; the orchestrator spreads "
+                             "requests over them and loads each new policy into every one.")
+    base_urls: list[str] = Field(default_factory=list, description="Several OpenAI-compatible URLs (backend = "
+                                 "external): the orchestrator spreads requests over them.")
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
     kv_cache_gb: float = Field(default=2.0, gt=0.0, description="vLLM CPU KV-cache space (GiB).")
     startup_timeout: float = Field(default=600.0, gt=0.0, description="Seconds to wait for the server.")
@@ -213,7 +221,16 @@ class TrainerConfig(Section):
     ratio_mask_low: float = Field(default=0.125, gt=0.0, description="Mask tokens whose importance ratio < this.")
     ratio_mask_high: float = Field(default=8.0, gt=0.0, description="Mask tokens whose importance ratio > this.")
     std_normalize_advantages: bool = False
-    distributed: Literal["ddp", "fsdp"] = "ddp"
+    distributed: Literal["auto", "ddp", "fsdp"] = Field(
+        default="auto", description="With several trainer processes: DDP (LoRA), FSDP2 (full fine-tuning), or auto.")
+    nproc_per_node: int = Field(default=1, ge=1, description="Trainer processes on this machine; more than 1 runs the "
+                                "trainer under torchrun (gloo on CPU, nccl on GPUs).")
+    nnodes: int = Field(default=1, ge=1, description="Machines the trainer spans (env WORLD_SIZE, as in prime-rl).")
+    node_rank: int = Field(default=0, ge=0, description="This machine's rank among them (env RANK).")
+    master_addr: str = Field(default="127.0.0.1", description="Address of node 0 (env MASTER_ADDR).")
+    master_port: int | None = Field(default=None, ge=1, le=65535,
+                                    description="Port on node 0 (env MASTER_PORT; default: a free port on one "
+                                    "machine, 29500 across several).")
 
 
 class RLConfig(Section):
@@ -377,7 +394,7 @@ def _check_ranges(ctx: CheckContext) -> None:
 def _check_inference(ctx: CheckContext) -> None:
     backend = ctx.get(("inference", "backend"), "auto")
     base_url = ctx.get(("inference", "base_url"))
-    if backend == "external" and base_url is None:
+    if backend == "external" and base_url is None and not ctx.get(("inference", "base_urls")):
         ctx.problem(("inference", "backend"), 'backend = "external" needs [inference].base_url (an '
                     "OpenAI-compatible URL, e.g. http://127.0.0.1:8000/v1)")
     if base_url is not None and backend in ("builtin", "vllm"):
@@ -429,8 +446,33 @@ def _hosted_notes(ctx: CheckContext) -> None:
                     "on this machine", severity="note")
 
 
+def _check_distributed(ctx: CheckContext) -> None:
+    lora = ctx.get(("lora", "enabled"), True) is not False
+    if ctx.get(("trainer", "distributed")) == "fsdp" and lora:
+        ctx.problem(("trainer", "distributed"), 'FSDP2 shards full fine-tuning; a LoRA adapter is small enough to '
+                    'replicate: use "ddp" (or "auto") with LoRA')
+    nnodes, node_rank = _int(ctx.get(("trainer", "nnodes"), 1)), _int(ctx.get(("trainer", "node_rank"), 0))
+    if nnodes is not None and node_rank is not None and node_rank >= nnodes:
+        ctx.problem(("trainer", "node_rank"), f"node_rank ({node_rank}) must be less than nnodes ({nnodes})")
+    servers = _int(ctx.get(("inference", "num_servers"), 1))
+    if servers is not None and servers > 1 and ctx.get(("inference", "backend")) == "external":
+        ctx.problem(("inference", "num_servers"), 'num_servers starts local samplers; with backend = "external" '
+                    "list the servers in [inference].base_urls")
+    urls = ctx.get(("inference", "base_urls"))
+    if isinstance(urls, list) and urls:
+        backend = ctx.get(("inference", "backend"), "auto")
+        if backend in ("builtin", "vllm"):
+            ctx.problem(("inference", "base_urls"), f'base_urls are only used with backend = "external" (backend is '
+                        f'"{backend}")')
+        if ctx.has(("inference", "base_url")):
+            ctx.problem(("inference", "base_urls"), "base_url and base_urls both name the sampler: keep one")
+        for i, url in enumerate(urls):
+            if isinstance(url, str) and not re.match(r"^https?://", url):
+                ctx.problem(("inference", "base_urls", i), "must start with http:// or https://")
+
+
 RL_CHECKS = (_check_group, _check_sampling, _check_env_ratios, _check_spellings, _check_ranges, _check_inference,
-             _check_full_finetuning, _hosted_notes)
+             _check_full_finetuning, _hosted_notes, _check_distributed)
 
 
 def validate_rl_config(text: str, file: str | None = None) -> Validation[RLConfig]:

@@ -3,17 +3,20 @@ watches them until the run ends.
 
     python -m prime_lab.trainer.launcher RUN_DIR [--resume]
 
-Order: the trainer first (it loads the model while the sampler boots), then the sampler (built-in server, vLLM, or
-an external URL checked for an answer), then the orchestrator. Every wait has a timeout. The run is `failed` within
-seconds when a process exits with an error (the reason is that process's last ERROR event, or the tail of its log)
-or when the sampler dies or stops answering `/health`; the other processes are then stopped. SIGTERM (`prime rl
-stop`) stops all three cleanly: the trainer finishes its step and checkpoints. The run ends `completed` when the
-trainer has trained `max_steps` steps.
+Order: the trainer first (it loads the model while the sampler boots), then the sampler (`[inference].num_servers`
+built-in or vLLM servers booting side by side, each on its own port and GPUs, registered as `inference`,
+`inference-2`, ...; or external URLs checked for an answer), then the orchestrator, given every sampler's URL. GPUs
+are planned once (trainer/placement.py: the sampler servers first, then the trainer; `self.placement`). Every wait
+has a timeout. The run is `failed` within seconds when a process exits with an error (the reason is that process's
+last ERROR event, or the tail of its log) or when a sampler server dies or stops answering `/health`; the other
+processes are then stopped. SIGTERM (`prime rl stop`) stops them all cleanly: the trainer finishes its step and
+checkpoints. The run ends `completed` when the trainer has trained `max_steps` steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +26,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 from prime_lab.lab.alerts import AlertMonitor
@@ -35,6 +39,8 @@ from prime_lab.lab.runs import Run
 from prime_lab.lab.wandb_mirror import mirror_argv, wanted
 from prime_lab.trainer.batch import batch_path
 from prime_lab.trainer.config import RLConfig
+from prime_lab.trainer.distributed import NODE_VARIABLES, Topology, TopologyError, topology, torchrun_argv
+from prime_lab.trainer.placement import Placement, PlacementError, plan_gpus, visible_gpus
 from prime_lab.trainer.runtime import StopFlag, checkpoint_to_resume, load_config, log_both
 from prime_lab.trainer.versions import drop_versions_after, weights_dir
 
@@ -50,12 +56,25 @@ class LaunchFailed(RuntimeError):
     pass
 
 
+def worker_pids(pid: int) -> list[int]:
+    """The processes `pid` started (torchrun's ranks), from Linux's /proc; none where that cannot be read."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def spawn(run: Run, *, resume: bool = False, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start the supervisor for `run` detached (its own session: it outlives the terminal that started it)."""
     argv = [*child_python(), "-m", "prime_lab.trainer.launcher", str(run.dir)] + (["--resume"] if resume else [])
     with open(run.log_path("launcher"), "ab") as log:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ, **(env or {})})
+
+
+def sampler_role(index: int) -> str:
+    """The role (and log name) of local sampler server `index`: `inference`, `inference-2`, ..."""
+    return "inference" if index == 0 else f"inference-{index + 1}"
 
 
 def prepare_resume(run: Run) -> int:
@@ -87,7 +106,9 @@ class Supervisor:
         self.model_path = Path(status["model_path"])
         self.stop = StopFlag().install()
         self.events = run.writer("launcher")
-        self.server: RunningServer | None = None
+        self.servers: list[RunningServer] = []  # the local sampler servers, in role order
+        self.placement = Placement([], [], 1)  # planned in start(), before any process starts
+        self.topology = Topology()  # likewise
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.reaper: ReaperHandle | None = None
         self.mirror: subprocess.Popen[bytes] | None = None  # the W&B mirror (not registered: never a run failure)
@@ -113,23 +134,52 @@ class Supervisor:
         self.reaper = start_reaper(self.run)
         run.set_state("starting")
         resume = ["--resume"] if self.resume else []
+        try:
+            self.topology = topology(cfg.trainer)
+        except TopologyError as exc:
+            raise LaunchFailed(str(exc)) from exc
+        for name in NODE_VARIABLES:  # torchrun sets each rank's own; the sampler and orchestrator get none
+            os.environ.pop(name, None)
         choice = self.choose_backend()
+        self.placement = self.plan_placement(choice.backend)
         trainer_threads, sampler_threads = self.cpu_split(choice.backend)
         if trainer_threads:
-            self.log(f"CPU only: {trainer_threads} thread(s) for the trainer, {sampler_threads} for the sampler "
+            servers = cfg.inference.num_servers
+            split = f" (split over {servers} servers)" if servers > 1 else ""
+            self.log(f"CPU only: {trainer_threads} thread(s) for the trainer, {sampler_threads} for the sampler{split} "
                      "(they run at the same time; oversubscribed cores make both slower)")
             os.environ["OMP_NUM_THREADS"] = str(sampler_threads)  # the sampler inherits this process's environment
-        self.start_child("trainer", ["prime_lab.trainer.train", str(run.dir), "--model-path", str(self.model_path),
-                                     *resume],
-                         env={"OMP_NUM_THREADS": str(trainer_threads)} if trainer_threads else None)
-        base_url, model_name = self.start_sampler(choice)
+        self.start_trainer(trainer_threads, resume)
+        if not self.topology.runs_sampler:
+            self.log(f"node {self.topology.node_rank} of {self.topology.nnodes}: this machine runs trainer ranks only; "
+                     f"node 0 ({self.topology.master_addr}) samples, and its run holds the events and adapters")
+            run.set_state("running")
+            return
+        base_urls, model_name = self.start_sampler(choice, sampler_threads)
         if self.stop.set:
             return
         api_key = ["--api-key-var", cfg.inference.api_key_var] if choice.backend == "external" else []
-        self.start_child("orchestrator", ["prime_lab.trainer.orchestrator", str(run.dir), "--base-url", base_url,
+        urls = [arg for url in base_urls for arg in ("--base-url", url)]
+        self.start_child("orchestrator", ["prime_lab.trainer.orchestrator", str(run.dir), *urls,
                                           "--model", model_name, *api_key, *resume])
         run.set_state("running")
         self.start_mirror()
+
+    def start_trainer(self, threads: int, resume: list[str]) -> None:
+        """The trainer: one process, or `nproc_per_node` ranks under torchrun (trainer/distributed.py), on the
+        trainer's GPUs of the placement."""
+        topo = self.topology
+        argv = ["prime_lab.trainer.train", str(self.run.dir), "--model-path", str(self.model_path), *resume]
+        env = self.placement.cuda_env(self.placement.trainer_gpus) if self.placement.trainer_gpus else {}
+        if threads:
+            env["OMP_NUM_THREADS"] = str(max(1, threads // topo.nproc_per_node))
+        if topo.distributed:
+            argv = torchrun_argv(topo, argv[0], argv[1:])
+            env["PYTHONSAFEPATH"] = "1"  # torchrun starts its workers without `-P`: this is the same
+            where = f" on {topo.nnodes} nodes (this is node {topo.node_rank})" if topo.nnodes > 1 else ""
+            self.log(f"trainer: {topo.nproc_per_node} processes under torchrun{where}, "
+                     f"{topo.world_size} ranks in all")
+        self.start_child("trainer", argv, env=env or None)
 
     def start_mirror(self) -> None:
         """With a `[wandb]` section: the W&B mirror follows the event log in its own process, so W&B (slow, offline,
@@ -160,10 +210,29 @@ class Supervisor:
         from prime_lab.lab.inference.backend import BackendUnavailableError, choose_backend
 
         inf = self.config.inference
+        url = inf.base_url or next(iter(inf.base_urls), None)
+        requested = "external" if inf.backend == "auto" and url else inf.backend  # a URL given: the sampler is there
         try:
-            return choose_backend(inf.backend, external_url=inf.base_url)
+            return choose_backend(requested, external_url=", ".join(inf.base_urls) or url)
         except BackendUnavailableError as exc:
             raise LaunchFailed(str(exc)) from exc
+
+    def plan_placement(self, backend: str) -> Placement:
+        cfg = self.config
+        try:
+            placement = plan_gpus(visible_gpus(), backend=backend, num_gpus=cfg.num_gpus,
+                                  tensor_parallel_size=cfg.inference.tensor_parallel_size,
+                                  data_parallel_size=cfg.inference.data_parallel_size,
+                                  num_servers=cfg.inference.num_servers, nproc_per_node=cfg.trainer.nproc_per_node,
+                                  trainer_on_gpu=cfg.trainer.device != "cpu")
+        except PlacementError as exc:
+            raise LaunchFailed(str(exc)) from exc
+        if placement.devices:
+            servers = "; ".join(f"{sampler_role(i)} {placement.cuda_env(g)['CUDA_VISIBLE_DEVICES']}"
+                                for i, g in enumerate(placement.sampler_gpus))
+            trainer = placement.cuda_env(placement.trainer_gpus).get("CUDA_VISIBLE_DEVICES", "none")
+            self.log(f"GPUs: {servers or 'no local sampler'}; trainer {trainer}")
+        return placement
 
     def cpu_split(self, backend: str) -> tuple[int, int]:
         """On a CPU-only machine with the built-in sampler, the cores split between trainer and sampler: (trainer,
@@ -179,30 +248,49 @@ class Supervisor:
             return 0, 0
         return cores // 2, cores - cores // 2
 
-    def start_sampler(self, choice: BackendChoice) -> tuple[str, str]:
+    def start_sampler(self, choice: BackendChoice, threads: int = 0) -> tuple[list[str], str]:
+        """Start `[inference].num_servers` local servers side by side (or check the external URLs); returns every
+        sampler's URL and the model name requests use. `threads`: the CPU threads the sampler side may use (0: the
+        default), split among the servers."""
         from prime_lab.lab.inference.launch import SamplerOptions, start_sampler
         from prime_lab.lab.inference.process import ServerStartError
 
         inf = self.config.inference
         self.log(f"sampler: {choice.reason}")
         if choice.backend == "external":
-            assert inf.base_url is not None
-            self.check_external(inf.base_url)
-            return inf.base_url, self.config.model
-        options = SamplerOptions(port=inf.port or None, dtype=inf.dtype, max_model_len=inf.max_model_len,
+            urls = inf.base_urls or [str(inf.base_url)]
+            for url in urls:
+                self.check_external(url)
+            return urls, self.config.model
+        options = SamplerOptions(dtype=inf.dtype, max_model_len=inf.max_model_len,
                                  tensor_parallel_size=inf.tensor_parallel_size,
+                                 data_parallel_size=self.placement.data_parallel_size,
                                  gpu_memory_utilization=inf.gpu_memory_utilization, kv_cache_gb=inf.kv_cache_gb,
                                  max_lora_rank=self.config.lora.r, lora=self.config.lora.enabled)
         served = None if Path(self.config.model).exists() else self.config.model
+        deadline = time.monotonic() + inf.startup_timeout
+        role = sampler_role(0)
         try:
-            self.server = start_sampler(choice.backend, self.model_path, self.run.log_path("inference"),
-                                        served_name=served, timeout=inf.startup_timeout, options=options)
+            for i in range(inf.num_servers):
+                role = sampler_role(i)
+                env = self.placement.cuda_env(self.placement.sampler_gpus[i])
+                if threads:
+                    env["OMP_NUM_THREADS"] = str(max(1, threads // inf.num_servers))
+                server = start_sampler(choice.backend, self.model_path, self.run.log_path(role),
+                                       served_name=served, timeout=inf.startup_timeout, env=env, wait=False,
+                                       options=replace(options, port=inf.port + i if inf.port else None))
+                self.servers.append(server)
+                if server.process.pid:
+                    self.run.register_process(role, server.process.pid)
+            for i, server in enumerate(self.servers):  # they boot side by side: one deadline for all
+                role = sampler_role(i)
+                server.process.wait_ready(timeout=max(1.0, deadline - time.monotonic()))
         except (ServerStartError, OSError) as exc:
-            raise LaunchFailed(f"the {choice.backend} sampler did not start: {exc}") from exc
-        if self.server.process.pid:
-            self.run.register_process("inference", self.server.process.pid)
-        self.log(f"sampler ready at {self.server.base_url} serving {self.server.model_name}")
-        return self.server.base_url, self.server.model_name
+            which = f" ({role})" if inf.num_servers > 1 else ""
+            raise LaunchFailed(f"the {choice.backend} sampler{which} did not start: {exc}") from exc
+        urls = [s.base_url for s in self.servers]
+        self.log(f"sampler ready at {', '.join(urls)} serving {self.servers[0].model_name}")
+        return urls, self.servers[0].model_name
 
     def check_external(self, base_url: str) -> None:
         url = base_url.rstrip("/") + "/models"
@@ -215,7 +303,7 @@ class Supervisor:
                                    f"{exc.code}") from exc
         except (urllib.error.URLError, OSError) as exc:
             raise LaunchFailed(f"the external sampler at {base_url} does not answer ({exc}); start it, or fix "
-                               "[inference].base_url") from exc
+                               "[inference].base_url / base_urls") from exc
 
     # Watch ------------------------------------------------------------------------------------------------
     def follow_events(self) -> None:
@@ -239,14 +327,20 @@ class Supervisor:
     def watch(self) -> str:
         """Until the run ends: returns the final state."""
         last_health = time.monotonic()
-        healthy_at = time.monotonic()
+        healthy_at = [last_health] * len(self.servers)
         while True:
             self.follow_events()
             if self.stop.set:
                 return "stopped"
-            trainer, orchestrator = self.children["trainer"].poll(), self.children["orchestrator"].poll()
+            trainer = self.children["trainer"].poll()
             if trainer is not None and trainer != 0:
                 raise LaunchFailed(self.reason("trainer", trainer))
+            if "orchestrator" not in self.children:  # a node other than 0: its ranks end when node 0's do
+                if trainer == 0:
+                    return "completed"
+                time.sleep(POLL_S)
+                continue
+            orchestrator = self.children["orchestrator"].poll()
             if orchestrator is not None and orchestrator != 0:
                 raise LaunchFailed(self.reason("orchestrator", orchestrator))
             if trainer == 0:
@@ -257,24 +351,41 @@ class Supervisor:
                 # else: the orchestrator is still running the final evaluation
             elif orchestrator == 0 and not batch_path(self.run.rollouts_dir, self.config.max_steps).exists():
                 return "stopped"
-            if self.server is not None:
-                code = self.server.process.poll()
-                if code is not None:
-                    raise LaunchFailed(f"the inference server exited with code {code}; its log ends:\n"
-                                       f"{log_tail(self.server.log_path, 8)}")
-                now = time.monotonic()
-                if now - last_health >= HEALTH_EVERY_S:
-                    last_health = now
-                    if self.server.process.is_healthy(timeout=5.0):
-                        healthy_at = now
-                    elif now - healthy_at > UNHEALTHY_AFTER_S:
-                        raise LaunchFailed(f"the inference server at {self.server.base_url} stopped answering "
-                                           f"/health for {now - healthy_at:.0f} s")
+            probe = time.monotonic() - last_health >= HEALTH_EVERY_S
+            if probe:
+                last_health = time.monotonic()
+            self.check_samplers(healthy_at, probe)
             time.sleep(POLL_S)
 
+    def check_samplers(self, healthy_at: list[float], probe: bool) -> None:
+        """Raise LaunchFailed when a local sampler server has exited, or (`probe`: ask /health now) has not answered
+        /health for UNHEALTHY_AFTER_S seconds; `healthy_at` holds when each one last answered."""
+        for i, server in enumerate(self.servers):
+            code = server.process.poll()
+            if code is not None:
+                which = f" ({sampler_role(i)})" if len(self.servers) > 1 else ""
+                raise LaunchFailed(f"the inference server{which} exited with code {code}; its log ends:\n"
+                                   f"{log_tail(server.log_path, 8)}")
+            if not probe:
+                continue
+            now = time.monotonic()
+            if server.process.is_healthy(timeout=5.0):
+                healthy_at[i] = now
+            elif now - healthy_at[i] > UNHEALTHY_AFTER_S:
+                raise LaunchFailed(f"the inference server at {server.base_url} stopped answering /health for "
+                                   f"{now - healthy_at[i]:.0f} s")
+
     def stop_children(self, grace: float = STOP_GRACE_S) -> None:
-        for process in self.children.values():
-            if process.poll() is None:
+        for role, process in self.children.items():
+            if process.poll() is not None:
+                continue
+            # torchrun's ranks are asked directly: each finishes its step and checkpoints, and torchrun exits
+            # when they have (torchrun itself, signalled, would kill them after 30 s and print a traceback)
+            ranks = worker_pids(process.pid) if role == "trainer" and self.topology.distributed else []
+            for pid in ranks:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            if not ranks:
                 process.terminate()
         deadline = time.monotonic() + grace
         for role, process in self.children.items():
@@ -284,9 +395,8 @@ class Supervisor:
                 self.log(f"the {role} did not exit within {grace:g} s; killed", "WARNING")
                 process.kill()
                 process.wait()
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
+        while self.servers:
+            self.servers.pop().stop()
 
     def supervise(self) -> int:
         final, reason = "failed", ""

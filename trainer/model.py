@@ -7,6 +7,8 @@ torch, transformers and peft are imported inside the functions, so importing thi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +19,8 @@ from prime_lab.trainer.packing import PackedRow, pack
 
 if TYPE_CHECKING:
     import torch
+
+    from prime_lab.trainer.distributed import Dist
 
 
 def pick_device(requested: str = "auto") -> str:
@@ -168,19 +172,33 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
                                temperature: float = 1.0, top_p: float = 1.0, micro_batch_size: int = 8,
                                accumulation_steps: int = 1,
                                ratio_low: float = 0.125, ratio_high: float = 8.0, kl_beta: float = 0.0,
-                               reference: Any | None = None) -> BatchResult:
+                               reference: Any | None = None, dist: Dist | None = None, forward: Any | None = None,
+                               grad_sync: Callable[[bool], AbstractContextManager[Any]] | None = None) -> BatchResult:
     """Forward and backward every micro-batch, each packed into one sequence (trainer/packing.py: a group's prompt
     once, no padding); gradients add up to those of the loss over the whole batch (normalised by the batch's
     completion tokens). The caller clips and steps the optimizer.
 
-    The KL penalty (`kl_beta` > 0) is to `reference_logits`."""
+    The KL penalty (`kl_beta` > 0) is to `reference_logits`.
+
+    Past one process (`dist`): each rank packs the whole batch the same way and trains on its share of the rows
+    (`shard_rows`), through `forward` (the DDP or FSDP module); `grad_sync(last)` is the context of a backward
+    (DDP reduces gradients only on each rank's last one). DDP and FSDP average gradients over the ranks, so each
+    rank's loss is scaled by the world size: the result is the gradient of the whole batch's loss, as one process
+    computes it. The returned metrics are summed over the ranks."""
+    import contextlib
+
     import torch
 
-    rows = pack(samples, micro_batch_size, accumulation_steps,
+    from prime_lab.trainer.distributed import shard_rows
+
+    world = dist.world_size if dist is not None else 1
+    forward = forward if forward is not None else model
+    rows = pack(samples, micro_batch_size, max(accumulation_steps, world),
                 share_prefixes=attention_implementation(model) in ("sdpa", "eager"))
     total_loss_tokens = sum(len(row.targets) for row in rows)
-    loss_sum = entropy_sum = kl_sum = masked_sum = ref_kl_sum = 0.0
-    for row in rows:
+    mine = shard_rows(rows, dist.rank if dist is not None else 0, world)
+    sums = [0.0] * 5  # loss, entropy, mismatch KL, masked, reference KL: token-weighted sums
+    for i, (row, weight) in enumerate(mine):
         inputs = row_inputs(model, row, device)
         targets = torch.tensor([row.targets], dtype=torch.long, device=device)
         sampler_logprobs = torch.tensor([row.sampler_logprobs], dtype=torch.float32, device=device)
@@ -190,21 +208,28 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
         if kl_beta > 0:
             with torch.no_grad():
                 ref, _ = chosen_logprobs(reference_logits(model, reference, inputs), targets, temperature, top_p)
-        logprobs, entropy = chosen_logprobs(model(**inputs).logits, targets, temperature, top_p,
-                                             with_entropy=True)
-        out = policy_loss(logprobs, sampler_logprobs, advantages, loss_mask, ratio_low=ratio_low,
-                          ratio_high=ratio_high, ref_logprobs=ref, kl_beta=kl_beta,
-                          num_loss_tokens=max(1, total_loss_tokens))
-        out.loss.backward()
+        sync = grad_sync(i == len(mine) - 1) if grad_sync is not None else contextlib.nullcontext()
+        with sync:
+            logprobs, entropy = chosen_logprobs(forward(**inputs).logits, targets, temperature, top_p,
+                                                 with_entropy=True)
+            out = policy_loss(logprobs, sampler_logprobs, advantages, loss_mask, ratio_low=ratio_low,
+                              ratio_high=ratio_high, ref_logprobs=ref, kl_beta=kl_beta,
+                              num_loss_tokens=max(1, total_loss_tokens))
+            (out.loss * (weight * world)).backward()
+        if not weight:
+            continue
         row_tokens = float(len(row.targets))
-        loss_sum += float(out.loss.detach())
         assert entropy is not None
-        entropy_sum += float(entropy.sum())
-        kl_sum += out.mismatch_kl * row_tokens
-        masked_sum += out.masked_fraction * row_tokens
+        sums[0] += float(out.loss.detach())
+        sums[1] += float(entropy.sum())
+        sums[2] += out.mismatch_kl * row_tokens
+        sums[3] += out.masked_fraction * row_tokens
         if out.ref_kl is not None:
-            ref_kl_sum += out.ref_kl * row_tokens
+            sums[4] += out.ref_kl * row_tokens
+    if dist is not None:
+        sums = dist.sum(sums)
+    loss, entropy_sum, kl_sum, masked_sum, ref_kl_sum = sums
     tokens = sum(len(s.input_ids) for s in samples)
     n = max(1, total_loss_tokens)
-    return BatchResult(loss=loss_sum, entropy=entropy_sum / n, mismatch_kl=kl_sum / n, masked_fraction=masked_sum / n,
+    return BatchResult(loss=loss, entropy=entropy_sum / n, mismatch_kl=kl_sum / n, masked_fraction=masked_sum / n,
                        ref_kl=ref_kl_sum / n if kl_beta > 0 else None, loss_tokens=total_loss_tokens, tokens=tokens)

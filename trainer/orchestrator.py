@@ -1,4 +1,5 @@
-"""The orchestrator process: `python -m trainer.orchestrator RUN_DIR --base-url URL --model NAME [--resume]`.
+"""The orchestrator process: `python -m trainer.orchestrator RUN_DIR --base-url URL [--base-url URL2 ...] --model NAME
+[--resume]`.
 
 It keeps `oversampling_factor * batch_size` rollouts in flight against the sampler (groups of
 `rollouts_per_example` rollouts of one example, through the `openai` AsyncOpenAI client; a new group starts as soon
@@ -6,10 +7,14 @@ as a group's worth of rollouts finished, so the sampler's batch stays full while
 rollout), scores them with the environments' rubrics, filters groups by difficulty, computes group advantages, and
 writes one batch of `batch_size` rollouts per step for the trainer (`rollouts/step_k.jsonl`).
 
+Several sampler servers (`--base-url` repeated) share the work (trainer/samplers.py): each group goes to the server
+with the fewest rollouts in flight, and a failed request's health check asks the server it went to.
+
 Policy versions: a batch for step k may hold groups sampled with policy version k - 1 - max_async_level or newer.
 The orchestrator loads each version the trainer publishes into the sampler as soon as it appears: a LoRA adapter
 (`/v1/load_lora_adapter`, in place; requests then name the adapter), or with full fine-tuning the whole model's
 weights (`RuntimeWeights`: in place; requests keep the base model's name and carry a `cache_salt` per version).
+With several servers it loads the version into every one of them, side by side, and only then uses it.
 It starts groups only while the loaded version is new enough for the batch being filled, so the groups still in
 flight when a batch completes are fresh enough for the next one; before filling step k it waits for version
 k - 1 - max_async_level. Groups older than that are dropped as stale.
@@ -22,6 +27,7 @@ import asyncio
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +35,7 @@ from typing import Any
 from prime_lab.lab.envs import Environment, Rollout, SamplingArgs, load_env_files, load_environment
 from prime_lab.lab.events import EventWriter
 from prime_lab.lab.inference.process import answers_health
-from prime_lab.lab.inference.vllm import AdapterLoadError, RuntimeAdapters, RuntimeWeights, policy_cache_salt
+from prime_lab.lab.inference.vllm import AdapterLoadError, policy_cache_salt
 from prime_lab.lab.runs import Run
 from prime_lab.trainer.batch import Sample, rollout_samples, write_batch
 from prime_lab.trainer.buffer import ExampleSampler, GroupFilter
@@ -45,6 +51,7 @@ from prime_lab.trainer.runtime import (
     log_both,
     step_dirs,
 )
+from prime_lab.trainer.samplers import SamplerPool, SamplerServer
 from prime_lab.trainer.versions import drop_versions_after, versions_dir
 
 SAMPLE_EVENTS_PER_STEP = 2
@@ -64,6 +71,7 @@ class Group:
     version: int
     seconds: float
     finished_at: float = 0.0  # time.perf_counter() when its last rollout came back
+    server: SamplerServer | None = None  # the sampler server its rollouts went to
 
 
 def generation_span(groups: list[Group]) -> float:
@@ -114,11 +122,9 @@ def batch_metrics(groups: list[Group], step: int, fill_seconds: float) -> dict[s
 
 
 class Orchestrator:
-    def __init__(self, run: Run, config: RLConfig, base_url: str, model: str, *, resume: bool = False,
-                 api_key: str = "prime-lab") -> None:
-        from openai import AsyncOpenAI
-
-        self.run, self.config, self.base_url, self.base_model = run, config, base_url, model
+    def __init__(self, run: Run, config: RLConfig, base_urls: str | Sequence[str], model: str, *,
+                 resume: bool = False, api_key: str = "prime-lab") -> None:
+        self.run, self.config, self.base_model = run, config, model
         self.events: EventWriter = run.writer("orchestrator")
         self.stop = StopFlag().install()
         if config.env_file:
@@ -130,10 +136,8 @@ class Orchestrator:
                                       seed=config.buffer.seed)
         self.filter = GroupFilter(config.buffer, config.difficulty_filter)
         self.sampling = sampling_args(config)
-        self.client = AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=REQUEST_TIMEOUT_S, max_retries=1)
-        self.root_url = base_url.rstrip("/").removesuffix("/v1")
-        self.adapters = RuntimeAdapters(self.root_url)
-        self.weights = RuntimeWeights(self.root_url)
+        self.samplers = SamplerPool([base_urls] if isinstance(base_urls, str) else base_urls, api_key=api_key,
+                                    timeout=REQUEST_TIMEOUT_S)
         self.versions = versions_dir(run, config)
         found = checkpoint_to_resume(run) if resume else None
         self.start_step = found[0] if found else 0
@@ -187,21 +191,32 @@ class Orchestrator:
                 self.version = 0
 
     def load_version(self, version: int) -> None:
+        """Load `version` into every sampler server, then use it: no request of a version goes out before every
+        server serves it."""
         path = step_dirs(self.versions).get(version)
         if path is None:  # pruned in between: take whatever is newest now
             newest = latest_step(self.versions)
             if newest is None:
                 return
             version, path = newest, step_dirs(self.versions)[newest]
-        try:
-            if self.config.lora.enabled:
-                self.adapters.load(ADAPTER_NAME, path)
-                self.model_name = ADAPTER_NAME
-            else:
-                self.weights.load(path)
-        except AdapterLoadError as exc:
-            what = "adapter" if self.config.lora.enabled else "weights"
-            raise OrchestratorError(f"the sampler refused the trainer's {what}: {exc}") from exc
+        lora = self.config.lora.enabled
+
+        def load_into(server: SamplerServer) -> None:
+            try:
+                if lora:
+                    server.adapters.load(ADAPTER_NAME, path)
+                else:
+                    server.weights.load(path)
+            except AdapterLoadError as exc:
+                raise OrchestratorError(f"the sampler at {server.base_url} refused the trainer's "
+                                        f"{'adapter' if lora else 'weights'}: {exc}") from exc
+
+        t0 = time.perf_counter()
+        self.samplers.on_every_server(load_into)
+        if lora:
+            self.model_name = ADAPTER_NAME
+        self.log(f"policy version {version} loaded into {len(self.samplers)} sampler server(s) in "
+                 f"{time.perf_counter() - t0:.2f} s", "DEBUG")
         self.version = version
 
     # Sampling ----------------------------------------------------------------------------------------------
@@ -214,9 +229,10 @@ class Orchestrator:
         salt = policy_cache_salt(self.run.id, version)
         return replace(self.sampling, extra_body={**self.sampling.extra_body, "cache_salt": salt})
 
-    async def sample_group(self, env_name: str, row: dict[str, Any], version: int) -> Group:
-        """`rollouts_per_example` rollouts of one example, scored. With a `[sampling] seed`, each rollout gets its
-        own seed derived from it (one seed for all would make every rollout of a group the same)."""
+    async def sample_group(self, env_name: str, row: dict[str, Any], version: int, server: SamplerServer) -> Group:
+        """`rollouts_per_example` rollouts of one example on one sampler server, scored. With a `[sampling] seed`,
+        each rollout gets its own seed derived from it (one seed for all would make every rollout of a group the
+        same)."""
         t0 = time.perf_counter()
         env = self.envs[env_name]
         first = self.rollouts_started
@@ -228,16 +244,17 @@ class Orchestrator:
             args = sampling if sampling.seed is None else \
                 replace(sampling, seed=sampling.seed * 1_000_003 + first + i)
             try:
-                rollout = await env.rollout(self.client, self.model_name, row, args)
+                rollout = await env.rollout(server.client, self.model_name, row, args)
             finally:
                 self.rollouts_in_flight -= 1
+                server.in_flight -= 1
                 self.top_up()  # this rollout's slot goes to a new group as soon as a group's worth is free
             await env.score(rollout)
             return rollout
 
         rollouts = await asyncio.gather(*(one(i) for i in range(self.group_size)))
         now = time.perf_counter()
-        return Group(env_name, list(rollouts), version, now - t0, now)
+        return Group(env_name, list(rollouts), version, now - t0, now, server)
 
     def may_start_group(self) -> bool:
         """Whether a group started now, with the loaded policy, will be used: a rollout slot per rollout is free,
@@ -261,7 +278,8 @@ class Orchestrator:
         while self.may_start_group():
             env_name, row = self.sampler.next()
             self.rollouts_in_flight += self.group_size
-            self.tasks[asyncio.create_task(self.sample_group(env_name, row, self.version))] = self.version
+            server = self.samplers.pick(self.group_size)
+            self.tasks[asyncio.create_task(self.sample_group(env_name, row, self.version, server))] = self.version
 
     async def next_group(self) -> Group:
         if self.ready:
@@ -306,7 +324,7 @@ class Orchestrator:
                 counts["failed"] += 1
                 last_reason = f"a rollout failed: {errors[0].splitlines()[0]}"
                 self.log(f"dropped a group of {group.env}: {last_reason}", "WARNING", step)
-                await self.check_sampler(errors[0])
+                await self.check_sampler(errors[0], group.server or self.samplers.servers[0])
             else:
                 verdict = self.filter.judge([r.reward for r in group.rollouts])
                 if verdict.difficulty in ("easy", "hard"):
@@ -326,12 +344,12 @@ class Orchestrator:
                       "buffer/filtered": counts["filtered"] / total, "buffer/stale": counts["stale"] / total,
                       "rollout/failed_groups": float(counts["failed"])}
 
-    async def check_sampler(self, error: str) -> None:
-        """A failed request: if the sampler no longer answers /health within the grace period, give up."""
+    async def check_sampler(self, error: str, server: SamplerServer) -> None:
+        """A failed request: if the server it went to no longer answers /health within the grace period, give up."""
         deadline = time.monotonic() + HEALTH_GRACE_S
-        while not await asyncio.to_thread(answers_health, self.root_url, 5.0):
+        while not await asyncio.to_thread(answers_health, server.root_url, 5.0):
             if time.monotonic() > deadline:
-                raise OrchestratorError(f"the sampler at {self.base_url} stopped answering (no /health for "
+                raise OrchestratorError(f"the sampler at {server.base_url} stopped answering (no /health for "
                                         f"{HEALTH_GRACE_S:g} s); last request error: {error.splitlines()[0]}")
             await asyncio.sleep(1.0)
 
@@ -372,10 +390,15 @@ class Orchestrator:
         return out
 
     async def mean_reward(self, env: Environment, rows: list[dict[str, Any]], rollouts_per_example: int) -> float:
+        """The mean reward of the current policy on `rows`, the rows dealt out over the sampler servers."""
         sampling = replace(self.sampling_at(self.version), rl_fields=False)
-        rollouts = await env.run_rollouts(self.client, self.model_name, rows, sampling,
-                                          rollouts_per_example=rollouts_per_example, max_concurrent=32)
-        return sum(r.reward for r in rollouts) / max(1, len(rollouts))
+        n = len(self.samplers)
+        parts = await asyncio.gather(*(
+            env.run_rollouts(server.client, self.model_name, rows[i::n], sampling,
+                             rollouts_per_example=rollouts_per_example, max_concurrent=32)
+            for i, server in enumerate(self.samplers.servers) if rows[i::n]))
+        rewards = [r.reward for part in parts for r in part]
+        return sum(rewards) / max(1, len(rewards))
 
     async def validate(self, step: int) -> None:
         val = self.config.val
@@ -403,9 +426,9 @@ class Orchestrator:
     async def loop(self) -> int:
         cfg = self.config
         eval_sets = self.eval_sets()
-        self.log(f"sampling from {self.base_url} ({self.base_model}); environments: {', '.join(self.names)}; "
-                 f"{self.rollout_target} rollouts in flight (groups of {self.group_size}); max_async_level "
-                 f"{cfg.max_async_level}")
+        self.log(f"sampling from {self.samplers.describe()} ({self.base_model}); environments: "
+                 f"{', '.join(self.names)}; {self.rollout_target} rollouts in flight (groups of {self.group_size}); "
+                 f"max_async_level {cfg.max_async_level}")
         try:
             if eval_sets and cfg.eval is not None and cfg.eval.eval_base_model and self.start_step == 0:
                 await self.wait_for_version(0)
@@ -428,6 +451,9 @@ class Orchestrator:
                 metrics.update(buffer_metrics)
                 metrics["time/wait_for_weights"] = waited
                 metrics["policy/version"] = float(self.version)
+                if len(self.samplers) > 1:  # the largest share of the step's rollouts one server got
+                    counts = self.samplers.take_counts()
+                    metrics["sampler/max_share"] = max(counts) / max(1, sum(counts))
                 self.events.metrics(metrics, step)
                 self.emit_samples(step, samples)
                 print(f"[orchestrator] step {step}: reward {metrics['reward/mean']:.3f} "
@@ -444,14 +470,14 @@ class Orchestrator:
             for task in self.tasks:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
-            await self.client.close()
+            await self.samplers.close()
         return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prime_lab.trainer.orchestrator")
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--base-url", required=True, action="append", help="a sampler's URL (repeat for several)")
     parser.add_argument("--model", required=True)
     parser.add_argument("--api-key-var", default=None)
     parser.add_argument("--resume", action="store_true")

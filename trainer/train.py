@@ -10,21 +10,33 @@ The policy is a LoRA adapter on the frozen base model, or with `[lora] enabled =
 a CPU, AdamW over every parameter). A checkpoint holds the policy as published (the adapter, or the full weights)
 and `trainer_state.pt` (optimizer state, KL beta, RNG state), so a resume continues exactly. Full fine-tuning keeps
 a frozen copy of the base model for the KL penalty, only when the penalty is on (LoRA disables its adapter instead).
+
+Under torchrun (`[trainer] nproc_per_node` > 1 or several nodes: trainer/distributed.py) every rank runs this
+loop. Rank 0 reads each batch and sends it to the others; each rank trains on its share of the micro-batches.
+LoRA: DistributedDataParallel over the adapter's parameters (each rank keeps a replica; a checkpoint is the same
+as one process's and resumes on any number of ranks). Full fine-tuning: FSDP2 (`fully_shard` on each decoder
+layer and the root); the published weights are gathered to rank 0, and a checkpoint adds the sharded model and
+optimizer state as a distributed checkpoint (`dcp/`), which resumes on the same number of ranks. Rank 0 alone
+writes versions, checkpoints, events and status.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from prime_lab.lab.events import EventWriter
 from prime_lab.lab.runs import Run
-from prime_lab.trainer.batch import batch_path, read_batch, truncate
+from prime_lab.trainer.batch import Sample, batch_path, read_batch, truncate
 from prime_lab.trainer.config import RLConfig
+from prime_lab.trainer.distributed import HEARTBEAT_S, WAITING, Dist, exit_rank, strategy
 from prime_lab.trainer.model import accumulate_batch_gradients, load_full_policy, load_policy, pick_device
 from prime_lab.trainer.runtime import (
     StopFlag,
@@ -48,24 +60,35 @@ class Trainer:
         import torch
 
         self.run, self.config, self.model_path = run, config, model_path
-        self.events: EventWriter = run.writer("trainer")
+        self.dist = Dist(pick_device(config.trainer.device))
+        self.device = self.dist.device
+        # ranks other than 0 write no events (nor versions, checkpoints, status)
+        self.events: EventWriter = run.writer("trainer") if self.dist.is_main \
+            else EventWriter(Path(os.devnull), "trainer")
         self.stop = StopFlag().install()
-        self.device = pick_device(config.trainer.device)
         lora = config.lora
+        self.strategy = strategy(config.trainer, lora.enabled) if self.dist.world_size > 1 else None
         self.versions = versions_dir(run, config)
         self.start_step = 0
         start_from: Path | None = None  # the adapter, or full weights, the policy starts from
         state: dict[str, Any] | None = None
-        found = checkpoint_to_resume(run) if resume else None
-        if resume and found is None:
+        # Rank 0 finds what to start from; the other ranks (possibly on machines without the run's files) get
+        # the step, and, with DDP, the weights (DDP copies rank 0's) and the optimizer state from it.
+        found = checkpoint_to_resume(run) if resume and self.dist.is_main else None
+        if resume and self.dist.is_main and found is None:
             self.log("no checkpoint to resume from: starting at step 1", "WARNING")
         if found:
             self.start_step, start_from = found
             state = torch.load(start_from / "trainer_state.pt", weights_only=False)
             drop_versions_after(self.versions, self.start_step)
-        elif config.checkpoint_id:
+        elif config.checkpoint_id and self.dist.is_main:
             start_from = (warm_start_adapter if lora.enabled else warm_start_weights)(config.checkpoint_id,
                                                                                       run.dir.parent)
+        self.start_step = self.dist.share(self.start_step)
+        if self.strategy == "fsdp":  # every rank loads the full weights (from the same path), then keeps its shard
+            start_from = self.dist.share(start_from)
+        elif lora.enabled:
+            start_from = self.dist.share_folder(start_from)  # the adapter's shape, on every rank
         self.reference: Any | None = None  # full fine-tuning: the frozen base model of the KL penalty
         if lora.enabled:
             self.model = load_policy(model_path, lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
@@ -76,12 +99,17 @@ class Trainer:
             if config.kl_penalty.enabled:
                 self.reference = load_full_policy(model_path, device=self.device, dtype=config.trainer.dtype,
                                                   trainable=False)
+        self.forward = self.wrap_model()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate,
                                            weight_decay=config.trainer.weight_decay)
         self.kl_beta = config.kl_penalty.beta if config.kl_penalty.enabled else 0.0
+        state = self.dist.share(state)
+        if state is not None and state.get("strategy") == "fsdp":
+            state = self.load_sharded_state(start_from, state)
         if state is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+            if state.get("optimizer") is not None:
+                self.optimizer.load_state_dict(state["optimizer"])
             self.kl_beta = float(state.get("kl_beta", self.kl_beta))
             torch.set_rng_state(state["torch_rng"])
         self.checkpoint_interval = config.checkpoints.interval
@@ -94,24 +122,115 @@ class Trainer:
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         what = (f"LoRA r={lora.r} alpha={lora.alpha:g} on {', '.join(lora.target_modules)}" if lora.enabled
                 else f"full fine-tuning in {dtype}")
-        self.log(f"trainer ready on {self.device}: {model_path.name}, {what} ({n_train:,} trainable parameters); "
-                 + (f"resuming after step {self.start_step}" if self.start_step else "starting at step 1"))
+        n_train = int(self.dist.sum([float(sum(p.to_local().numel() for p in self.params))])[0]) \
+            if self.strategy == "fsdp" else n_train
+        ranks = f" x {self.dist.world_size} ranks ({self.strategy.upper()}, {self.dist.backend})" \
+            if self.strategy else ""
+        self.log(f"trainer ready on {self.device}{ranks}: {model_path.name}, {what} ({n_train:,} trainable "
+                 "parameters); " + (f"resuming after step {self.start_step}" if self.start_step
+                                    else "starting at step 1"))
+
+    # Past one process ------------------------------------------------------------------------------------------
+    def wrap_model(self) -> Any:
+        """The module the policy's forward goes through: the model itself (one process), its DDP wrapper, or the
+        model sharded in place by FSDP2 (each decoder layer, then the root; the KL reference likewise)."""
+        import torch
+
+        if self.strategy == "ddp":
+            cuda = self.device.startswith("cuda")
+            return torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.dist.local_rank] if cuda else None)
+        if self.strategy == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            for model in (self.model, self.reference):
+                if model is None:
+                    continue
+                layers = set(getattr(model, "_no_split_modules", None) or [])
+                for module in model.modules():
+                    if type(module).__name__ in layers:
+                        fully_shard(module)
+                fully_shard(model)
+        return self.model
+
+    def grad_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """The context of one micro-batch's backward: gradients are reduced over the ranks on the last one only."""
+        if self.strategy == "ddp" and not last:
+            return self.forward.no_sync()  # type: ignore[no-any-return]
+        if self.strategy == "fsdp":
+            self.model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    def full_state_dict(self) -> dict[str, Any] | None:
+        """FSDP: the whole model's weights gathered on rank 0 (None on the others); otherwise None (the model
+        saves its own)."""
+        if self.strategy != "fsdp":
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if not self.dist.is_main:
+            return None
+        if getattr(self.model.config, "tie_word_embeddings", False):  # a tied head is saved once, as one process
+            for tied in getattr(self.model, "_tied_weights_keys", None) or []:  # saves it
+                state.pop(tied, None)
+        return state
+
+    def save_sharded_state(self, folder: Path) -> None:
+        """FSDP: every rank writes its shard of the model and optimizer state (a distributed checkpoint)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(folder / "dcp"))
+
+    def load_sharded_state(self, folder: Path | None, state: dict[str, Any] | None) -> dict[str, Any] | None:
+        """FSDP resume: the shards of `folder/dcp` (written by the same number of ranks), and rank 0's
+        trainer_state (KL beta, RNG)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        assert folder is not None and state is not None
+        written_by = state.get("world_size", 1)
+        if written_by != self.dist.world_size or self.strategy != "fsdp":
+            raise ValueError(f"checkpoint {folder.name} was written by {written_by} FSDP ranks and resumes only on "
+                             f"as many: set [trainer] nproc_per_node x nnodes to {written_by} (it is "
+                             f"{self.dist.world_size}; distributed = \"fsdp\" or \"auto\"), or start a new run "
+                             "from it with checkpoint_id")
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        shards: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
+        dcp.load(shards, checkpoint_id=str(folder / "dcp"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=shards["model"],
+                       optim_state_dict=shards["optimizer"])
+        return {**state, "optimizer": None}
 
     def log(self, message: str, level: str = "INFO", step: int | None = None) -> None:
-        log_both(self.events, message, level, step)
+        if self.dist.is_main or level in ("WARNING", "ERROR"):
+            log_both(self.events, message, level, step)
 
     def lr_at(self, step: int) -> float:
         warmup = self.config.warmup_steps
         scale = min(1.0, step / warmup) if warmup > 0 else 1.0
         return self.config.learning_rate * scale
 
-    def wait_for_batch(self, step: int) -> Path | None:
+    def wait_for_batch(self, step: int) -> list[Sample] | None:
+        """Step `step`'s batch (None: the run is stopping). Rank 0 waits for the file and sends the samples; the
+        other ranks take what it sends, heartbeats included."""
+        if not self.dist.is_main:
+            while True:
+                got: Any = self.dist.share(None)
+                if got != WAITING:
+                    return got  # type: ignore[no-any-return]
         path = batch_path(self.run.rollouts_dir, step)
+        beat = time.monotonic()
         while not path.exists():
             if self.stop.set:
-                return None
+                return self.dist.share(None)
+            if self.dist.world_size > 1 and time.monotonic() - beat >= HEARTBEAT_S:
+                self.dist.share(WAITING)
+                beat = time.monotonic()
             time.sleep(POLL_S)
-        return path
+        return self.dist.share(read_batch(path))
 
     def train(self) -> int:
         import torch
@@ -119,12 +238,12 @@ class Trainer:
         cfg = self.config
         for step in range(self.start_step + 1, cfg.max_steps + 1):
             t_wait = time.perf_counter()
-            path = self.wait_for_batch(step)
-            if path is None:
+            batch = self.wait_for_batch(step)
+            if batch is None:
                 break
             waited = time.perf_counter() - t_wait
             t0 = time.perf_counter()
-            samples = [truncate(s, cfg.trainer.max_seq_len) for s in read_batch(path)]
+            samples = [truncate(s, cfg.trainer.max_seq_len) for s in batch]
             lr = self.lr_at(step)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
@@ -135,8 +254,10 @@ class Trainer:
                 temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
                 micro_batch_size=cfg.trainer.micro_batch_size,
                 accumulation_steps=cfg.gradient_accumulation_steps, ratio_low=cfg.trainer.ratio_mask_low,
-                ratio_high=cfg.trainer.ratio_mask_high, kl_beta=self.kl_beta, reference=self.reference)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.trainer.max_grad_norm))
+                ratio_high=cfg.trainer.ratio_mask_high, kl_beta=self.kl_beta, reference=self.reference,
+                dist=self.dist, forward=self.forward, grad_sync=self.grad_sync)
+            norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.trainer.max_grad_norm)
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             if math.isfinite(grad_norm):
                 self.optimizer.step()
             else:
@@ -152,20 +273,23 @@ class Trainer:
                 metrics["policy/ref_kl"] = result.ref_kl
                 metrics["policy/kl_beta"] = self.kl_beta
                 self.adapt_kl_beta(result.ref_kl)
-            self.events.metrics(metrics, step)
-            self.run.update_status(step=step)
-            print(f"[trainer] step {step}/{cfg.max_steps} loss {result.loss:.4f} entropy {result.entropy:.3f} "
-                  f"grad_norm {grad_norm:.3f} {elapsed:.2f}s", flush=True)
-            if step % max(1, self.checkpoint_interval or cfg.max_steps) == 0 or step == cfg.max_steps \
-                    or self.stop.set:
+            stopping = self.dist.share(self.stop.set)  # rank 0 decides for every rank
+            if self.dist.is_main:
+                self.events.metrics(metrics, step)
+                self.run.update_status(step=step)
+                print(f"[trainer] step {step}/{cfg.max_steps} loss {result.loss:.4f} entropy {result.entropy:.3f} "
+                      f"grad_norm {grad_norm:.3f} {elapsed:.2f}s", flush=True)
+            if step % max(1, self.checkpoint_interval or cfg.max_steps) == 0 or step == cfg.max_steps or stopping:
                 self.save_checkpoint(step)
-            if self.stop.set:
+            if stopping:
                 break
         else:
+            self.dist.close()
             return 0
-        last = self.latest_trained_step()
+        last = self.dist.share(self.latest_trained_step())
         if last > self.last_checkpoint:
             self.save_checkpoint(last)
+        self.dist.close()
         self.log(f"stopped after step {last}: checkpoint saved, resume with `prime rl restart {self.run.id}`")
         return 0
 
@@ -182,12 +306,31 @@ class Trainer:
             self.kl_beta /= 1.5
 
     def publish_policy(self, step: int) -> Path:
-        """Version `step` for the sampler: the adapter (LoRA) or the whole model (full fine-tuning)."""
-        tmp = staging_dir(self.versions, f"step_{step}")
-        self.model.save_pretrained(tmp)
-        final = publish_dir(tmp, self.versions / f"step_{step}")
-        self.prune_versions(step)
+        """Version `step` for the sampler: the adapter (LoRA) or the whole model (full fine-tuning). Every rank
+        calls it (FSDP gathers the weights); rank 0 writes."""
+        final = self.versions / f"step_{step}"
+        with self.writing(self.versions, f"step_{step}") as tmp:
+            if tmp is not None:
+                self.save_policy(tmp)
+        if self.dist.is_main:
+            self.prune_versions(step)
         return final
+
+    def save_policy(self, folder: Path) -> None:
+        full = self.full_state_dict()
+        if self.dist.is_main:
+            self.model.save_pretrained(folder, **({"state_dict": full} if full is not None else {}))
+
+    @contextlib.contextmanager
+    def writing(self, root: Path, name: str) -> Iterator[Path | None]:
+        """A folder `root/name` written whole: rank 0 stages it (yielded to every rank, which may write into it
+        collectively; None on the others when they write nothing), then moves it into place."""
+        tmp = staging_dir(root, name) if self.dist.is_main else None
+        shared = self.dist.share(tmp) if self.strategy == "fsdp" else tmp
+        yield shared
+        self.dist.barrier()
+        if tmp is not None:
+            publish_dir(tmp, root / name)
 
     def prune_versions(self, newest: int) -> None:
         """Keep the newest few (the sampler may still be loading one), every `[adapters].interval`-th, and the last
@@ -203,17 +346,27 @@ class Trainer:
             shutil.rmtree(path, ignore_errors=True)
 
     def save_checkpoint(self, step: int) -> Path:
+        """The policy as published and trainer_state.pt (with the optimizer state; with FSDP the sharded model and
+        optimizer are in dcp/ instead). Every rank calls it; rank 0 writes all but FSDP's shards."""
         import torch
 
         root = self.run.checkpoints_dir
-        tmp = staging_dir(root, f"step_{step}")
-        self.model.save_pretrained(tmp)
-        torch.save({"optimizer": self.optimizer.state_dict(), "step": step, "kl_beta": self.kl_beta,
-                    "torch_rng": torch.get_rng_state()}, tmp / "trainer_state.pt")
-        final = publish_dir(tmp, root / f"step_{step}")
+        final = root / f"step_{step}"
+        with self.writing(root, f"step_{step}") as tmp:
+            if self.strategy == "fsdp":
+                assert tmp is not None
+                self.save_sharded_state(tmp)
+            if tmp is not None:
+                self.save_policy(tmp)
+            if self.dist.is_main and tmp is not None:
+                optimizer = None if self.strategy == "fsdp" else self.optimizer.state_dict()
+                torch.save({"optimizer": optimizer, "step": step, "kl_beta": self.kl_beta,
+                            "torch_rng": torch.get_rng_state(), "world_size": self.dist.world_size,
+                            "strategy": self.strategy}, tmp / "trainer_state.pt")
         self.last_checkpoint = step
-        self.events.emit("checkpoint", {"path": str(final), "step": step}, step=step)
-        self.prune_checkpoints()
+        if self.dist.is_main:
+            self.events.emit("checkpoint", {"path": str(final), "step": step}, step=step)
+            self.prune_checkpoints()
         return final
 
     def prune_checkpoints(self) -> None:
@@ -236,8 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
     run = Run(args.run_dir)
-    return guarded_main(run, "trainer",
+    code = guarded_main(run, "trainer",
                         lambda: Trainer(run, load_config(run), args.model_path, resume=args.resume).train())
+    if "LOCAL_RANK" in os.environ:  # under torchrun
+        exit_rank(code)
+    return code
 
 
 if __name__ == "__main__":

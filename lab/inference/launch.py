@@ -2,11 +2,14 @@
 
 Both engines answer the same protocol and return a `RunningServer` (base URL, served model name, stop()). With
 `SamplerOptions.lora` off (full fine-tuning) both take full weights at runtime (`lab.inference.vllm.RuntimeWeights`):
-the built-in server always can; vLLM starts with our worker extension and its developer routes.
+the built-in server always can; vLLM starts with our worker extension and its developer routes. `env` (e.g.
+CUDA_VISIBLE_DEVICES) and `wait=False` let a caller place several servers on their own devices and boot them side
+by side.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,6 +26,7 @@ class SamplerOptions:
     dtype: str | None = None
     max_model_len: int | None = None
     tensor_parallel_size: int = 1
+    data_parallel_size: int = 1  # vLLM only: engines behind one server
     gpu_memory_utilization: float | None = None
     kv_cache_gb: float = 2.0
     max_lora_rank: int = 16
@@ -30,9 +34,10 @@ class SamplerOptions:
 
 
 def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name: str | None = None,
-                  timeout: float = 600.0, max_lora_rank: int = 16,
-                  options: SamplerOptions | None = None) -> RunningServer:
-    """Start `backend` on `model_path` and wait until it is ready.
+                  timeout: float = 600.0, max_lora_rank: int = 16, options: SamplerOptions | None = None,
+                  env: Mapping[str, str] | None = None, wait: bool = True) -> RunningServer:
+    """Start `backend` on `model_path` and wait until it is ready (`wait=False`: return once the process runs; wait
+    with `server.process.wait_ready`). `env` adds to the server's environment.
 
     Raises lab.inference.process.ServerStartError (with the server log's tail) when it does not come up, and
     lab.inference.vllm.VLLMNotInstalledError for vLLM where it is not installed.
@@ -45,12 +50,13 @@ def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name
         settings = VLLMSettings(model=model_path, served_model_name=served_name, port=opts.port or None,
                                 max_lora_rank=opts.max_lora_rank, dtype=dtype,
                                 tensor_parallel_size=opts.tensor_parallel_size,
+                                data_parallel_size=opts.data_parallel_size,
                                 gpu_memory_utilization=opts.gpu_memory_utilization, cpu_kv_cache_gib=opts.kv_cache_gb)
         if not opts.lora:
             settings = settings.taking_full_weights()
         if opts.max_model_len:
             settings = replace(settings, max_model_len=opts.max_model_len)
-        return start_vllm(settings, log_path=log_path, timeout=timeout)
+        return start_vllm(settings, log_path=log_path, timeout=timeout, env=env, wait=wait)
     if backend == "builtin":
         from prime_lab.lab.inference.builtin.launcher import start_builtin_server
         from prime_lab.lab.inference.builtin.server import BuiltinServerSettings
@@ -59,5 +65,6 @@ def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name
                                         max_model_len=opts.max_model_len)
         if dtype:
             builtin = replace(builtin, dtype=dtype)
-        return start_builtin_server(builtin, port=opts.port or None, log_path=log_path, timeout=timeout)
+        return start_builtin_server(builtin, port=opts.port or None, log_path=log_path, timeout=timeout, env=env,
+                                    wait=wait)
     raise ValueError(f"cannot start backend {backend!r}: use one of {', '.join(LOCAL_BACKENDS)}")

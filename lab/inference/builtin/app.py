@@ -1,11 +1,15 @@
-"""The HTTP routes (FastAPI): vLLM's OpenAI-compatible surface, with OpenAI-style JSON errors, and the two developer
-routes a trainer's full weights go through (`/collective_rpc` for `weights.UPDATE_METHOD`, `/reset_prefix_cache`)."""
+"""The HTTP routes (FastAPI): vLLM's OpenAI-compatible surface, with OpenAI-style JSON errors, the two developer
+routes a trainer's full weights go through (`/collective_rpc` for `weights.UPDATE_METHOD`, `/reset_prefix_cache`),
+and `/metrics`: counters in Prometheus' text format, as vLLM serves its own (ours are named `prime_lab_*`):
+requests answered by route and model name, and policy loads (LoRA adapters by name, full weights), so a caller that
+spreads requests over several servers can see each one's share."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -76,6 +80,8 @@ def create_app(
 
     app = FastAPI(title="prime-lab built-in server", lifespan=lifespan, docs_url=None, redoc_url=None)
     registry = service.registry
+    answered: Counter[tuple[str, str]] = Counter()  # (route, model) -> requests answered
+    loads: Counter[tuple[str, str]] = Counter()  # (kind, name) -> policies loaded
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError) -> JSONResponse:
@@ -103,18 +109,27 @@ def create_app(
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [model_card(m, service.max_model_len) for m in registry.served()]}
 
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(prometheus_text(answered, loads), media_type="text/plain; version=0.0.4")
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> JSONResponse:
-        return JSONResponse(await service.chat(await parse_body(request, ChatCompletionRequest)))
+        response = await service.chat(await parse_body(request, ChatCompletionRequest))
+        answered["chat", response["model"]] += 1
+        return JSONResponse(response)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> JSONResponse:
-        return JSONResponse(await service.complete(await parse_body(request, CompletionRequest)))
+        response = await service.complete(await parse_body(request, CompletionRequest))
+        answered["completion", response["model"]] += 1
+        return JSONResponse(response)
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> PlainTextResponse:
         body = await parse_body(request, LoadLoraAdapterRequest)
         message = await asyncio.to_thread(registry.load_adapter, body.lora_name, body.lora_path, body.load_inplace)
+        loads["adapter", body.lora_name] += 1
         return PlainTextResponse(message)
 
     @app.post("/v1/unload_lora_adapter")
@@ -133,6 +148,7 @@ def create_app(
             )
         path = body.args[0] if body.args else body.kwargs.get("path", "")
         result = await asyncio.to_thread(registry.update_base_weights, path, service.engine.between_steps)
+        loads["weights", registry.base.name] += 1
         return JSONResponse({"results": [result]})
 
     @app.post("/reset_prefix_cache")
@@ -141,3 +157,18 @@ def create_app(
         return JSONResponse({"success": True})
 
     return app
+
+
+def prometheus_text(answered: Counter[tuple[str, str]], loads: Counter[tuple[str, str]]) -> str:
+    """The counters in Prometheus' text exposition format."""
+    families = (("prime_lab_requests_total", "Completion requests answered, by route and model name.",
+                 ("route", "model"), answered),
+                ("prime_lab_policy_loads_total", "LoRA adapters (by name) and full weights loaded at runtime.",
+                 ("kind", "name"), loads))
+    lines = []
+    for metric, text, labels, counts in families:
+        lines += [f"# HELP {metric} {text}", f"# TYPE {metric} counter"]
+        for key, n in sorted(counts.items()):
+            values = ",".join(f"{k}={json.dumps(v)}" for k, v in zip(labels, key, strict=True))
+            lines.append(f"{metric}{{{values}}} {n}")
+    return "\n".join(lines) + "\n"

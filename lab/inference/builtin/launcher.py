@@ -5,6 +5,7 @@ No torch here: the server process imports it, this one does not.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,8 +58,12 @@ def start_builtin_server(
     port: int | None = None,
     log_path: Path | None = None,
     timeout: float = DEFAULT_STARTUP_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+    wait: bool = True,
 ) -> BuiltinServer:
-    """Start the built-in server for `settings` and wait until `/health` answers.
+    """Start the built-in server for `settings` and wait until `/health` answers (`wait=False`: return at once;
+    the caller waits with `server.process.wait_ready`). `env` adds to the server's environment (e.g.
+    CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS).
 
     Raises lab.inference.process.ServerStartError (with the tail of the server's log) when it exits or is not
     ready within `timeout` seconds.
@@ -71,12 +76,14 @@ def start_builtin_server(
         builtin_argv(settings, port),
         port=port,
         log_path=log_path or lab_home() / "logs" / f"builtin-{port}.log",
+        env=env,
         name="built-in server",
     )
     process.start()
-    try:
-        process.wait_ready(timeout=timeout)
-    except BaseException:
-        process.stop()
-        raise
+    if wait:
+        try:
+            process.wait_ready(timeout=timeout)
+        except BaseException:
+            process.stop()
+            raise
     return BuiltinServer(process=process, model_path=model, model_name=settings.model_name, settings=settings)

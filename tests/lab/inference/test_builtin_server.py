@@ -209,6 +209,30 @@ def test_adapters_merge_load_replace_and_unload(
     assert post(builtin_server, "/v1/load_lora_adapter", missing).status_code == 404
 
 
+def test_metrics_count_answered_requests_and_policy_loads(
+    builtin_server: BuiltinServer, tiny_lora_adapters: tuple[Path, Path]
+) -> None:
+    def counters() -> dict[str, int]:
+        response = httpx.get(builtin_server.root_url + "/metrics", timeout=10)
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+        lines = [line.rsplit(" ", 1) for line in response.text.splitlines() if not line.startswith("#")]
+        return {name: int(value) for name, value in lines}
+
+    base = f'prime_lab_requests_total{{route="chat",model="{builtin_server.model_name}"}}'
+    before = counters()
+    chat(builtin_server)
+    chat(builtin_server)
+    load = {"lora_name": "builtin-metrics", "lora_path": str(tiny_lora_adapters[0])}
+    assert post(builtin_server, "/v1/load_lora_adapter", load).status_code == 200
+    chat(builtin_server, model="builtin-metrics")
+    assert post(builtin_server, "/v1/unload_lora_adapter", {"lora_name": "builtin-metrics"}).status_code == 200
+    after = counters()
+    assert after[base] - before.get(base, 0) == 2
+    assert after['prime_lab_requests_total{route="chat",model="builtin-metrics"}'] == 1
+    assert after['prime_lab_policy_loads_total{kind="adapter",name="builtin-metrics"}'] == 1
+    assert "loaded LoRA adapter 'builtin-metrics' from" in builtin_server.log_path.read_text()
+
+
 def test_requests_running_on_an_adapter_move_to_its_in_place_replacement(
     builtin_server: BuiltinServer, tiny_lora_adapters: tuple[Path, Path]
 ) -> None:

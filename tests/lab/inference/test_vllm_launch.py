@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,9 @@ def test_gpu_launch_uses_bfloat16_and_the_memory_setting(tiny_model_dir: Path) -
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.5"
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
     assert not any(key.startswith("VLLM_CPU") for key in vllm_env(settings, on_gpu=True))
+    assert "--data-parallel-size" not in argv  # one engine: vLLM's default, not passed
+    argv = vllm_argv(replace(settings, data_parallel_size=3), 8123, on_gpu=True)
+    assert argv[argv.index("--data-parallel-size") + 1] == "3"
 
 
 def test_all_cores_binding_is_a_core_list() -> None:
