@@ -7,9 +7,12 @@ this node's rank, `MASTER_ADDR` / `MASTER_PORT` = node 0. The launcher maps them
 each worker its own global `RANK` / `WORLD_SIZE` / `LOCAL_RANK`.
 
 Inside the trainer (`Dist`): backend nccl on GPUs, gloo on CPU; every collective has a timeout, so a rank waiting
-on a dead one fails within `PRIME_LAB_DIST_TIMEOUT_S` (default 60 s; torchrun itself ends the other workers of a
-machine as soon as one exits). Global rank 0 alone reads the orchestrator's batches and sends them to the other
-ranks (nodes other than 0 need no shared file system), and alone writes adapters, checkpoints, events and status.
+on a dead one fails within `PRIME_LAB_DIST_TIMEOUT_S` (default 300 s, room for rank 0 writing a large model while
+the others wait; on one machine torchrun ends the other workers within a second of one exiting, and a rank whose
+peer process died gets a connection error at once). Global rank 0 alone reads the orchestrator's batches and sends
+them to the other ranks, and alone writes adapters, checkpoints, events and status. With LoRA (DDP) nodes other than
+0 need no shared file system (rank 0 sends them the adapter to start from); FSDP writes each rank's shard into the
+run's checkpoint folder, so across nodes the run directory must be on a shared file system.
 While it waits for a batch it sends a heartbeat every `HEARTBEAT_S`, so waiting for the sampler never trips the
 timeout. Each rank trains on its share of the packed micro-batches (`shard_rows`).
 """
@@ -122,7 +125,7 @@ def shard_rows(rows: list[PackedRow], rank: int, world_size: int) -> list[tuple[
 
 
 def timeout_s() -> float:
-    return float(os.environ.get("PRIME_LAB_DIST_TIMEOUT_S", "60"))
+    return float(os.environ.get("PRIME_LAB_DIST_TIMEOUT_S", "300"))
 
 
 class Dist:
@@ -184,7 +187,7 @@ class Dist:
         copy = Path(tempfile.mkdtemp(prefix="prime-lab-rank-"))
         for name, data in files.items():
             (copy / name).write_bytes(data)
-        return copy
+        return copy  # the caller removes it once loaded
 
     def sum(self, values: list[float]) -> list[float]:
         """`values` added up over the ranks."""

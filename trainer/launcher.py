@@ -140,7 +140,8 @@ class Supervisor:
             raise LaunchFailed(str(exc)) from exc
         for name in NODE_VARIABLES:  # torchrun sets each rank's own; the sampler and orchestrator get none
             os.environ.pop(name, None)
-        choice = self.choose_backend()
+        # a node other than 0 runs trainer ranks only: no sampler to choose or give GPUs to
+        choice = self.choose_backend() if self.topology.runs_sampler else BackendChoice("external", "node 0's")
         self.placement = self.plan_placement(choice.backend)
         trainer_threads, sampler_threads = self.cpu_split(choice.backend)
         if trainer_threads:

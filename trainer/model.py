@@ -35,7 +35,7 @@ def pick_dtype(requested: str, device: str) -> torch.dtype:
     import torch
 
     if requested == "auto":
-        return torch.bfloat16 if device == "cuda" else torch.float32
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[requested]
 
 

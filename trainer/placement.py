@@ -74,6 +74,9 @@ def plan_gpus(devices: Sequence[str], *, backend: str, num_gpus: int | None = No
             dp = 1
         per_server = tp * dp
     need = per_server * servers + trainer
+    if need > total and num_gpus is None and per_server * servers <= 1 and trainer <= 1:
+        # one GPU, one sampler, one trainer process: they share it, as they always could
+        return Placement([[] for _ in range(servers)], [], dp, tuple(devices))
     if need > total:
         have = f"num_gpus is {total}" if num_gpus is not None else f"this machine shows {total}"
         sampler = (f"the sampler needs [inference] tensor_parallel_size ({tp}) x data_parallel_size ({dp}) x "

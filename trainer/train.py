@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -79,16 +80,18 @@ class Trainer:
             self.log("no checkpoint to resume from: starting at step 1", "WARNING")
         if found:
             self.start_step, start_from = found
-            state = torch.load(start_from / "trainer_state.pt", weights_only=False)
+            state = torch.load(start_from / "trainer_state.pt", weights_only=False, map_location="cpu")
             drop_versions_after(self.versions, self.start_step)
         elif config.checkpoint_id and self.dist.is_main:
             start_from = (warm_start_adapter if lora.enabled else warm_start_weights)(config.checkpoint_id,
                                                                                       run.dir.parent)
         self.start_step = self.dist.share(self.start_step)
+        copied = False  # a copy of rank 0's adapter, removed once loaded
         if self.strategy == "fsdp":  # every rank loads the full weights (from the same path), then keeps its shard
             start_from = self.dist.share(start_from)
         elif lora.enabled:
-            start_from = self.dist.share_folder(start_from)  # the adapter's shape, on every rank
+            shared = self.dist.share_folder(start_from)  # the adapter's shape, on every rank
+            copied, start_from = shared != start_from, shared
         self.reference: Any | None = None  # full fine-tuning: the frozen base model of the KL penalty
         if lora.enabled:
             self.model = load_policy(model_path, lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
@@ -99,13 +102,15 @@ class Trainer:
             if config.kl_penalty.enabled:
                 self.reference = load_full_policy(model_path, device=self.device, dtype=config.trainer.dtype,
                                                   trainable=False)
+        if lora.enabled and copied and start_from is not None:
+            shutil.rmtree(start_from, ignore_errors=True)
         self.forward = self.wrap_model()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate,
                                            weight_decay=config.trainer.weight_decay)
         self.kl_beta = config.kl_penalty.beta if config.kl_penalty.enabled else 0.0
         state = self.dist.share(state)
-        if state is not None and state.get("strategy") == "fsdp":
+        if state is not None and "fsdp" in (state.get("strategy"), self.strategy):
             state = self.load_sharded_state(start_from, state)
         if state is not None:
             if state.get("optimizer") is not None:
@@ -192,11 +197,13 @@ class Trainer:
 
         assert folder is not None and state is not None
         written_by = state.get("world_size", 1)
-        if written_by != self.dist.world_size or self.strategy != "fsdp":
-            raise ValueError(f"checkpoint {folder.name} was written by {written_by} FSDP ranks and resumes only on "
-                             f"as many: set [trainer] nproc_per_node x nnodes to {written_by} (it is "
-                             f"{self.dist.world_size}; distributed = \"fsdp\" or \"auto\"), or start a new run "
-                             "from it with checkpoint_id")
+        how = f"{written_by} FSDP ranks" if state.get("strategy") == "fsdp" else \
+            f"{written_by} process(es) without FSDP"
+        if written_by != self.dist.world_size or self.strategy != state.get("strategy"):
+            raise ValueError(f"checkpoint {folder.name} was written by {how}, and its optimizer state resumes only "
+                             f"the same way (now: {self.dist.world_size} process(es), "
+                             f"{(self.strategy or 'no FSDP').upper()}): set [trainer] nproc_per_node x nnodes and "
+                             "distributed back, or start a new run from its weights with checkpoint_id")
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         shards: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
         dcp.load(shards, checkpoint_id=str(folder / "dcp"))

@@ -171,3 +171,9 @@ def test_two_fsdp_ranks_compute_the_full_update_of_one_process_and_resume(tiny_m
     done = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode != 0 and "written by 2 FSDP ranks" in done.stdout + done.stderr
+    # nor does one process's optimizer state resume on FSDP ranks
+    argv = torchrun_argv(Topology(2), "tests.trainer.dist_worker", [str(one.dir), str(tiny_model_dir),
+                                                                     str(tmp_path / "x.pt"), "--resume"])
+    done = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0 and "written by 1 process(es) without FSDP" in done.stdout + done.stderr

@@ -86,3 +86,14 @@ def test_a_placement_that_does_not_fit_fails_the_launch(tiny_model_dir: Path, mo
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+def test_one_gpu_is_shared_by_one_sampler_and_one_trainer_process() -> None:
+    """The default on a one-GPU machine: both on it, as before placement existed (no CUDA_VISIBLE_DEVICES split);
+    asking for more than fits still fails."""
+    shared = plan_gpus(["0"], backend="builtin")
+    assert shared.sampler_gpus == [[]] and shared.trainer_gpus == [] and shared.cuda_env([]) == {}
+    with pytest.raises(PlacementError, match="nproc_per_node"):
+        plan_gpus(["0"], backend="builtin", nproc_per_node=2)
+    with pytest.raises(PlacementError):
+        plan_gpus(["0"], backend="builtin", num_gpus=1)
