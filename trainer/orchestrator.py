@@ -153,6 +153,7 @@ class Orchestrator:
         self.kept: list[Group] = []  # groups kept so far for the batch being filled
         self.tasks: dict[asyncio.Task[Group], int] = {}  # groups in flight -> their policy version
         self.load_lock = asyncio.Lock()
+        self.loading = False  # a version is being loaded into the servers
         self.closing = False  # every batch is written (or the run stops): start no more groups
         self.ready: list[Group] = []  # finished, not yet looked at
         self.deferred: list[Group] = []  # finished, fresh enough for the next batch, kept for it
@@ -186,7 +187,13 @@ class Orchestrator:
         async with self.load_lock:
             newest = latest_step(self.versions)
             if newest is not None and newest > self.version:
-                await asyncio.to_thread(self.load_version, newest)
+                # no group starts while servers change weights: it would carry the old version (and, with full
+                # fine-tuning, its cache salt) to a server that may already hold the new one
+                self.loading = True
+                try:
+                    await asyncio.to_thread(self.load_version, newest)
+                finally:
+                    self.loading = False
             elif self.version < 0 and not self.needs_published_version():
                 self.version = 0
 
@@ -261,7 +268,8 @@ class Orchestrator:
         and the groups already kept, finished or in flight do not fill every batch this policy version may still
         go into (versions v serve batches up to v + 1 + max_async_level, and none after max_steps; a group past
         that would be dropped)."""
-        if self.closing or self.stop.set or self.rollouts_in_flight + self.group_size > self.rollout_target:
+        if self.closing or self.stop.set or self.loading \
+                or self.rollouts_in_flight + self.group_size > self.rollout_target:
             return False
         last = min(self.version + 1 + self.config.max_async_level, self.config.max_steps)
         batches = last - self.filling + 1

@@ -113,14 +113,14 @@ def log_both(events: EventWriter, message: str, level: str = "INFO", step: int |
     print(f"[{events.source}] {level} {message}", flush=True)
 
 
-def guarded_main(run: Run, role: str, body: Callable[[], int]) -> int:
+def guarded_main(run: Run, role: str, body: Callable[[], int], who: str | None = None) -> int:
     """Run a process's body; an exception becomes an ERROR event (the reason the launcher reports) and exit code 1,
     with the traceback in the process's own log (its stdout)."""
     try:
         return body()
     except Exception as exc:
         traceback.print_exc()
-        message = f"{role} failed: {type(exc).__name__}: {exc}"
+        message = f"{who or role} failed: {type(exc).__name__}: {exc}"
         try:
             with run.writer(role) as writer:
                 writer.log(message, "ERROR", fatal=True)

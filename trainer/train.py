@@ -396,8 +396,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
     run = Run(args.run_dir)
+    rank = os.environ.get("RANK") if "LOCAL_RANK" in os.environ else None  # under torchrun: say which rank failed
     code = guarded_main(run, "trainer",
-                        lambda: Trainer(run, load_config(run), args.model_path, resume=args.resume).train())
+                        lambda: Trainer(run, load_config(run), args.model_path, resume=args.resume).train(),
+                        who=f"trainer rank {rank}" if rank is not None else None)
     if "LOCAL_RANK" in os.environ:  # under torchrun
         exit_rank(code)
     return code
