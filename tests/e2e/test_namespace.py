@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from prime_lab.lab.runs import RunRegistry
-from tests.e2e.test_rl_run import FIXTURE_ENVS, write_config
 from tests.gepa.reflection_standin import write_gepa_config
 from tests.lab.envs.scripted import scripted_endpoint
+from tests.support.rl_runs import FIXTURE_ENVS, write_config
 
 PRIME = str(Path(sys.executable).parent / "prime")
 SHADOWING = ("lab", "environments", "trainer", "gepa", "workbench")

@@ -13,7 +13,7 @@ import pytest
 
 from prime_lab.trainer.launcher import worker_pids
 from prime_lab.trainer.runtime import step_dirs
-from tests.e2e.test_rl_run import fixture_envs, logs, metrics, start, wait_final, wait_step, write_config
+from tests.support.rl_runs import fixture_envs, logs, metrics, start, wait_final, wait_step, write_config
 
 __all__ = ["fixture_envs"]  # autouse: the run's processes find the test environment
 

@@ -10,7 +10,7 @@ import pytest
 
 from prime_lab.lab.runs import Run
 from prime_lab.trainer.runtime import step_dirs
-from tests.e2e.test_rl_run import (
+from tests.support.rl_runs import (
     fixture_envs,
     logs,
     metrics,

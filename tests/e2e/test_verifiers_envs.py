@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_rl_run import logs, metrics, start, wait_final
 from tests.gepa.reflection_standin import write_gepa_config
 from tests.lab.envs.scripted import scripted_endpoint
 from tests.lab.envs.verifiers_standins import completion, env_path, tool_calling_model
+from tests.support.rl_runs import logs, metrics, start, wait_final
 
 PRIME = str(Path(sys.executable).parent / "prime")
 OLDEST = "0.1.12"  # the oldest release of pyproject.toml's `verifiers` extra

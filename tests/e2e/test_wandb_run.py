@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from prime_lab.lab.events import final_timeline
-from tests.e2e.test_rl_run import fixture_envs, logs, prime, wait_final, write_config
 from tests.lab.test_wandb_mirror import history, offline_files, records
+from tests.support.rl_runs import fixture_envs, logs, prime, wait_final, write_config
 
 pytestmark = pytest.mark.slow
 __all__ = ["fixture_envs"]  # autouse: the run's processes find the tiny-chars environment

@@ -24,7 +24,7 @@ from prime_lab.trainer.config import TrainerConfig
 from prime_lab.trainer.distributed import Topology, TopologyError, shard_rows, strategy, topology, torchrun_argv
 from prime_lab.trainer.packing import PackedRow
 from prime_lab.trainer.runtime import step_dirs
-from tests.trainer.test_full_finetuning import base_batches, config_text, new_run, trainer_metrics, weights
+from tests.support.trainer_runs import base_batches, config_text, new_run, trainer_metrics, weights
 
 REPO = Path(__file__).resolve().parents[2]
 

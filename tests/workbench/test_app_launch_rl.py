@@ -12,7 +12,7 @@ import pytest
 from prime_lab.lab.runs import RunRegistry
 from prime_lab.workbench.screens.dashboard_rl import RLDashboard
 from prime_lab.workbench.screens.editor import EditorScreen
-from tests.e2e.test_rl_run import FIXTURE_ENVS, write_config
+from tests.support.rl_runs import FIXTURE_ENVS, write_config
 from tests.workbench.lab_fixtures import SIZE, lab_folder, make_app
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,1 @@
+"""Helpers shared by test modules (none of them a test)."""
