@@ -31,7 +31,8 @@ def test_prime_help_imports_neither_torch_nor_textual() -> None:
 
 
 @pytest.mark.parametrize("module", [f"prime_lab.{name}" for name in (
-    "lab", "lab.runs", "lab.events", "lab.problems", "trainer.config", "gepa", "lab.models", "lab.inference")])
+    "lab", "lab.runs", "lab.events", "lab.problems", "trainer.config", "trainer.scheduler", "gepa", "lab.models",
+    "lab.inference")])
 def test_headless_modules_import_neither_torch_nor_textual(module: str) -> None:
     assert loaded_after(f"import {module}") == []
 

@@ -17,7 +17,9 @@ weights (`RuntimeWeights`: in place; requests keep the base model's name and car
 With several servers it loads the version into every one of them, side by side, and only then uses it.
 It starts groups only while the loaded version is new enough for the batch being filled, so the groups still in
 flight when a batch completes are fresh enough for the next one; before filling step k it waits for version
-k - 1 - max_async_level. Groups older than that are dropped as stale.
+k - 1 - max_async_level. Groups older than that are dropped as stale; a newer group waits for the next batch while
+the oldest allowed ones still coming can fill this one. The rule (when a group may start, where a finished one goes)
+is trainer/scheduler.py's; this module keeps the groups, the asyncio tasks and the sampler servers.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from prime_lab.trainer.runtime import (
     step_dirs,
 )
 from prime_lab.trainer.samplers import SamplerPool, SamplerServer
+from prime_lab.trainer.scheduler import BatchSchedule
 from prime_lab.trainer.versions import drop_versions_after, versions_dir
 
 SAMPLE_EVENTS_PER_STEP = 2
@@ -98,8 +101,7 @@ def batch_metrics(groups: list[Group], step: int, fill_seconds: float) -> dict[s
     """The step's batch metrics. tokens/s is the batch's tokens over the span in which they were generated, from its
     first group's start to its last group's end (groups run concurrently). Not over `fill_seconds`, the wait for the
     batch's last groups, nor the time between hand-overs: both are near 0 when the groups were sampled ahead of the
-    trainer (they read 40k-2.9M tokens/s on such steps)."""
-    """The orchestrator's metrics for one step's batch (DESIGN.md names)."""
+    trainer (they read 40k-2.9M tokens/s on such steps). Names as in DESIGN.md."""
     rollouts = [r for g in groups for r in g.rollouts]
     rewards = [r.reward for r in rollouts]
     mean = sum(rewards) / len(rewards)
@@ -145,11 +147,10 @@ class Orchestrator:
             drop_versions_after(self.versions, self.start_step)  # the stopped attempt's: never the resumed run's
         self.version = -1  # the policy version the sampler serves; -1: not loaded yet
         self.model_name = model
-        self.group_size = config.rollouts_per_example
-        self.rollout_target = max(self.group_size, math.ceil(config.oversampling_factor * config.batch_size))
+        self.schedule = BatchSchedule.from_config(config)
+        self.group_size = self.schedule.group_size
         self.rollouts_in_flight = 0
         self.filling = self.start_step + 1  # the step whose batch is being filled
-        self.need_groups = config.batch_size // self.group_size
         self.kept: list[Group] = []  # groups kept so far for the batch being filled
         self.tasks: dict[asyncio.Task[Group], int] = {}  # groups in flight -> their policy version
         self.load_lock = asyncio.Lock()
@@ -264,18 +265,11 @@ class Orchestrator:
         return Group(env_name, list(rollouts), version, now - t0, now, server)
 
     def may_start_group(self) -> bool:
-        """Whether a group started now, with the loaded policy, will be used: a rollout slot per rollout is free,
-        and the groups already kept, finished or in flight do not fill every batch this policy version may still
-        go into (versions v serve batches up to v + 1 + max_async_level, and none after max_steps; a group past
-        that would be dropped)."""
-        if self.closing or self.stop.set or self.loading \
-                or self.rollouts_in_flight + self.group_size > self.rollout_target:
-            return False
-        last = min(self.version + 1 + self.config.max_async_level, self.config.max_steps)
-        batches = last - self.filling + 1
-        if self.version < 0 or batches < 1:
-            return False
-        return len(self.kept) + len(self.tasks) + len(self.ready) + len(self.deferred) < self.need_groups * batches
+        """Whether a group started now, with the loaded policy, will be used (`BatchSchedule.may_start_group`)."""
+        return self.schedule.may_start_group(
+            version=self.version, filling=self.filling,
+            groups_held=len(self.kept) + len(self.tasks) + len(self.ready) + len(self.deferred),
+            rollouts_in_flight=self.rollouts_in_flight, stopping=self.closing or self.stop.set, loading=self.loading)
 
     def pending_at(self, version: int) -> int:
         """Groups of `version` in flight or finished and not yet looked at."""
@@ -301,9 +295,8 @@ class Orchestrator:
         return self.ready.pop(0)
 
     async def fill_batch(self, step: int) -> tuple[list[Group], dict[str, float]]:
-        cfg = self.config
-        need_groups = self.need_groups
-        oldest_ok = step - 1 - cfg.max_async_level
+        need_groups = self.schedule.groups_per_batch
+        oldest_ok = self.schedule.oldest_version(step)
         kept: list[Group] = []
         self.kept = kept
         self.ready, self.deferred = self.deferred + self.ready, []
@@ -313,15 +306,16 @@ class Orchestrator:
         while len(kept) < need_groups:
             if self.stop.set:
                 raise asyncio.CancelledError
-            if self.deferred and len(kept) + self.pending_at(oldest_ok) < need_groups:
+            if self.deferred and not self.schedule.oldest_can_fill(len(kept), self.pending_at(oldest_ok)):
                 self.ready[:0], self.deferred = self.deferred, []  # the oldest ones were dropped: take them now
             group = await self.next_group()
             seen += 1
-            if group.version < oldest_ok:
+            placement = self.schedule.place(group.version, step, kept=len(kept),
+                                            pending_oldest=self.pending_at(oldest_ok))
+            if placement == "stale":
                 counts["stale"] += 1
                 continue
-            if group.version > oldest_ok and step < cfg.max_steps \
-                    and len(kept) + self.pending_at(oldest_ok) >= need_groups:
+            if placement == "deferred":
                 # the oldest groups still coming can fill this batch and no later one could take them: this one
                 # waits for the next batch
                 seen -= 1
@@ -435,8 +429,8 @@ class Orchestrator:
         cfg = self.config
         eval_sets = self.eval_sets()
         self.log(f"sampling from {self.samplers.describe()} ({self.base_model}); environments: "
-                 f"{', '.join(self.names)}; {self.rollout_target} rollouts in flight (groups of {self.group_size}); "
-                 f"max_async_level {cfg.max_async_level}")
+                 f"{', '.join(self.names)}; {self.schedule.rollout_target} rollouts in flight "
+                 f"(groups of {self.group_size}); max_async_level {cfg.max_async_level}")
         try:
             if eval_sets and cfg.eval is not None and cfg.eval.eval_base_model and self.start_step == 0:
                 await self.wait_for_version(0)
@@ -449,7 +443,7 @@ class Orchestrator:
                 if step > 1:
                     await self.validate(step - 1)
                 self.filling, self.kept = step, []
-                waited = await self.wait_for_version(step - 1 - cfg.max_async_level)
+                waited = await self.wait_for_version(self.schedule.oldest_version(step))
                 t0 = time.perf_counter()
                 groups, buffer_metrics = await self.fill_batch(step)
                 fill = time.perf_counter() - t0
