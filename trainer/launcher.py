@@ -171,7 +171,7 @@ class Supervisor:
         trainer's GPUs of the placement."""
         topo = self.topology
         argv = ["prime_lab.trainer.train", str(self.run.dir), "--model-path", str(self.model_path), *resume]
-        env = self.placement.cuda_env(self.placement.trainer_gpus) if self.placement.trainer_gpus else {}
+        env = self.placement.cuda_env(self.placement.trainer_gpus)
         if threads:
             env["OMP_NUM_THREADS"] = str(max(1, threads // topo.nproc_per_node))
         if topo.distributed:

@@ -56,6 +56,15 @@ def publish_dir(tmp: Path, final: Path) -> Path:
     return final
 
 
+def link_or_copy(src: str, dst: str) -> None:
+    """A hard link of `src` at `dst` (a file written whole and never changed in place), or a copy where the file
+    system has no links."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def staging_dir(root: Path, name: str) -> Path:
     tmp = root / f".{name}.{os.getpid()}.tmp"
     if tmp.exists():

@@ -43,6 +43,7 @@ from prime_lab.trainer.runtime import (
     StopFlag,
     checkpoint_to_resume,
     guarded_main,
+    link_or_copy,
     load_config,
     log_both,
     publish_dir,
@@ -86,12 +87,12 @@ class Trainer:
             start_from = (warm_start_adapter if lora.enabled else warm_start_weights)(config.checkpoint_id,
                                                                                       run.dir.parent)
         self.start_step = self.dist.share(self.start_step)
-        copied = False  # a copy of rank 0's adapter, removed once loaded
+        copy: Path | None = None  # this rank's copy of rank 0's adapter, removed once loaded
         if self.strategy == "fsdp":  # every rank loads the full weights (from the same path), then keeps its shard
             start_from = self.dist.share(start_from)
         elif lora.enabled:
             shared = self.dist.share_folder(start_from)  # the adapter's shape, on every rank
-            copied, start_from = shared != start_from, shared
+            copy, start_from = (shared if shared != start_from else None), shared
         self.reference: Any | None = None  # full fine-tuning: the frozen base model of the KL penalty
         if lora.enabled:
             self.model = load_policy(model_path, lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
@@ -102,8 +103,8 @@ class Trainer:
             if config.kl_penalty.enabled:
                 self.reference = load_full_policy(model_path, device=self.device, dtype=config.trainer.dtype,
                                                   trainable=False)
-        if lora.enabled and copied and start_from is not None:
-            shutil.rmtree(start_from, ignore_errors=True)
+        if copy is not None:
+            shutil.rmtree(copy, ignore_errors=True)
         self.forward = self.wrap_model()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate,
@@ -127,8 +128,6 @@ class Trainer:
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         what = (f"LoRA r={lora.r} alpha={lora.alpha:g} on {', '.join(lora.target_modules)}" if lora.enabled
                 else f"full fine-tuning in {dtype}")
-        n_train = int(self.dist.sum([float(sum(p.to_local().numel() for p in self.params))])[0]) \
-            if self.strategy == "fsdp" else n_train
         ranks = f" x {self.dist.world_size} ranks ({self.strategy.upper()}, {self.dist.backend})" \
             if self.strategy else ""
         self.log(f"trainer ready on {self.device}{ranks}: {model_path.name}, {what} ({n_train:,} trainable "
@@ -353,8 +352,9 @@ class Trainer:
             shutil.rmtree(path, ignore_errors=True)
 
     def save_checkpoint(self, step: int) -> Path:
-        """The policy as published and trainer_state.pt (with the optimizer state; with FSDP the sharded model and
-        optimizer are in dcp/ instead). Every rank calls it; rank 0 writes all but FSDP's shards."""
+        """The policy as published (version `step`'s files, hard-linked: the same bytes, neither written nor
+        gathered again) and trainer_state.pt (with the optimizer state; with FSDP the sharded model and optimizer
+        are in dcp/ instead). Every rank calls it; rank 0 writes all but FSDP's shards."""
         import torch
 
         root = self.run.checkpoints_dir
@@ -363,9 +363,8 @@ class Trainer:
             if self.strategy == "fsdp":
                 assert tmp is not None
                 self.save_sharded_state(tmp)
-            if tmp is not None:
-                self.save_policy(tmp)
             if self.dist.is_main and tmp is not None:
+                shutil.copytree(self.versions / f"step_{step}", tmp, copy_function=link_or_copy, dirs_exist_ok=True)
                 optimizer = None if self.strategy == "fsdp" else self.optimizer.state_dict()
                 torch.save({"optimizer": optimizer, "step": step, "kl_beta": self.kl_beta,
                             "torch_rng": torch.get_rng_state(), "world_size": self.dist.world_size,
@@ -396,11 +395,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
     run = Run(args.run_dir)
-    rank = os.environ.get("RANK") if "LOCAL_RANK" in os.environ else None  # under torchrun: say which rank failed
+    torchrun = "LOCAL_RANK" in os.environ
     code = guarded_main(run, "trainer",
                         lambda: Trainer(run, load_config(run), args.model_path, resume=args.resume).train(),
-                        who=f"trainer rank {rank}" if rank is not None else None)
-    if "LOCAL_RANK" in os.environ:  # under torchrun
+                        who=f"trainer rank {os.environ.get('RANK')}" if torchrun else None)  # say which rank failed
+    if torchrun:
         exit_rank(code)
     return code
 
