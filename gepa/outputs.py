@@ -10,7 +10,8 @@ from typing import Any
 
 from prime_lab.gepa.env_adapter import SYSTEM_PROMPT
 from prime_lab.gepa.pareto import instance_fronts
-from prime_lab.gepa.state import GepaState, write_json_atomic
+from prime_lab.gepa.state import GepaState
+from prime_lab.lab.atomic import write_json_atomic
 
 STATE_FILE = "state.json"
 

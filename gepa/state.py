@@ -5,13 +5,13 @@ re-spending."""
 from __future__ import annotations
 
 import json
-import os
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prime_lab.gepa.adapter import Candidate
+from prime_lab.lab.atomic import write_json_atomic
 
 STATE_VERSION = 1
 
@@ -86,19 +86,9 @@ class GepaState:
         return cls(**data)
 
     def save(self, path: Path) -> None:
-        write_json_atomic(path, self.to_json())
+        write_json_atomic(path, self.to_json(), indent=1, durable=True)
 
     @classmethod
     def load(cls, path: Path) -> GepaState:
         return cls.from_json(json.loads(path.read_text()))
 
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write `data` as JSON so that a reader never sees half a file (temp file + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
+
 Source = Literal["orchestrator", "trainer", "inference", "eval", "gepa", "launcher"]
 SOURCES: tuple[str, ...] = ("orchestrator", "trainer", "inference", "eval", "gepa", "launcher")
 LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR")
@@ -81,6 +83,64 @@ class BadLine:
 
     offset: int
     text: str
+
+
+_decode_json = msgspec.json.Decoder().decode
+
+
+def _json_array(text: bytes) -> Any:
+    """msgspec's decoder, 3x json's speed on a replayed log; json's for what only it reads (NaN, Infinity: Python's
+    json writes them for a metric that is not finite)."""
+    try:
+        return _decode_json(text)
+    except msgspec.DecodeError:
+        return json.loads(text)
+
+
+def _is_event(obj: Any) -> bool:
+    """What `Event.from_json` takes without raising."""
+    return (isinstance(obj, dict) and isinstance(obj.get("seq"), int) and isinstance(obj.get("kind"), str)
+            and isinstance(obj.get("time", 0.0), int | float))
+
+
+def read_event_objects(path: Path, offset: int, max_bytes: int | None = None) -> \
+        tuple[list[dict[str, Any] | BadLine], int]:
+    """The events after `offset` (at most about `max_bytes` of them; all with None) as JSON objects, each one
+    `Event.from_json` takes, corrupt lines as BadLine, and the offset to continue from; a partial last line is left
+    for the next read. A read that returns less than `max_bytes` past `offset` reached the end of the file.
+
+    Built for replaying a large log into a dashboard: a chunk is parsed as one JSON array (falling back to line by
+    line when a line in it is blank, corrupt or not one event)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read() if max_bytes is None else fh.read(max_bytes)
+            if max_bytes is not None and chunk and not chunk.endswith(b"\n") and len(chunk) == max_bytes:
+                chunk += fh.readline()  # finish the line the limit cut
+    except FileNotFoundError:
+        return [], offset
+    end = chunk.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    body = chunk[:end]
+    try:
+        objs = _json_array(b"[" + body.replace(b"\n", b",") + b"]")
+        if len(objs) != body.count(b"\n") + 1 or not all(_is_event(obj) for obj in objs):
+            raise ValueError("a line is not one event")
+        items: list[dict[str, Any] | BadLine] = objs
+    except ValueError:
+        items = []
+        position = offset
+        for line in body.split(b"\n"):
+            line_offset, position = position, position + len(line) + 1
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                obj = None
+            items.append(obj if _is_event(obj) else BadLine(line_offset, line[:200].decode("utf-8", "replace")))
+    return items, offset + end + 1
 
 
 class EventWriter:
@@ -180,29 +240,11 @@ class EventLog:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
-    def read(self, offset: int = 0) -> tuple[list[Event | BadLine], int]:
-        """Complete lines after `offset`, parsed, and the offset to continue from."""
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(offset)
-                chunk = fh.read()
-        except FileNotFoundError:
-            return [], offset
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return [], offset
-        items: list[Event | BadLine] = []
-        position = offset
-        for raw in chunk[: end + 1].split(b"\n")[:-1]:
-            line_offset = position
-            position += len(raw) + 1
-            if not raw.strip():
-                continue
-            try:
-                items.append(Event.from_json(json.loads(raw)))
-            except (ValueError, TypeError):
-                items.append(BadLine(line_offset, raw[:200].decode("utf-8", "replace")))
-        return items, offset + end + 1
+    def read(self, offset: int = 0, max_bytes: int | None = None) -> tuple[list[Event | BadLine], int]:
+        """Complete lines after `offset` (at most about `max_bytes` of them), parsed, and the offset to continue
+        from; `read_event_objects` without building an Event per line."""
+        items, end = read_event_objects(self.path, offset, max_bytes)
+        return [item if isinstance(item, BadLine) else Event.from_json(item) for item in items], end
 
     def tail(
         self,

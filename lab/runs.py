@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from prime_lab.lab.atomic import write_json_atomic
 from prime_lab.lab.events import EventLog, EventWriter
 from prime_lab.lab.paths import runs_dir
 
@@ -152,7 +153,7 @@ class Run:
             status = self.read_status()
             status.update(changes)
             status["updated_at"] = time.time()
-            _atomic_write_json(self.status_path, status)
+            write_json_atomic(self.status_path, status)
         return status
 
     def set_state(self, state: State, *, source: str = "launcher", reason: str | None = None, **extra: Any) -> None:
@@ -178,7 +179,7 @@ class Run:
             if pgid is not None:
                 status["pgid"] = pgid
             status["updated_at"] = time.time()
-            _atomic_write_json(self.status_path, status)
+            write_json_atomic(self.status_path, status)
 
     def live_processes(self, status: dict[str, Any] | None = None) -> dict[str, int]:
         status = self.read_status() if status is None else status
@@ -267,12 +268,6 @@ def _kill_with_group(pid: int, start_time: str | None) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
 class RunRegistry:
     """Every run under a runs folder (default `$PRIME_LAB_HOME/runs`)."""
 
@@ -309,7 +304,7 @@ class RunRegistry:
         for sub in ("logs", "rollouts", "checkpoints", "adapters"):
             (run.dir / sub).mkdir()
         run.config_path.write_text(config_text)
-        _atomic_write_json(run.resolved_path, resolved)
+        write_json_atomic(run.resolved_path, resolved)
         now = time.time()
         run.update_status(id=run.id, kind=kind, state="queued", name=name or run.id, model=model, envs=envs or [],
                           step=0, max_steps=max_steps, created_at=now)

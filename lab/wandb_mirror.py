@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from prime_lab.lab.atomic import write_json_atomic
 from prime_lab.lab.events import RESTART, BadLine, Event
 from prime_lab.lab.paths import child_python
 from prime_lab.lab.runs import FINAL_STATES, Run
@@ -215,9 +216,7 @@ class MirrorState:
         return cls(**known)
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        os.replace(tmp, path)
+        write_json_atomic(path, asdict(self))
 
 
 # The W&B side ------------------------------------------------------------------------------------------------------

@@ -17,11 +17,11 @@ to a temporary name and renamed, so the trainer never reads half a batch.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prime_lab.lab.atomic import write_text_atomic
 from prime_lab.lab.envs import Rollout
 
 
@@ -119,13 +119,8 @@ def batch_path(rollouts_dir: Path, step: int) -> Path:
 
 def write_batch(rollouts_dir: Path, step: int, samples: list[Sample]) -> Path:
     """Write step `step`'s samples atomically (temp file + rename)."""
-    path = batch_path(rollouts_dir, step)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        for sample in samples:
-            fh.write(json.dumps(sample.to_json(), default=str) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(batch_path(rollouts_dir, step),
+                             "".join(json.dumps(sample.to_json(), default=str) + "\n" for sample in samples))
 
 
 def read_batch(path: Path) -> list[Sample]:

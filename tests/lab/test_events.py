@@ -129,3 +129,26 @@ def test_events_carry_their_attempt(tmp_path: Path) -> None:
         writer.metrics({"loss": 1.0}, step=4)
     [event] = EventLog(path).events()
     assert event.attempt == 3 and event.step == 4
+
+
+def test_read_in_chunks_gives_each_event_once_and_lines_that_are_no_event_as_bad_lines(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    with EventWriter(path, "trainer") as writer:
+        for step in range(1, 201):
+            writer.metrics({"loss": 1 / step, "kl": float("nan") if step == 7 else 0.0}, step=step)
+    with open(path, "a") as fh:  # valid JSON, but not events Event.from_json takes
+        fh.write('{"seq": 201, "time": "later", "kind": "log"}\n{"seq": 202, "kind": 3}\n')
+    log, offset, events, bad, reads = EventLog(path), 0, [], [], 0
+    while True:
+        reads += 1
+        items, after = log.read(offset, max_bytes=1000)
+        events += [i for i in items if isinstance(i, Event)]
+        bad += [i for i in items if isinstance(i, BadLine)]
+        if after == offset:
+            break
+        offset = after
+    assert [e.step for e in events] == list(range(1, 201)) and offset == path.stat().st_size
+    assert reads > path.stat().st_size // 2000  # the limit held (a read finishes the line it cuts)
+    assert events[6].data["kl"] != events[6].data["kl"]  # NaN, as Python's json wrote it
+    assert [b.text[:12] for b in bad] == ['{"seq": 201,', '{"seq": 202,']
+    assert log.read(0)[0][:200] == events  # one read without a limit: the same events

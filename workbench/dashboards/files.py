@@ -6,9 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from prime_lab.lab.events import BadLine
+from prime_lab.lab.events import BadLine, read_event_objects
 
 FIRST_READ = 256 << 10  # of a text log first seen, only its last 256 KiB
 MAX_READ = 1 << 20  # a chunk parses in one call, which holds the GIL: keep it short for the UI
@@ -71,57 +69,6 @@ class TextLogs:
         return out
 
 
-_decode_json = msgspec.json.Decoder().decode
-
-
-def _json_array(text: bytes) -> Any:
-    """msgspec's decoder, 3x json's speed on a replayed log; json's for what only it reads (NaN, Infinity: Python's
-    json writes them for a metric that is not finite)."""
-    try:
-        return _decode_json(text)
-    except msgspec.DecodeError:
-        return json.loads(text)
-
-
-def _is_event(obj: Any) -> bool:
-    return isinstance(obj, dict) and isinstance(obj.get("seq"), int) and isinstance(obj.get("kind"), str)
-
-
 def read_events(path: Path, offset: int, max_bytes: int = MAX_READ) -> tuple[list[dict[str, Any] | BadLine], int]:
-    """The events after `offset` (at most about `max_bytes` of them) as parsed JSON objects, corrupt lines as
-    BadLine, and the offset to continue from; a partial last line is left for the next read. A read that returns
-    less than `max_bytes` past `offset` reached the end of the file.
-
-    The same contract as `lab.events.EventLog.read`, built for replaying a large log into a dashboard: a chunk is
-    parsed as one JSON array (falling back to line by line when a line in it is blank, corrupt or not one
-    event) and no Event is built per line."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            chunk = fh.read(max_bytes)
-            if chunk and not chunk.endswith(b"\n") and len(chunk) == max_bytes:
-                chunk += fh.readline()  # finish the line the limit cut
-    except FileNotFoundError:
-        return [], offset
-    end = chunk.rfind(b"\n")
-    if end < 0:
-        return [], offset
-    body = chunk[:end]
-    try:
-        objs = _json_array(b"[" + body.replace(b"\n", b",") + b"]")
-        if len(objs) != body.count(b"\n") + 1 or not all(_is_event(obj) for obj in objs):
-            raise ValueError("a line is not one event")
-        items: list[dict[str, Any] | BadLine] = objs
-    except ValueError:
-        items = []
-        position = offset
-        for line in body.split(b"\n"):
-            line_offset, position = position, position + len(line) + 1
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                obj = None
-            items.append(obj if _is_event(obj) else BadLine(line_offset, line[:200].decode("utf-8", "replace")))
-    return items, offset + end + 1
+    """`lab.events.read_event_objects` in chunks short enough for the UI thread."""
+    return read_event_objects(path, offset, max_bytes)
