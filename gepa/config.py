@@ -1,7 +1,7 @@
 """The TOML form of `prime gepa run @config.toml`: `[env]` (or one `[[env]]`), `[gepa]`, `[sampling]`.
 
 Validated through lab.problems, so every problem carries its file, line, dotted key and a did-you-mean.
-The CLI flags use the same defaults (`-B 500 -n 100 -N 50 --minibatch-size 3`).
+These are GEPA's only defaults: `prime gepa run ENV` (its flags over them) and `GepaSettings` take theirs from here.
 """
 
 from __future__ import annotations

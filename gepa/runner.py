@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prime_lab.gepa.config import DEFAULT_MODEL, GepaSearchSection
 from prime_lab.gepa.data_split import split_rows
 from prime_lab.gepa.engine import EngineConfig, GepaEngine
 from prime_lab.gepa.env_adapter import SYSTEM_PROMPT, Endpoint, EnvironmentAdapter
@@ -17,6 +18,8 @@ from prime_lab.gepa.outputs import STATE_FILE, write_outputs
 from prime_lab.gepa.state import GepaState
 from prime_lab.lab.envs import Environment, SamplingArgs, load_environment
 from prime_lab.lab.runs import Run
+
+_D = GepaSearchSection()  # the defaults: gepa/config.py's, the TOML form's
 
 OnEvent = Callable[[str, dict[str, Any]], None]
 SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "stop", "seed"}
@@ -28,22 +31,22 @@ class GepaSettings:
 
     env_id: str
     env_args: dict[str, Any] = field(default_factory=dict)
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     reflection_model: str | None = None
-    num_train: int = 100
-    num_val: int = 50
-    num_test: int = 0
-    max_metric_calls: int = 500
-    minibatch_size: int = 3
-    perfect_score: float | None = None
+    num_train: int = _D.num_train
+    num_val: int = _D.num_val
+    num_test: int = _D.num_test
+    max_metric_calls: int = _D.max_calls
+    minibatch_size: int = _D.minibatch_size
+    perfect_score: float | None = _D.perfect_score
     state_columns: list[str] = field(default_factory=list)
-    seed: int = 0
-    max_concurrent: int = 32
-    num_parallel_proposals: int = 8
-    use_merge: bool = False
-    max_merge_invocations: int = 5
+    seed: int = _D.seed
+    max_concurrent: int = _D.max_concurrent
+    num_parallel_proposals: int = _D.num_parallel_proposals
+    use_merge: bool = _D.use_merge
+    max_merge_invocations: int = _D.max_merge_invocations
     reflection_max_tokens: int = 1024
-    reflection_temperature: float | None = None
+    reflection_temperature: float | None = _D.reflection_temperature
     sampling: dict[str, Any] = field(default_factory=dict)
 
     def metadata_config(self) -> dict[str, Any]:

@@ -268,6 +268,37 @@ def _kill_with_group(pid: int, start_time: str | None) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+class RunStopped(Exception):
+    """SIGTERM reached a process that works a run in-process (`prime ... stop`, the workbench's stop key)."""
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise RunStopped()
+
+
+@contextlib.contextmanager
+def working(run: Run, source: str) -> Iterator[contextlib.ExitStack]:
+    """This process works `run` (an evaluation, a GEPA search): it is registered as the run's `source` process
+    and the run is `starting`; SIGTERM raises RunStopped in it. A stop (RunStopped) or Ctrl-C leaves the run
+    `stopped` and goes on up; the yielded stack's callbacks (stopping the samplers the work started) run on the way
+    out, after SIGTERM's previous handler is back. The caller says `running`, `completed` and `failed` itself."""
+    run.register_process(source, os.getpid(), pgid=os.getpgid(0))
+    run.set_state("starting", source=source)
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    cleanup = contextlib.ExitStack()
+    try:
+        yield cleanup
+    except RunStopped:
+        run.set_state("stopped", source=source, reason="stopped by the user")
+        raise
+    except KeyboardInterrupt:
+        run.set_state("stopped", source=source, reason="interrupted")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cleanup.close()
+
+
 class RunRegistry:
     """Every run under a runs folder (default `$PRIME_LAB_HOME/runs`)."""
 

@@ -9,11 +9,12 @@ by side.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from prime_lab.lab.inference.process import RunningServer
+from prime_lab.lab.runs import Run
 
 LOCAL_BACKENDS = ("builtin", "vllm")
 
@@ -68,3 +69,19 @@ def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name
         return start_builtin_server(builtin, port=opts.port or None, log_path=log_path, timeout=timeout, env=env,
                                     wait=wait)
     raise ValueError(f"cannot start backend {backend!r}: use one of {', '.join(LOCAL_BACKENDS)}")
+
+
+def start_run_sampler(model_name: str, run: Run, backend: str, *, role: str = "inference",
+                      announce: Callable[[str], None] = print) -> RunningServer:
+    """Resolve `model_name` (a preset, a folder) and start `backend` on it for `run`: its log is
+    `logs/<role>.log` and its process is registered under `role`. Raises lab.models.ModelNotFoundError for a model
+    that is not on this machine, and what `start_sampler` raises."""
+    from prime_lab.lab.models import resolve_model
+
+    path = resolve_model(model_name)
+    announce(f"Starting the {backend} sampler on {path} ...")
+    sampler = start_sampler(backend, path, run.log_path(role),
+                            served_name=None if Path(model_name).exists() else model_name)
+    if sampler.process.pid:
+        run.register_process(role, sampler.process.pid)
+    return sampler

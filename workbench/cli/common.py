@@ -70,22 +70,3 @@ def print_json(data: Any) -> None:
 
 def err(message: str) -> None:
     typer.echo(message, err=True)
-
-
-def start_local_sampler(model_name: str, run: Any, backend: str, *, source: str, role: str = "inference") -> Any:
-    """Resolve `model_name` and start a local sampler for `run` (its log is `logs/<role>.log`, its process is
-    registered under `role`); an unknown model fails the run with the resolver's message."""
-    from prime_lab.lab.inference.launch import start_sampler
-    from prime_lab.lab.models import ModelNotFoundError, resolve_model
-
-    try:
-        path = resolve_model(model_name)
-    except ModelNotFoundError as exc:
-        run.set_state("failed", source=source, reason=str(exc))
-        fail(str(exc))
-    err(f"Starting the {backend} sampler on {path} ...")
-    sampler = start_sampler(backend, path, run.log_path(role),
-                            served_name=None if Path(model_name).exists() else model_name)
-    if sampler.process.pid:
-        run.register_process(role, sampler.process.pid)
-    return sampler

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from prime_lab.workbench.cli.common import config_path, err, fail, start_local_sampler
+from prime_lab.workbench.cli.common import config_path, err, fail
 
 eval_app = typer.Typer(help="Evaluate models on environments.", no_args_is_help=True)
 
@@ -41,14 +39,6 @@ def _sampling(sampling_json: dict[str, Any], max_tokens: int | None, temperature
     if temperature is not None:
         args.temperature = temperature
     return args
-
-
-class _Stopped(Exception):
-    pass
-
-
-def _raise_stopped(signum: int, frame: Any) -> None:
-    raise _Stopped()
 
 
 @eval_app.command("run")
@@ -115,59 +105,56 @@ def _evaluate(environment: Any, env_id: str, model_name: str, settings: dict[str
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from prime_lab.lab.evaluation import EvalSpec, default_output_dir, run_evaluation
+    from prime_lab.lab.inference.launch import start_run_sampler
     from prime_lab.lab.inference.process import ServerStartError
     from prime_lab.lab.inference.vllm import VLLMNotInstalledError
-    from prime_lab.lab.runs import RunRegistry
+    from prime_lab.lab.models import ModelNotFoundError
+    from prime_lab.lab.runs import RunRegistry, RunStopped, working
 
     run = RunRegistry().create("eval", config_text=json.dumps(settings, indent=2), resolved=settings,
                                name=f"eval {env_id}", model=model_name, envs=[env_id])
-    run.register_process("eval", os.getpid(), pgid=os.getpgid(0))
-    run.set_state("starting", source="eval")
     out = output_dir or default_output_dir(env_id, model_name, run.id)
     run.update_status(output_dir=str(out.resolve()))
     err(f"Evaluation {run.id}: {env_id} on {model_name} -> {out}")
-    sampler = None
-    previous = signal.signal(signal.SIGTERM, _raise_stopped)
     try:
-        base_url = settings["base_url"]
-        served = model_name
-        if base_url is None:
-            sampler = start_local_sampler(model_name, run, backend, source="eval")
-            base_url, served = sampler.base_url, sampler.model_name
-        spec = EvalSpec(env_id=env_id, model=served, base_url=base_url, env_args=settings["env_args"],
-                        num_examples=settings["num_examples"], rollouts_per_example=settings["rollouts"],
-                        sampling=sampling, max_concurrent=concurrency,
-                        api_key_var=api_key_var if settings["base_url"] else None, seed=seed)
-        run.set_state("running", source="eval")
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("avg reward {task.fields[avg]:.3f}"), TimeElapsedColumn())
-        with Progress(*columns, transient=False, disable=not sys.stderr.isatty()) as progress:
-            task = progress.add_task("rollouts", total=None, avg=0.0)
-            rewards: list[float] = []
+        with working(run, "eval") as cleanup:
+            base_url = settings["base_url"]
+            served = model_name
+            if base_url is None:
+                sampler = start_run_sampler(model_name, run, backend, announce=err)
+                cleanup.callback(sampler.stop)
+                base_url, served = sampler.base_url, sampler.model_name
+            spec = EvalSpec(env_id=env_id, model=served, base_url=base_url, env_args=settings["env_args"],
+                            num_examples=settings["num_examples"], rollouts_per_example=settings["rollouts"],
+                            sampling=sampling, max_concurrent=concurrency,
+                            api_key_var=api_key_var if settings["base_url"] else None, seed=seed)
+            run.set_state("running", source="eval")
+            columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("avg reward {task.fields[avg]:.3f}"), TimeElapsedColumn())
+            with Progress(*columns, transient=False, disable=not sys.stderr.isatty()) as progress:
+                task = progress.add_task("rollouts", total=None, avg=0.0)
+                rewards: list[float] = []
 
-            def on_progress(done: int, total: int, rollout: Any) -> None:
-                rewards.append(rollout.reward)
-                progress.update(task, completed=done, total=total, avg=sum(rewards) / len(rewards))
-                if verbose:
-                    err(f"[{done}/{total}] example {rollout.example_id}: reward {rollout.reward:.3f}"
-                        + (f"  error: {rollout.error.splitlines()[0]}" if rollout.error else ""))
+                def on_progress(done: int, total: int, rollout: Any) -> None:
+                    rewards.append(rollout.reward)
+                    progress.update(task, completed=done, total=total, avg=sum(rewards) / len(rewards))
+                    if verbose:
+                        err(f"[{done}/{total}] example {rollout.example_id}: reward {rollout.reward:.3f}"
+                            + (f"  error: {rollout.error.splitlines()[0]}" if rollout.error else ""))
 
-            result = run_evaluation(spec, out, run=run, env=environment, on_progress=on_progress)
-    except _Stopped:
-        run.set_state("stopped", source="eval", reason="stopped by the user")
+                result = run_evaluation(spec, out, run=run, env=environment, on_progress=on_progress)
+    except RunStopped:
         err(f"{run.id} stopped; results so far are in {out}")
         raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        err(f"{run.id} interrupted; results so far are in {out}")
+        raise typer.Exit(130) from None
+    except ModelNotFoundError as exc:
+        run.set_state("failed", source="eval", reason=str(exc))
+        fail(str(exc))
     except (ServerStartError, VLLMNotInstalledError) as exc:
         run.set_state("failed", source="eval", reason=f"the sampler did not start: {exc}")
         fail(f"the local sampler did not start:\n{exc}")
-    except KeyboardInterrupt:
-        run.set_state("stopped", source="eval", reason="interrupted")
-        err(f"{run.id} interrupted; results so far are in {out}")
-        raise typer.Exit(130) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if sampler is not None:
-            sampler.stop()
     if result.rollouts and result.failed == len(result.rollouts):
         first = next(r.error for r in result.rollouts if r.error)
         reason = f"every rollout failed; the first error: {(first or '').splitlines()[0]}"
