@@ -4,7 +4,8 @@ Per iteration: pick a parent from the per-instance Pareto fronts (dominated cand
 proportion to the instances each is best on), score it on an epoch-shuffled training minibatch, ask for a better
 text for one component (round robin), score the child on the same minibatch, accept only on strict improvement,
 then score the child on the whole validation set. After an accepted child, an optional merge of two front
-candidates that improved different components since a common ancestor.
+candidates that improved different components since a common ancestor (which pair, over which ancestor, with
+which texts: `merge`; the engine scores it and records it).
 
 Independent proposals run in parallel, a round at a time: the round's parents, components and minibatches are
 drawn in order on the calling thread from the state as it stood when the round began, the proposals then run
@@ -26,18 +27,57 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from prime_lab.gepa.adapter import Adapter, Candidate, EvaluationBatch
 from prime_lab.gepa.budget import BudgetClosed, MetricBudget, Reservation
+from prime_lab.gepa.merge import MergePlan, best_parent_scores, choose_merge, merge_minibatch, worse_than_parents
 from prime_lab.gepa.pareto import front_frequencies, instance_fronts, select_parent
 from prime_lab.gepa.state import GepaState
 
 EPS = 1e-9
 Emit = Callable[[str, dict[str, Any], int], None]  # (event kind, data, step)
+
+Verdict = Literal[
+    "accepted",         # the child improved on its minibatch and was validated: it is candidate `child_idx`
+    "rejected",         # the child did not beat its parent on the minibatch (a merge: fell short of its better parent)
+    "unchanged",        # the reflection proposed the parent's own texts
+    "duplicate",        # the child's texts are an existing candidate's (or another child's of the same round)
+    "skipped_perfect",  # the parent scored `perfect_score` on every row of the minibatch: nothing to reflect on
+    "not_validated",    # the child improved on its minibatch, but no calls were left to validate it
+    "failed",           # a proposal left without one (not emitted today: a proposal's error ends the run first)
+]
+IterationType = Literal["reflection", "merge"]
+
+
+class IterationRecord(TypedDict):
+    """The data of one `gepa.iteration` event: one reflective mutation or one merge, its keys in this order.
+
+    A record is built when its iteration is drawn (the keys not marked NotRequired, and `component` and
+    `round_size` for a reflection, `ancestor` and `parent_scores` for a merge), gains its scores as they come, and is
+    completed when emitted: every emitted record has `verdict`, `metric_calls` (spent so far), `seconds`, `best_idx`
+    and `best_score` (the best candidate and its average validation score after the iteration). The run's log, its
+    status, the progress bar and the dashboard read these records.
+    """
+
+    iteration: int
+    type: IterationType
+    parent: int | list[int]  # the parent of a reflection; the two parents of a merge
+    component: NotRequired[str]  # reflection: the component rewritten
+    ancestor: NotRequired[int]  # merge: the common ancestor the changes are taken against
+    minibatch: list[int]  # reflection: training rows; merge: validation rows
+    child_idx: int | None  # the new candidate's index when accepted, else None
+    round_size: NotRequired[int]  # reflection: proposals in its round
+    parent_scores: NotRequired[list[float]]  # on the minibatch (a merge: the better parent's score on each row)
+    child_scores: NotRequired[list[float]]  # on the minibatch, when the child was scored
+    verdict: NotRequired[Verdict]
+    metric_calls: NotRequired[int]
+    seconds: NotRequired[float]
+    best_idx: NotRequired[int]
+    best_score: NotRequired[float]
 
 
 @dataclass
@@ -63,8 +103,8 @@ class Proposal:
     reservation: Reservation
     validate_now: bool  # the reservation holds a validation pass for an accepted child
     parent_texts: Candidate
-    record: dict[str, Any] = field(default_factory=dict)
-    verdict: str | None = None
+    record: IterationRecord
+    verdict: Verdict | None = None
     child: Candidate | None = None
     val_scores: list[float] | None = None
     gain: float = 0.0  # the child's mean improvement over its parent on the minibatch
@@ -175,12 +215,12 @@ class GepaEngine:
         state = self.state
         nv = state.num_val
         if state.merges_due > 0 and self.budget.available >= nv:
-            pair = self._merge_pair()
+            plan = choose_merge(state, self.components, self.rng)
             state.merges_due -= 1
-            if pair is not None:
+            if plan is not None:
                 state.iteration += 1
                 reservation = self.budget.reserve(nv)
-                self._merge(*pair, reservation)
+                self._merge(plan, reservation)
                 reservation.release()
                 self._end_iteration()
                 return True
@@ -302,11 +342,12 @@ class GepaEngine:
                 if p.child in state.candidates:  # an earlier proposal of this round found the same text
                     p.verdict = "duplicate"
                 else:
-                    p.record["child_idx"] = state.add_candidate(p.child, [p.parent], "reflection", p.val_scores)
+                    idx = state.add_candidate(p.child, [p.parent], "reflection", p.val_scores)
+                    p.record["child_idx"] = idx
                     if (self.config.use_merge
                             and state.merges_done + state.merges_due < self.config.max_merge_invocations):
                         state.merges_due += 1
-                    self._emit_candidate(p.record["child_idx"])
+                    self._emit_candidate(idx)
             self._record(p.record, p.verdict or "failed", p.seconds)
 
     def _run_concurrently(self, jobs: list[Callable[[], None]]) -> None:
@@ -336,58 +377,27 @@ class GepaEngine:
             raise next((e for e in raised if not isinstance(e, BudgetClosed)), raised[0])
 
     # Merge --------------------------------------------------------------------------------------------------
-    def _merge_pair(self) -> tuple[int, int, int, Candidate] | None:
-        """Two front candidates with a common ancestor that changed different components, and their merge."""
-        state = self.state
-        front = sorted(front_frequencies(state.val_scores))
-        options: list[tuple[int, int, int, Candidate]] = []
-        for a_pos, i in enumerate(front):
-            for j in front[a_pos + 1:]:
-                anc_i, anc_j = state.ancestors(i), state.ancestors(j)
-                if i in anc_j or j in anc_i:
-                    continue
-                for a in sorted(anc_i & anc_j, reverse=True):
-                    merged = self._merged(a, i, j)
-                    if merged is not None and merged not in state.candidates:
-                        options.append((a, i, j, merged))
-                        break
-        return self.rng.choice(options) if options else None
-
-    def _merged(self, a: int, i: int, j: int) -> Candidate | None:
-        state = self.state
-        base, ci, cj = state.candidates[a], state.candidates[i], state.candidates[j]
-        merged: Candidate = {}
-        for name in self.components:
-            if ci[name] == base[name]:
-                merged[name] = cj[name]
-            elif cj[name] == base[name]:
-                merged[name] = ci[name]
-            else:
-                merged[name] = ci[name] if state.average(i) >= state.average(j) else cj[name]
-        return merged if merged not in (ci, cj) else None
-
-    def _merge(self, ancestor: int, i: int, j: int, merged: Candidate, reservation: Reservation) -> None:
+    def _merge(self, plan: MergePlan, reservation: Reservation) -> None:
         """Score the merge on a validation minibatch; unless worse than its better parent there, on the rest of
         the validation set too (`reservation` holds one validation pass)."""
         started = time.perf_counter()
         state = self.state
         n = state.num_val
-        ids = sorted(self.rng.sample(range(n), min(self.config.minibatch_size, n)))
-        record: dict[str, Any] = {"iteration": state.iteration, "type": "merge", "parent": [i, j],
-                                  "ancestor": ancestor, "minibatch": ids, "child_idx": None,
-                                  "parent_scores": [max(state.val_scores[i][x], state.val_scores[j][x])
-                                                    for x in ids]}
+        ids = merge_minibatch(n, self.config.minibatch_size, self.rng)
+        record: IterationRecord = {"iteration": state.iteration, "type": "merge",
+                                   "parent": [plan.first, plan.second], "ancestor": plan.ancestor, "minibatch": ids,
+                                   "child_idx": None, "parent_scores": best_parent_scores(state, plan, ids)}
         state.merges_done += 1
-        sub = self._evaluate([self.valset[x] for x in ids], merged, reservation).scores
+        sub = self._evaluate([self.valset[x] for x in ids], plan.texts, reservation).scores
         record["child_scores"] = sub
-        best_parent = max(sum(state.val_scores[i][x] for x in ids), sum(state.val_scores[j][x] for x in ids))
-        if sum(sub) < best_parent - EPS:
+        if worse_than_parents(state, plan, ids, sub):
             return self._record(record, "rejected", time.perf_counter() - started)
         rest = [x for x in range(n) if x not in ids]
-        rest_scores = self._evaluate([self.valset[x] for x in rest], merged, reservation).scores if rest else []
+        rest_scores = self._evaluate([self.valset[x] for x in rest], plan.texts, reservation).scores if rest else []
         full = dict(zip(ids, sub, strict=True)) | dict(zip(rest, rest_scores, strict=True))
-        record["child_idx"] = state.add_candidate(merged, [i, j], "merge", [full[x] for x in range(n)])
-        self._emit_candidate(record["child_idx"])
+        idx = state.add_candidate(plan.texts, [plan.first, plan.second], "merge", [full[x] for x in range(n)])
+        record["child_idx"] = idx
+        self._emit_candidate(idx)
         self._record(record, "accepted", time.perf_counter() - started)
 
     # Helpers ------------------------------------------------------------------------------------------------
@@ -420,10 +430,13 @@ class GepaEngine:
             state.epoch_pos += 1
         return ids
 
-    def _record(self, record: dict[str, Any], verdict: str, seconds: float) -> None:
-        record.update(verdict=verdict, metric_calls=self.budget.used, seconds=seconds,
-                      best_idx=self.state.best_idx, best_score=self.state.average(self.state.best_idx))
-        self.emit("gepa.iteration", record)
+    def _record(self, record: IterationRecord, verdict: Verdict, seconds: float) -> None:
+        record["verdict"] = verdict
+        record["metric_calls"] = self.budget.used
+        record["seconds"] = seconds
+        record["best_idx"] = self.state.best_idx
+        record["best_score"] = self.state.average(self.state.best_idx)
+        self.emit("gepa.iteration", cast(dict[str, Any], record))
 
     def _end_iteration(self) -> None:
         self.state.save_rng(self.rng)
