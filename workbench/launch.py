@@ -1,8 +1,8 @@
 """ONE launch path for the workbench: start the same detached process as the CLI command for the job.
 
-`prime eval run ...` today; `prime rl run @cfg --yes` and `prime gepa run @cfg` go through the same function once
-those commands exist. The child runs in its own session (`start_new_session=True`) with stdout/stderr in a log file,
-so closing the TUI never kills a run. The run it creates is found in the registry by the child's pid.
+`prime eval run ...`, `prime rl run @cfg --yes` and `prime gepa run @cfg` all go through it. The child runs in its
+own session (`start_new_session=True`) with stdout/stderr in a log file, so closing the TUI never kills a run. The
+run it creates is found in the registry by the child's pid.
 """
 
 from __future__ import annotations
@@ -61,26 +61,12 @@ class Launched:
         return self.process.poll()
 
 
-def cli_has(group: str, command: str) -> bool:
-    """Whether `prime GROUP COMMAND` exists (RL and GEPA runs launch once their commands land)."""
-    from prime_lab.workbench.cli.app import app
-
-    for info in app.registered_groups:
-        if info.name == group and info.typer_instance is not None:
-            return any(c.name == command for c in info.typer_instance.registered_commands)
-    return False
-
-
 def config_argv(kind: str, path: Path) -> list[str]:
     """The CLI command that launches a config file of this kind."""
     at = f"@{path}"
     if kind == "rl":
-        if not cli_has("rl", "run"):
-            raise LaunchError("RL runs launch with `prime rl run`, which does not exist yet")
         return ["rl", "run", at, "--yes"]
     if kind == "gepa":
-        if not cli_has("gepa", "run"):
-            raise LaunchError("GEPA runs launch with `prime gepa run`, which does not exist yet")
         return ["gepa", "run", at]
     return ["eval", "run", at]
 

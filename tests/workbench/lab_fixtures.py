@@ -46,12 +46,13 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 WAIT = 30.0  # seconds a test waits for the app before failing: generous, a loaded CI machine is slow
 
 
-async def until(pilot: Pilot[Any], condition: Callable[[], bool], timeout: float = WAIT) -> None:
-    """Wait (letting the app run) until `condition()`; fail after `timeout` seconds. Tests wait for what they
-    assert instead of pausing a fixed time, which a loaded machine outlasts."""
+async def until(pilot: Pilot[Any], condition: Callable[[], bool], timeout: float = WAIT,
+                what: Callable[[], object] = lambda: "") -> None:
+    """Wait (letting the app run) until `condition()`; fail after `timeout` seconds, saying `what()`. Tests wait
+    for what they assert instead of pausing a fixed time, which a loaded machine outlasts."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "timed out waiting for the app"
+        assert time.monotonic() < deadline, f"timed out waiting for the app {what()}"
         await pilot.pause(0.05)
 
 

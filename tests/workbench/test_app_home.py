@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 from textual.widgets import DataTable, Input, RichLog
@@ -71,14 +70,10 @@ def test_launch_eval_from_home_opens_its_run_page_with_results(tmp_path: Path, b
                                 ("num", "2"), ("rollouts", "1")):
                 modal.query_one(f"#eval-{name}", Input).value = value
             await pilot.press("ctrl+r")
-            deadline = time.monotonic() + 60
-            while not isinstance(app.screen, RunScreen) and time.monotonic() < deadline:
-                await pilot.pause(0.1)
+            await until(pilot, lambda: isinstance(app.screen, RunScreen), 60)
             screen = app.screen
             assert isinstance(screen, RunScreen)
-            while screen.run.state != "completed" and time.monotonic() < deadline:
-                await pilot.pause(0.2)
-            assert screen.run.state == "completed"
+            await until(pilot, lambda: screen.run.state == "completed", 60, screen.run.status)
             table = screen.query_one("#run-results", DataTable)
             await until(pilot, lambda: table.row_count >= 2)  # the page reads results.jsonl at its next poll
             assert table.row_count == 2

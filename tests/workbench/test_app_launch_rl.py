@@ -4,7 +4,6 @@ the run's dashboard, and its stop and delete keys act on the real run (sampler, 
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from prime_lab.lab.runs import RunRegistry
 from prime_lab.workbench.screens.dashboard_rl import RLDashboard
 from prime_lab.workbench.screens.editor import EditorScreen
 from tests.support.rl_runs import FIXTURE_ENVS, write_config
-from tests.workbench.lab_fixtures import SIZE, lab_folder, make_app
+from tests.workbench.lab_fixtures import SIZE, lab_folder, make_app, until
 
 pytestmark = pytest.mark.slow
 
@@ -27,31 +26,24 @@ def test_launch_an_rl_config_then_stop_and_delete_it(learnable_model_dir: Path, 
     async def scenario() -> None:
         app = make_app(config)
         async with app.run_test(size=SIZE) as pilot:
-            deadline = time.monotonic() + 30
-            while not isinstance(app.screen, EditorScreen) and time.monotonic() < deadline:
-                await pilot.pause(0.1)
+            await until(pilot, lambda: isinstance(app.screen, EditorScreen))
             await pilot.press("ctrl+r")
-            deadline = time.monotonic() + 60
-            while not isinstance(app.screen, RLDashboard) and time.monotonic() < deadline:
-                await pilot.pause(0.1)
+            await until(pilot, lambda: isinstance(app.screen, RLDashboard), 60)
             screen = app.screen
             assert isinstance(screen, RLDashboard)
             run = screen.run
             assert run.read_status()["config_file"] == str(config.resolve())
-            while int(run.read_status().get("step") or 0) < 1 and time.monotonic() < deadline + 60:
+
+            def stepped() -> bool:
                 assert run.state not in ("failed", "stopped"), run.status()
-                await pilot.pause(0.2)
+                return int(run.read_status().get("step") or 0) >= 1
+
+            await until(pilot, stepped, 120, run.status)
             await pilot.press("s")  # stop: the trainer checkpoints, every process exits
-            deadline = time.monotonic() + 120
-            while (run.state != "stopped" or run.live_processes()) and time.monotonic() < deadline:
-                await pilot.pause(0.2)
-            assert run.state == "stopped" and not run.live_processes()
+            await until(pilot, lambda: run.state == "stopped" and not run.live_processes(), 120, run.status)
             assert list(run.checkpoints_dir.glob("step_*"))
             await pilot.press("x", "y")  # delete asks first
-            deadline = time.monotonic() + 30
-            while run.dir.exists() and time.monotonic() < deadline:
-                await pilot.pause(0.1)
-            assert not run.dir.exists()
+            await until(pilot, lambda: not run.dir.exists())
             assert RunRegistry().runs() == []
 
     asyncio.run(scenario())
