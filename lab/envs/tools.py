@@ -9,10 +9,11 @@ OpenAI-compatible endpoint, small local models included. Results go back as `too
 used):
 
 - `native`: `tools`, tool_choice left to the server (auto). OpenAI; vLLM started with `--enable-auto-tool-choice
-  --tool-call-parser ...` (it parses the model's calls into `tool_calls`).
+  --tool-call-parser ...` (it parses the model's calls into `tool_calls`); prime-lab's built-in server, which parses
+  `<tool_call>` blocks as vLLM's hermes parser does.
 - `template`: `tools` with `tool_choice: "none"`. vLLM without `--enable-auto-tool-choice` refuses "auto" but takes
   this: the chat template still shows the model its tools, and the calls come back as text.
-- `text`: no `tools` at all, for servers that refuse the field (prime-lab's built-in server today).
+- `text`: no `tools` at all, for servers that refuse the field.
 """
 
 from __future__ import annotations

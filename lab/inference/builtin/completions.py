@@ -14,6 +14,7 @@ from prime_lab.lab.inference.builtin.prompts import PromptCodec
 from prime_lab.lab.inference.builtin.sampling import SamplingParams
 from prime_lab.lab.inference.builtin.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from prime_lab.lab.inference.builtin.sequences import Choice, GenerationRequest
+from prime_lab.lab.inference.builtin.tool_calls import ParsedToolCalls, parse_hermes_tool_calls, parses_tool_calls
 
 if TYPE_CHECKING:
     from prime_lab.lab.inference.builtin.engine import GenerationEngine
@@ -38,12 +39,14 @@ class CompletionService:
 
     async def chat(self, body: ChatCompletionRequest) -> dict[str, Any]:
         refuse_unsupported(body)
+        parse_tools = parses_tool_calls(body.tools, body.tool_choice)
         model = self.registry.get(body.model)
         prompt_ids = self.codec.chat_prompt_ids(
             body.messages,
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
             template_kwargs=body.chat_template_kwargs,
+            tools=body.tools,
         )
         params = self.sampling_params(
             body, len(prompt_ids), body.token_budget(), logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0
@@ -54,7 +57,7 @@ class CompletionService:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model.name,
-            "choices": [self._chat_choice(i, choice, body) for i, choice in enumerate(choices)],
+            "choices": [self._chat_choice(i, choice, body, parse_tools) for i, choice in enumerate(choices)],
             "service_tier": None,
             "system_fingerprint": None,
             "usage": usage(len(prompt_ids), choices),
@@ -157,7 +160,9 @@ class CompletionService:
         token = self._token_text(token_id, as_token_ids)
         return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", errors="replace"))}
 
-    def _chat_choice(self, index: int, choice: Choice, body: ChatCompletionRequest) -> dict[str, Any]:
+    def _chat_choice(
+        self, index: int, choice: Choice, body: ChatCompletionRequest, parse_tools: bool
+    ) -> dict[str, Any]:
         logprobs = None
         if choice.logprobs is not None and choice.top_logprobs is not None:
             as_ids = body.return_tokens_as_token_ids
@@ -172,19 +177,12 @@ class CompletionService:
                     )
                 ]
             }
+        message, finish_reason = chat_message(choice, parse_tools)
         return {
             "index": index,
-            "message": {
-                "role": "assistant",
-                "content": choice.text,
-                "refusal": None,
-                "annotations": None,
-                "audio": None,
-                "function_call": None,
-                "reasoning": None,
-            },
+            "message": message,
             "logprobs": logprobs,
-            "finish_reason": choice.finish_reason,
+            "finish_reason": finish_reason,
             "stop_reason": choice.stop_reason,
             "token_ids": choice.token_ids if body.return_token_ids else None,
             "routed_experts": None,
@@ -223,6 +221,25 @@ class CompletionService:
             "prompt_token_ids": prompt_ids if body.return_token_ids else None,
             "routed_experts": None,
         }
+
+
+def chat_message(choice: Choice, parse_tools: bool) -> tuple[dict[str, Any], str]:
+    """The assistant message of a chat choice and its finish reason. With `parse_tools`, the `<tool_call>` blocks of
+    the text become `tool_calls`, and a choice that calls a tool and stopped by itself (not cut by `max_tokens`)
+    finishes with "tool_calls"."""
+    parsed = parse_hermes_tool_calls(choice.text) if parse_tools else ParsedToolCalls(choice.text)
+    finish_reason = "tool_calls" if parsed.tool_calls and choice.finish_reason == "stop" else choice.finish_reason
+    message = {
+        "role": "assistant",
+        "content": parsed.content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "tool_calls": parsed.tool_calls,
+        "reasoning": None,
+    }
+    return message, finish_reason
 
 
 def refuse_unsupported(body: SamplingFields) -> None:

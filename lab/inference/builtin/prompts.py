@@ -6,6 +6,7 @@ from functools import lru_cache
 from typing import Any
 
 from prime_lab.lab.inference.builtin.errors import APIError
+from prime_lab.lab.inference.builtin.tool_calls import hermes_text, template_tool_calls
 
 
 def flatten_content(content: Any, index: int) -> str | None:
@@ -22,12 +23,25 @@ def flatten_content(content: Any, index: int) -> str | None:
     raise APIError(f"messages[{index}].content must be a string or a list of text parts", param="messages")
 
 
-def normalise_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def normalise_messages(messages: list[dict[str, Any]], *, inline_tool_calls: bool = False) -> list[dict[str, Any]]:
+    """Messages as chat templates take them: text content (none: "", as vLLM renders it), and an assistant's tool
+    call arguments as dicts (a `tool` message's `tool_call_id` passes through as it is). An empty `tool_calls` list
+    is dropped, so templates take their plain assistant path. `inline_tool_calls` (for a template that never reads
+    `tool_calls`): the calls go back into the content as the `<tool_call>` blocks they were parsed from, so the
+    model sees the calls it made."""
     normalised = []
     for index, message in enumerate(messages):
         if not isinstance(message.get("role"), str):
             raise APIError(f"messages[{index}] has no role", param="messages")
-        normalised.append({**message, "content": flatten_content(message.get("content"), index)})
+        rendered = {**message, "content": flatten_content(message.get("content"), index) or ""}
+        calls = rendered.pop("tool_calls", None)
+        if calls:
+            calls = template_tool_calls(calls, index)
+            if inline_tool_calls:
+                rendered["content"] = "\n".join(filter(None, [rendered["content"], hermes_text(calls)]))
+            else:
+                rendered["tool_calls"] = calls
+        normalised.append(rendered)
     return normalised
 
 
@@ -45,14 +59,20 @@ class PromptCodec:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
+        """The token ids of the rendered chat. `tools` (OpenAI function schemas) go to the template as its `tools`
+        variable, over any `tools` in `template_kwargs`: the tools shown are the tools whose calls are parsed."""
         if self.tokenizer.chat_template is None:
             raise APIError("this model has no chat template; use /v1/completions", param="messages")
         if add_generation_prompt and continue_final_message:
             raise APIError("add_generation_prompt and continue_final_message cannot both be true")
+        messages = normalise_messages(messages, inline_tool_calls="tool_calls" not in self.tokenizer.chat_template)
+        if tools is not None:
+            template_kwargs = {**(template_kwargs or {}), "tools": tools}
         try:
             text = self.tokenizer.apply_chat_template(
-                normalise_messages(messages),
+                messages,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,

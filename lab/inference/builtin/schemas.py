@@ -2,6 +2,10 @@
 
 Unknown fields are accepted and ignored (as vLLM does); known fields are validated, and a field the built-in
 server cannot honour is refused with a 400 rather than silently ignored (`unsupported_settings`).
+
+`tools` and `tool_choice` are checked in `tool_calls.parses_tool_calls` ("auto" and "none"; see that module).
+`stream=true` is refused for every request, with tools or without, so tool calls always come back whole, in one
+response body.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     echo: bool = False
 
     def token_budget(self) -> int | None:
@@ -88,8 +93,6 @@ class ChatCompletionRequest(SamplingFields):
 
     def unsupported_settings(self) -> list[str]:
         problems = super().unsupported_settings()
-        if self.tools:
-            problems.append("tools")
         if self.echo:
             problems.append("echo=true")
         return problems
