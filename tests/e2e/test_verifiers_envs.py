@@ -85,8 +85,8 @@ def tool_endpoint() -> Iterator[Any]:
 
 
 def test_tool_env_eval_run(tool_endpoint: Any, tmp_path: Path) -> None:
-    """verifiers' ToolEnv sends its tools natively and runs the calls (the built-in server refuses `tools`, so a
-    stand-in model calls them)."""
+    """verifiers' ToolEnv sends its tools natively and runs the calls (a stand-in model that always calls one: a
+    small random model rarely does)."""
     proc = prime("eval", "run", "vf-tool-test", "-b", tool_endpoint.base_url, "-m", "stand-in", "-n", "4", "-r", "1",
                  cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -98,6 +98,16 @@ def test_tool_env_eval_run(tool_endpoint: Any, tmp_path: Path) -> None:
         wanted = row["info"]["tool_names"]
         assert row["reward"] == pytest.approx(1 / len(wanted))  # one of the tools asked for
         assert row["metrics"][f"{wanted[0]}_calls"] == 1.0  # ToolEnv's own per-tool metric
+
+
+def test_tool_env_on_the_builtin_server(builtin_server: Any, tmp_path: Path) -> None:
+    """The built-in server takes verifiers' native `tools` (it refused them once, failing every rollout)."""
+    proc = prime("eval", "run", "vf-tool-test", "-b", builtin_server.base_url, "-m", builtin_server.model_name,
+                 "-n", "2", "-r", "2", "-t", "8", "-S", '{"seed": 3}', cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = eval_rows(tmp_path)
+    assert len(rows) == 4 and [r["error"] for r in rows] == [None] * 4, [r["error"] for r in rows]
+    assert all(r["completion"][0]["role"] == "assistant" and r["token_usage"]["completion_tokens"] > 0 for r in rows)
 
 
 def test_an_environment_for_another_release_says_so(tmp_path: Path) -> None:
