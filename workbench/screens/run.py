@@ -1,20 +1,15 @@
 """A run's page. `RunScreen` is what every run page shares: the stop/delete/replay/back keys and ONE follower thread
-that reads the run's status and events.jsonl from a byte offset (replayed from zero on open), folds new events into
-the page's model under a lock, and marks it changed; a UI timer redraws what changed. The replay reads on without
-pausing until a read comes back short; then the page is `live` and draws at once (`CaughtUp`). The evaluation page
+(`workbench.dashboards.follower.RunFollower`) that reads the run's status and events.jsonl from a byte offset
+(replayed from zero on open), folds new events into the page's model under a lock, and marks it changed; a UI timer
+redraws what changed. Once the replay caught up the page is `live` and draws at once (`CaughtUp`). The evaluation page
 (`EvalRunScreen`) shows status, progress, the event tail and the results; RL and GEPA runs get their dashboards
 (workbench.screens.dashboard_rl / dashboard_gepa). `run_screen(run)` picks the page for a run.
 """
 
 from __future__ import annotations
 
-import gc
-import json
 import threading
-import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,9 +22,11 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, ProgressBar, RichLog, Static, TabbedContent
 from textual.worker import get_current_worker
 
-from prime_lab.lab.events import BadLine, Event
+from prime_lab.lab.events import BadLine
 from prime_lab.lab.runs import ACTIVE_STATES, Run
-from prime_lab.workbench.dashboards.files import MAX_READ, read_events, read_jsonl_from
+from prime_lab.workbench.dashboards.files import read_jsonl_from
+from prime_lab.workbench.dashboards.follower import RunFollower
+from prime_lab.workbench.dashboards.follower import cyclic_gc_paused as cyclic_gc_paused  # (dashboard_rl's import)
 from prime_lab.workbench.dashboards.rl_model import RawEvent
 from prime_lab.workbench.screens.confirm import ConfirmScreen
 from prime_lab.workbench.widgets.logs_pane import LogsPane
@@ -40,40 +37,6 @@ if TYPE_CHECKING:
 
 LOG_LINES = 500
 RESULT_ROWS = 200
-STATUS_EVERY = 0.5  # seconds between status.json reads while following
-CHUNK = 5000  # events folded per lock hold
-TAIL_LINES = 50  # newest event lines written to the page's event log per redraw
-
-
-@contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a chunk of the log is parsed and folded. A chunk is some 10,000 new dicts
-    that live until it is folded and hold no cycles; the collector, triggered by their count, would traverse them
-    and promote them until full collections of the whole heap ran every few chunks (0.4 s of a 1.5 s replay)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def event_line(event: Event) -> str:
-    """One event as a log line: step, source, and its message or metrics."""
-    step = f"step {event.step:>4} " if event.step is not None else ""
-    data = event.data or {}
-    if event.kind == "log":
-        body = f"{data.get('level', 'INFO'):<7} {data.get('message', '')}"
-    elif event.kind == "metrics":
-        body = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in data.items())
-    elif event.kind == "status":
-        body = f"state -> {data.get('state')}" + (f" ({data['reason']})" if data.get("reason") else "")
-    elif event.kind == "alert":
-        body = f"{data.get('level', 'WARNING')} {data.get('name')}: {data.get('message', '')}"
-    else:
-        body = json.dumps(data, default=str)[:200]
-    return f"{step}[{event.source}] {event.kind}: {body}"
 
 
 def result_row(record: dict[str, Any]) -> tuple[str, ...]:
@@ -106,96 +69,64 @@ class RunScreen(Screen[None]):
     class CaughtUp(Message):
         """The follower has folded everything the log held when the page opened (or was replayed)."""
 
+    class Deleted(Message):
+        """The delete worker removed the run: the page closes."""
+
     def __init__(self, run: Run) -> None:
         super().__init__()
         self.run = run
-        self.status: dict[str, Any] = run.read_status()
-        self.fold_lock = threading.Lock()
-        self.event_offset = 0
-        self.replay_size = 0  # bytes the log held when the replay began (for "replaying NN%")
-        self.changed = threading.Event()
-        self._generation = 0  # bumped by replay: the follower starts over from byte 0
-        self.bad_lines = 0
-        self.live = False  # False while replaying what the log held when the page opened (or on `r`)
+        self.follower = RunFollower(run, self)
         self.shown_live = False  # drawn since it went live: the page shows the whole replay (tests, the bench)
-        self.tail: deque[str] = deque(maxlen=TAIL_LINES)  # event lines not yet written to the page's event log
-        self._clear_tail = False
+        self._deleting = False
 
     @property
     def lab(self) -> LabApp:
         return cast("LabApp", self.app)
+
+    # What the follower thread writes (read under `fold_lock`) -------------------------------------------------
+    @property
+    def fold_lock(self) -> threading.Lock:
+        return self.follower.lock
+
+    @property
+    def changed(self) -> threading.Event:
+        return self.follower.changed
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.follower.status
+
+    @property
+    def live(self) -> bool:
+        """False while replaying what the log held when the page opened (or on `r`)."""
+        return self.follower.live
+
+    @property
+    def bad_lines(self) -> int:
+        return self.follower.bad_lines
+
+    @property
+    def event_offset(self) -> int:
+        return self.follower.event_offset
+
+    @property
+    def tail(self) -> deque[str]:
+        """Event lines not yet written to the page's event log."""
+        return self.follower.tail
 
     def on_mount(self) -> None:
         self.sub_title = self.run.id
         self.run_worker(self._follow, thread=True, exclusive=True, group="run-follow", exit_on_error=False)
         self.set_interval(self.lab.settings.poll_interval, self._refresh_if_changed)
 
-    # The follower thread ------------------------------------------------------------------------------------
     def _follow(self) -> None:
         worker = get_current_worker()
-        generation = -1
-        next_status = 0.0
-        poll = self.lab.settings.poll_interval
-        while not worker.is_cancelled:
-            if generation != self._generation:
-                generation = self._generation
-                with self.fold_lock:
-                    self.event_offset = 0
-                    self.bad_lines = 0
-                    self.live = False
-                    self.tail.clear()
-                    self._clear_tail = True
-                    self.replay_size = self._log_size()
-                    self.reset()
-            now = time.monotonic()
-            if now >= next_status:
-                status = self.run.read_status() if not self.run.dir.exists() else self.run.status()
-                with self.fold_lock:
-                    self.status = status
-                next_status = now + min(STATUS_EVERY, poll)
-                self.follow_files()
-                self.changed.set()
-            read_from = self.event_offset
-            with cyclic_gc_paused():
-                offset = self._fold_next(read_from, generation)
-            if offset is None:
-                continue  # `r` pressed meanwhile: start over
-            if offset - read_from < MAX_READ:  # a short read: caught up (a full one means more is waiting: read on)
-                if not self.live:
-                    with self.fold_lock:
-                        self.live = True  # events folded from now on arrived while the page was open
-                    self.post_message(self.CaughtUp())  # draw it all now, not at the next poll
-                time.sleep(poll)
-
-    def _fold_next(self, read_from: int, generation: int) -> int | None:
-        """Read the events after `read_from` and fold them; the offset reached (None: `r` was pressed meanwhile)."""
-        items, offset = read_events(self.run.events_path, read_from)
-        if generation != self._generation:
-            return None
-        if items:
-            for start in range(0, len(items), CHUNK):  # the lock is let go between chunks: the UI keeps up
-                chunk = items[start:start + CHUNK]
-                with self.fold_lock:
-                    self.bad_lines += sum(1 for item in chunk if isinstance(item, BadLine))
-                    self.tail.extend(event_line(Event.from_json(e)) for e in chunk[-TAIL_LINES:]
-                                     if not isinstance(e, BadLine))
-                    self.consume(chunk)
-                self.changed.set()
-            with self.fold_lock:
-                self.event_offset = offset
-        return offset
-
-    def _log_size(self) -> int:
-        try:
-            return self.run.events_path.stat().st_size
-        except OSError:
-            return 0
+        self.follower.follow(self.lab.settings.poll_interval, lambda: worker.is_cancelled,
+                             lambda: self.post_message(self.CaughtUp()))  # draw it all now, not at the next poll
 
     def replay_note(self) -> str:
         """While the log is replayed: how far it got, for the page's status line."""
-        if self.live or not self.replay_size:
-            return ""
-        return f"replaying the event log: {min(1.0, self.event_offset / self.replay_size):.0%}"
+        return self.follower.replay_note()
 
     def on_run_screen_caught_up(self) -> None:
         self.refresh_now()
@@ -222,12 +153,13 @@ class RunScreen(Screen[None]):
 
     def write_tail(self, log: RichLog) -> None:
         """Write the new event lines (UI thread, lock held); after a replay, start the log over."""
-        if self._clear_tail:
+        follower = self.follower
+        if follower.clear_tail:
             log.clear()
-            self._clear_tail = False
-        if self.tail:
-            log.write("\n".join(self.tail))  # one write: RichLog measures and lays out per call
-        self.tail.clear()
+            follower.clear_tail = False
+        if follower.tail:
+            log.write("\n".join(follower.tail))  # one write: RichLog measures and lays out per call
+        follower.tail.clear()
 
     def refresh_now(self) -> None:
         """Redraw at once (after a key changed what is shown)."""
@@ -237,31 +169,51 @@ class RunScreen(Screen[None]):
     # Keys ---------------------------------------------------------------------------------------------------
     def action_replay(self) -> None:
         """Replay the event log from zero."""
-        self._generation += 1
+        self.follower.replay()
 
     def action_stop(self) -> None:
+        app = self.lab  # (taken here: once the page is closed, a worker thread cannot reach the app through it)
+
         def stop() -> None:
-            result = self.lab.registry.stop(self.run.id)
-            self.app.call_from_thread(self.notify, result.message)
+            result = app.registry.stop(self.run.id)
+            app.call_from_thread(app.notify, result.message)
 
         self.run_worker(stop, thread=True, group="stop", exit_on_error=False)
 
     def action_delete(self) -> None:
+        if self._deleting:
+            self.notify(f"Already deleting {self.run.id}")
+            return
         active = self.run.state in ACTIVE_STATES
 
         def answered(yes: bool | None) -> None:
             if yes:
-                try:
-                    self.lab.registry.delete(self.run.id, force=active)
-                except Exception as exc:  # shown, never raised into the UI loop
-                    self.lab.report(exc)
-                    return
-                self.notify(f"Deleted {self.run.id}")
-                self.dismiss()
+                self._deleting = True
+                app = self.lab
+                self.run_worker(lambda: self._delete(app, active), thread=True, group="delete", exit_on_error=False)
 
         note = "\nIt is still running: it will be stopped first." if active else ""
         self.app.push_screen(ConfirmScreen(f"Delete run {self.run.id} and its directory?{note}", yes="Delete"),
                              answered)
+
+    def _delete(self, app: LabApp, force: bool) -> None:
+        """Delete the run (worker thread: an active run is stopped first, which can take the stop's grace period).
+        `app` is passed in: the user may close the page meanwhile, and a closed page no longer reaches it."""
+        try:
+            app.registry.delete(self.run.id, force=force)
+        except Exception as exc:  # shown, never raised into the UI loop
+            app.call_from_thread(self._delete_failed, exc)
+            return
+        app.call_from_thread(app.notify, f"Deleted {self.run.id}")
+        self.post_message(self.Deleted())
+
+    def _delete_failed(self, error: Exception) -> None:
+        self._deleting = False
+        self.lab.report(error)
+
+    def on_run_screen_deleted(self) -> None:
+        if self.is_current:  # not when a modal covers the page (nor once the user closed it: no message then)
+            self.dismiss()
 
     def action_close(self) -> None:
         self.dismiss()
