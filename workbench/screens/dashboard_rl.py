@@ -14,10 +14,11 @@ from textual.widgets import Footer, Header, ProgressBar, RichLog, Static, Tabbed
 from prime_lab.lab.events import BadLine
 from prime_lab.lab.runs import FINAL_STATES, Run
 from prime_lab.workbench.dashboards.files import TextLogs, read_events
+from prime_lab.workbench.dashboards.follower import cyclic_gc_paused
 from prime_lab.workbench.dashboards.rl_model import RawEvent, RLRunModel
 from prime_lab.workbench.dashboards.samples import EnvParsers, rollout_steps
 from prime_lab.workbench.screens.pick_many import PickManyScreen
-from prime_lab.workbench.screens.run import LOG_LINES, DashboardScreen, cyclic_gc_paused
+from prime_lab.workbench.screens.run import LOG_LINES, DashboardScreen
 from prime_lab.workbench.widgets.alerts_pane import AlertsPane
 from prime_lab.workbench.widgets.charts import RL_CHARTS, SMOOTHING_STEPS, ChartSpec, MetricChart, custom_chart
 from prime_lab.workbench.widgets.logs_pane import LogsPane

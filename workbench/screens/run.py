@@ -26,7 +26,6 @@ from prime_lab.lab.events import BadLine
 from prime_lab.lab.runs import ACTIVE_STATES, Run
 from prime_lab.workbench.dashboards.files import read_jsonl_from
 from prime_lab.workbench.dashboards.follower import RunFollower
-from prime_lab.workbench.dashboards.follower import cyclic_gc_paused as cyclic_gc_paused  # (dashboard_rl's import)
 from prime_lab.workbench.dashboards.rl_model import RawEvent
 from prime_lab.workbench.screens.confirm import ConfirmScreen
 from prime_lab.workbench.widgets.logs_pane import LogsPane
