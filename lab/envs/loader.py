@@ -107,6 +107,14 @@ class EnvInfo:
     version: str = ""
     shadowed_by: str = ""  # a built-in whose ids load this installed environment instead
 
+    def where(self) -> str:
+        """Where it comes from, in words: `installed: DIST VERSION`, `built-in`, or a shadowed built-in."""
+        if self.source == INSTALLED:
+            return f"installed: {self.distribution} {self.version}".rstrip()
+        if self.shadowed_by:
+            return f"built-in, shadowed: its ids load installed {self.shadowed_by}"
+        return "built-in"
+
 
 def env_args(func: Any) -> tuple[EnvArg, ...]:
     out: list[EnvArg] = []

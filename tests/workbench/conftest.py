@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.installed_envs import site  # noqa: F401 - a fixture of the tests here (installed environments)
+
 TEXT = re.compile(r'<text class="[^"]*" x="([\d.]+)" y="([\d.]+)"[^>]*>(.*?)</text>')
 
 

@@ -1,4 +1,5 @@
-"""The environment picker: built-in (and installed) environments with their arguments and defaults."""
+"""The environment picker: the installed environments (verifiers' convention or our entry point, found as `prime
+env list` finds them), then the built-in ones, each with where it comes from and its arguments and defaults."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from prime_lab.lab.envs import EnvInfo, builtin_environments
+from prime_lab.lab.envs import EnvInfo
+from prime_lab.lab.envs.loader import environments
 
 
 @lru_cache(maxsize=1)
 def known_environments() -> tuple[EnvInfo, ...]:
-    return tuple(builtin_environments())
+    """Read once per app: an installed environment is described from its source, never imported."""
+    return tuple(environments())
 
 
 def describe_args(info: EnvInfo) -> str:
@@ -32,7 +35,8 @@ class EnvPicker(OptionList):
 
     def __init__(self, id: str | None = None) -> None:
         self.envs = known_environments()
-        options = [Option(f"{e.id}\n  {e.doc[:70]}\n  args: {describe_args(e)}", id=e.id) for e in self.envs]
+        options = [Option(f"{e.id}  ({e.where()})\n  {e.doc[:70]}\n  args: {describe_args(e)}", id=e.id,
+                          disabled=bool(e.shadowed_by)) for e in self.envs]
         super().__init__(*options, id=id, markup=False)
 
     def highlighted_env(self) -> EnvInfo | None:
@@ -40,10 +44,13 @@ class EnvPicker(OptionList):
         return self.envs[index] if index is not None and index < len(self.envs) else None
 
     def select_id(self, env_id: str) -> None:
-        for index, env in enumerate(self.envs):
-            if env.id == env_id or env.id.split("/")[-1] == env_id.split("/")[-1]:
-                self.highlighted = index
-                return
+        """Highlight `env_id` (`owner/name` or `name`): the exact id, else the one its name loads."""
+        name = env_id.split("/")[-1]
+        for matches in (lambda e: e.id == env_id, lambda e: e.id.split("/")[-1] == name):
+            for index, env in enumerate(self.envs):
+                if matches(env) and not env.shadowed_by:
+                    self.highlighted = index
+                    return
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
