@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import typer
@@ -13,6 +14,8 @@ from prime_lab.workbench.cli.env import env_app
 from prime_lab.workbench.cli.eval import eval_app
 from prime_lab.workbench.cli.gepa import gepa_app
 from prime_lab.workbench.cli.lab import lab as lab_command
+from prime_lab.workbench.cli.plain import PLAIN_OPTION, plain_help, split_plain
+from prime_lab.workbench.cli.render import set_plain
 from prime_lab.workbench.cli.rl import rl_app
 from prime_lab.workbench.cli.serve import serve
 
@@ -34,8 +37,11 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    plain: bool = PLAIN_OPTION,
 ) -> None:
     """prime-lab: improve LLMs on environments, locally."""
+    if plain:
+        set_plain(True)
 
 
 app.add_typer(rl_app, name="train", help="Reinforcement learning: configs, runs, their metrics and rollouts.")
@@ -49,9 +55,11 @@ app.command("lab")(lab_command)
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors print as `Error: ...` (exit 1), never as tracebacks."""
-    args = join_at_args(list(sys.argv[1:] if argv is None else argv))
+    args, plain = split_plain(join_at_args(list(sys.argv[1:] if argv is None else argv)))
+    set_plain(plain)
     try:
-        app(args=args, prog_name="prime")  # standalone: click prints usage errors and exits with their code
+        with plain_help(app) if plain else contextlib.nullcontext():
+            app(args=args, prog_name="prime")  # standalone: click prints usage errors and exits with their code
     except (UserError, RunError) as exc:
         typer.echo(f"Error: {exc}", err=True)
         sys.exit(getattr(exc, "code", 1))

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, err, fail, print_json
+from prime_lab.workbench.cli.render import print_table
 
 env_app = typer.Typer(help="Environments: list, create and install them.", no_args_is_help=True)
-
-
-def _source(info: Any) -> str:
-    if info.source == "installed":
-        return f"installed: {info.distribution} {info.version}".rstrip()
-    if info.shadowed_by:
-        return f"built-in, shadowed: its ids load installed {info.shadowed_by}"
-    return "built-in"
 
 
 @env_app.command("list")
@@ -25,8 +17,7 @@ def list_envs(output: OutputFormat = OUTPUT_OPTION) -> None:
     """Installed and built-in environments, each with its load_environment() arguments and defaults.
 
     An installed environment takes precedence over a built-in of the same name: the built-in's row says so."""
-    from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column
 
     from prime_lab.lab.envs.loader import environments
 
@@ -38,17 +29,11 @@ def list_envs(output: OutputFormat = OUTPUT_OPTION) -> None:
                                "annotation": a.annotation} for a in i.args]}
                     for i in infos])
         return
-    table = Table(box=None, header_style="bold")
-    table.add_column("ID", no_wrap=True)
-    table.add_column("SOURCE")
-    table.add_column("DESCRIPTION", ratio=1)
-    table.add_column("ARGS", ratio=1)
-    for info in infos:
-        args = ", ".join(a.name if a.required else f"{a.name}={a.default!r}" for a in info.args
-                         if a.name != "system_prompt")
-        style = "dim" if info.shadowed_by else None
-        table.add_row(info.id, _source(info), info.doc.split(": ", 1)[-1], args, style=style)
-    Console().print(table)
+    rows = [(info.id, info.where(), info.doc.split(": ", 1)[-1],
+             ", ".join(a.name if a.required else f"{a.name}={a.default!r}" for a in info.args
+                       if a.name != "system_prompt")) for info in infos]
+    print_table((Column("ID", no_wrap=True), "SOURCE", Column("DESCRIPTION", ratio=1), Column("ARGS", ratio=1)),
+                rows, styles=["dim" if info.shadowed_by else None for info in infos])
 
 
 @env_app.command("init")

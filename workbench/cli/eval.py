@@ -1,15 +1,18 @@
-"""`prime eval run`: evaluate a model on an environment (vf-eval's flags), as a run in the registry."""
+"""`prime eval run`: evaluate a model on an environment (vf-eval's flags), as a run in the registry; and the
+verbs on evaluations: list, get, samples, logs, stop, delete."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from prime_lab.workbench.cli import run_views
 from prime_lab.workbench.cli.common import config_path, err, fail
+from prime_lab.workbench.cli.render import live_output
+from prime_lab.workbench.cli.run_verbs import add_run_verbs
 
 eval_app = typer.Typer(help="Evaluate models on environments.", no_args_is_help=True)
 
@@ -131,7 +134,7 @@ def _evaluate(environment: Any, env_id: str, model_name: str, settings: dict[str
             run.set_state("running", source="eval")
             columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("avg reward {task.fields[avg]:.3f}"), TimeElapsedColumn())
-            with Progress(*columns, transient=False, disable=not sys.stderr.isatty()) as progress:
+            with Progress(*columns, transient=False, disable=not live_output()) as progress:
                 task = progress.add_task("rollouts", total=None, avg=0.0)
                 rewards: list[float] = []
 
@@ -175,3 +178,8 @@ def _summarise(result: Any) -> None:
                f"{report.zero_variance_share:.0%}; errors {result.failed}")
     typer.echo(("ready for RL: " if report.ok else "not ready for RL: ") + "; ".join(report.verdict))
     typer.echo(f"results: {result.output_dir / 'results.jsonl'}")
+
+
+# After `run` in the help: the verbs on evaluations (an RL or GEPA run's id is an error naming its own command).
+add_run_verbs(eval_app, kind="eval")
+eval_app.command("samples")(run_views.samples)

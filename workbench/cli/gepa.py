@@ -1,8 +1,8 @@
-"""`prime gepa run ENV|@CONFIG.toml`: GEPA prompt optimization, headless, as a run in the registry."""
+"""`prime gepa run ENV|@CONFIG.toml`: GEPA prompt optimization, headless, as a run in the registry; and the verbs
+on GEPA runs: list, get, logs, stop, delete."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,8 @@ import typer
 from prime_lab.gepa.config import DEFAULT_MODEL, GepaSearchSection
 from prime_lab.workbench.cli.common import config_path, err, fail
 from prime_lab.workbench.cli.eval import _json_arg
+from prime_lab.workbench.cli.render import live_output
+from prime_lab.workbench.cli.run_verbs import add_run_verbs
 
 gepa_app = typer.Typer(help="GEPA prompt optimization.", no_args_is_help=True)
 
@@ -94,7 +96,7 @@ def _search(run: Any, job: Any, backend: str) -> None:
     spec = job.settings
     out = run.gepa_dir
     try:
-        with GepaProgress(spec.max_metric_calls, enabled=sys.stderr.isatty()) as progress:
+        with GepaProgress(spec.max_metric_calls, enabled=live_output()) as progress:
             outcome = search(run, job, backend=backend, on_event=progress.on_event, announce=err)
     except (RunStopped, KeyboardInterrupt) as exc:
         err(f"{run.id} stopped; state and outputs so far are in {out} (continue with --resume {run.dir})")
@@ -106,3 +108,7 @@ def _search(run: Any, job: Any, backend: str) -> None:
     if outcome.test:
         typer.echo(f"test ({spec.num_test} held-out): seed {outcome.test['seed']:.4f}  best {outcome.test['best']:.4f}")
     typer.echo(f"best prompt: {out / 'best_prompt.txt'}")
+
+
+# After `run` in the help: the verbs on GEPA runs (an RL run's or an evaluation's id is an error naming its command).
+add_run_verbs(gepa_app, kind="gepa")

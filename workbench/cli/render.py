@@ -1,19 +1,43 @@
-"""Terminal rendering of runs and events for the headless CLI (rich tables, one-line events)."""
+"""Terminal rendering of runs and events for the headless CLI (rich tables, one-line events).
+
+Plain output (`prime --plain ...`, or `--plain` after any command) is for scripts and agents: tables print as
+tab-separated lines under a header line, with no colours, markup or progress bars. The choice is made once per
+process, here, and every table, progress bar and rewritten line asks for it.
+"""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.console import Console, JustifyMethod, OverflowMethod
-from rich.table import Table
+from rich.table import Column, Table
 
 from prime_lab.lab.events import Event
 
 # The few numbers a person wants on a metrics line, in this order; the rest follow alphabetically.
 HEADLINE_METRICS = ("reward/mean", "reward/std", "policy/entropy", "policy/kl", "loss", "perf/tokens_per_s",
                     "time/step")
+
+
+_plain = False
+
+
+def set_plain(on: bool) -> None:
+    """Plain output for the rest of this process (or not)."""
+    global _plain
+    _plain = on
+
+
+def is_plain() -> bool:
+    return _plain
+
+
+def live_output() -> bool:
+    """Whether progress may be drawn live (bars, a line rewritten in place): on a terminal, and not --plain."""
+    return not _plain and sys.stderr.isatty()
 
 
 def clock(ts: float | None) -> str:
@@ -76,14 +100,26 @@ def format_event(event: Event) -> str:
     return f"{head} {event.kind.upper():<7} {step}{fields}"
 
 
-def print_table(columns: Sequence[str], rows: Iterable[Sequence[str]], *, overflow: OverflowMethod = "ellipsis",
-                justify: dict[str, JustifyMethod] | None = None) -> None:
-    """A borderless table with bold headers on stdout, the one look of every `prime` table."""
-    table = Table(box=None, header_style="bold")
-    for column in columns:
-        table.add_column(column, overflow=overflow, justify=(justify or {}).get(column, "left"))
-    for row in rows:
-        table.add_row(*row)
+def _tsv_cell(value: Any) -> str:
+    return " ".join(str(value).replace("\t", " ").splitlines())
+
+
+def print_table(columns: Sequence[str | Column], rows: Iterable[Sequence[str]], *,
+                overflow: OverflowMethod = "ellipsis", justify: dict[str, JustifyMethod] | None = None,
+                styles: Sequence[str | None] | None = None) -> None:
+    """A borderless table with bold headers on stdout, the one look of every `prime` table; under --plain,
+    tab-separated lines (the header first) with every value whole.
+
+    A column given as a rich `Column` keeps its own settings; `styles` styles each row (say "dim")."""
+    if _plain:
+        for line in ([c.header if isinstance(c, Column) else c for c in columns], *rows):
+            sys.stdout.write("\t".join(_tsv_cell(value) for value in line) + "\n")
+        return
+    table = Table(*(c if isinstance(c, Column) else Column(c, overflow=overflow,
+                                                           justify=(justify or {}).get(c, "left"))
+                    for c in columns), box=None, header_style="bold")
+    for i, row in enumerate(rows):
+        table.add_row(*row, style=styles[i] if styles is not None else None)
     Console().print(table)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import typer
 
 from prime_lab.workbench.cli.common import config_path, err, fail
+from prime_lab.workbench.cli.render import live_output
 
 PROGRESS_KEYS = (("reward/mean", "reward"), ("loss", "loss"), ("policy/entropy", "entropy"), ("policy/kl", "kl"))
 
@@ -147,7 +148,7 @@ def follow_progress(run_id: str, poll: float = 0.5) -> int:
     log = run_.event_log()
     offset = 0
     by_step: dict[int, dict[str, Any]] = {}
-    tty = sys.stderr.isatty()
+    tty = live_output()  # rewrite the line in place (not under --plain, nor into a file)
     started = time.monotonic()
     max_steps = int(run_.read_status().get("max_steps") or 0)
     attempt = run_.attempt  # a restart follows its own attempt, not the earlier ones' steps again

@@ -1,21 +1,25 @@
-"""`prime train get | metrics | rollouts | checkpoints | progress ID`: read-only views of one run.
+"""`prime train get | metrics | rollouts | checkpoints | progress ID` and `prime eval samples ID`: read-only views
+of one run.
 
-Each view reads what the run already wrote, its directory (status.json, rollouts/, checkpoints/, adapters/) and
-its event log, and stores nothing. Metrics come from the log's final timeline (`lab.events.final_timeline`): a
-restarted run shows each step once, with the values of its latest attempt.
+Each view reads what the run already wrote, its directory (status.json, rollouts/, checkpoints/, adapters/), its
+event log and an evaluation's results.jsonl, and stores nothing. Metrics come from the log's final timeline
+(`lab.events.final_timeline`): a restarted run shows each step once, with the values of its latest attempt.
+
+`get` (and `find_run`) serve the groups of every kind: under `prime eval` and `prime gepa` (`scope`), a run of
+another kind is an error that names the command for it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, err, fail, print_json
-from prime_lab.workbench.cli.render import duration, number, print_table, size, steps_of, when
+from prime_lab.workbench.cli.render import duration, is_plain, number, print_table, size, steps_of, when
 
 if TYPE_CHECKING:
     from prime_lab.lab.events import Event
@@ -27,10 +31,45 @@ RATE_WINDOW = 10  # the last steps the time per step (and so the ETA) is measure
 TABLE_METRICS = ("reward/mean", "policy/entropy", "policy/kl", "loss", "perf/tokens_per_s")
 
 
+_SCOPE = "prime_lab.run_kind"  # the key in click's context meta, which every context of one command line shares
+# Each kind's nouns (with the article) and the verbs that `prime rl`, `prime eval` and `prime gepa` all have.
+NOUNS = {"rl": ("an RL run", "RL runs"), "eval": ("an evaluation", "evaluations"), "gepa": ("a GEPA run", "GEPA runs")}
+SHARED_VERBS = ("get", "logs", "stop", "delete")
+
+
 def _run(run_id: str) -> Run:
     from prime_lab.lab.runs import RunRegistry
 
     return RunRegistry().get(run_id)  # RunError (unknown or ambiguous id): `Error: ...`, exit 1
+
+
+# the kind of run a group addresses ------------------------------------------------------------------------------
+def scope(kind: str) -> Callable[[typer.Context], None]:
+    """A group's callback: its verbs address runs of `kind` only (a group without one: runs of every kind)."""
+
+    def address(ctx: typer.Context) -> None:
+        ctx.meta[_SCOPE] = kind
+
+    return address
+
+
+def scoped_kind(ctx: typer.Context) -> str | None:
+    """The kind of run the command's group addresses (None: every kind)."""
+    kind = ctx.meta.get(_SCOPE)
+    return kind if isinstance(kind, str) else None
+
+
+def find_run(ctx: typer.Context, run_id: str) -> Run:
+    """The run with this id (or a unique prefix) if it is of the kind the command's group addresses; otherwise
+    `Error: ...` (exit 1) naming the command for the run's own kind."""
+    run = _run(run_id)
+    want, have = scoped_kind(ctx), run.read_status().get("kind")
+    if want is not None and have != want:
+        verb = ctx.info_name if ctx.info_name in SHARED_VERBS else "get"
+        group = have if have in NOUNS else "rl"
+        noun = NOUNS[have][0] if have in NOUNS else f"a {have} run"
+        fail(f"run {run.id} is {noun}, not {NOUNS[want][0]} (see `prime {group} {verb} {run.id}`)")
+    return run
 
 
 def _label(key: str, value: str) -> str:
@@ -58,9 +97,9 @@ SHOWN_FACTS = ("id", "name", "kind", "state", "reason", "model", "envs", "step",
                "created_at", "started_at", "updated_at", "ended_at", "processes", "paths")
 
 
-def get(run_id: str = RUN_ID, output: OutputFormat = OUTPUT_OPTION) -> None:
+def get(ctx: typer.Context, run_id: str = RUN_ID, output: OutputFormat = OUTPUT_OPTION) -> None:
     """A run's facts: id, kind, state, step, model, times, reason, processes and where its files are."""
-    facts = run_facts(_run(run_id))
+    facts = run_facts(find_run(ctx, run_id))
     if output is OutputFormat.json:
         print_json(facts)
         return
@@ -194,22 +233,56 @@ def rollouts(
     if output is OutputFormat.json:
         print_json(rows)
         return
+    typer.echo(rollouts_text(f"step {step}", rows))
+
+
+def rollouts_text(title: str, rows: list[dict[str, Any]]) -> str:
+    """Rollouts as a person reads them: a summary line (count, reward mean, min, max), then per rollout its
+    environment (or task), example, reward (and advantage, for a training batch), and its prompt's last user turn,
+    completion, answer and error on a line each."""
     rewards = [r["reward"] for r in rows if isinstance(r.get("reward"), int | float)]
-    summary = f"step {step} · {len(rows)} rollout{'s' * (len(rows) != 1)}"
+    summary = f"{title} · {len(rows)} rollout{'s' * (len(rows) != 1)}"
     if rewards:
         summary += (f" · reward mean {sum(rewards) / len(rewards):.3f} (min {min(rewards):.3f}, "
                     f"max {max(rewards):.3f})")
     lines = [summary]
     for i, row in enumerate(rows, 1):
+        advantage = f"  advantage {number(row['advantage'])}" if "advantage" in row else ""
         flags = "  truncated" if row.get("is_truncated") else ""
         prompt = _last_content(row.get("prompt"), "user") or _last_content(row.get("prompt"))
-        lines += ["", f"#{i}  {row.get('env', '-')}  {row.get('example_id', '-')}  reward "
-                      f"{number(row.get('reward', '-'))}  advantage {number(row.get('advantage', '-'))}{flags}",
+        lines += ["", f"#{i}  {row.get('env') or row.get('task') or '-'}  {row.get('example_id', '-')}  reward "
+                      f"{number(row.get('reward', '-'))}{advantage}{flags}",
                   f"    prompt      {_one_line(prompt)}",
                   f"    completion  {_one_line(_last_content(row.get('completion')))}"]
-        if row.get("answer") not in (None, ""):
-            lines.append(f"    answer      {_one_line(row['answer'])}")
-    typer.echo("\n".join(lines))
+        lines += [f"    {key:<11} {_one_line(row[key])}" for key in ("answer", "error")
+                  if row.get(key) not in (None, "")]
+    return "\n".join(lines)
+
+
+# samples --------------------------------------------------------------------------------------------------------
+def samples(
+    ctx: typer.Context,
+    run_id: str = RUN_ID,
+    num: int | None = typer.Option(None, "-n", "--num", min=1, help="Only the first N rollouts."),
+    output: OutputFormat = OUTPUT_OPTION,
+) -> None:
+    """An evaluation's rollouts (its results.jsonl, as far as it got): prompt, completion, reward, answer, error."""
+    from prime_lab.workbench.dashboards.files import read_jsonl_from
+
+    run = find_run(ctx, run_id)
+    status = run.read_status()
+    results = Path(status["output_dir"]) / "results.jsonl" if status.get("output_dir") else None
+    if results is None or not results.is_file():
+        fail(f"{run.id} has no results yet" + (f" ({results})" if results is not None else ""))
+    rows, _ = read_jsonl_from(results, 0)
+    shown = rows[:num] if num is not None else rows
+    if output is OutputFormat.json:
+        print_json(shown)
+        return
+    envs = ", ".join(status.get("envs") or []) or "-"
+    typer.echo(rollouts_text(f"{run.id} · {envs} on {status.get('model') or '-'}", shown))
+    if len(shown) < len(rows):
+        err(f"({len(shown)} of {len(rows)} rollouts shown; without -n all of them)")
 
 
 # checkpoints ----------------------------------------------------------------------------------------------------
@@ -322,7 +395,7 @@ def progress(run_id: str = RUN_ID, output: OutputFormat = OUTPUT_OPTION) -> None
         return
     head = f"{facts['id']}  {facts['state']}  step {steps_of(facts)}"
     if facts["fraction"] is not None:
-        head += f"  {_bar(facts['fraction'])} {facts['fraction']:.0%}"
+        head += f"  {'' if is_plain() else _bar(facts['fraction']) + ' '}{facts['fraction']:.0%}"
     timing = f"elapsed {duration(facts['elapsed_s'])}"
     if facts["seconds_per_step"] is not None:
         timing += f"  {facts['seconds_per_step']:.1f} s/step"
