@@ -141,3 +141,24 @@ def test_runs_draw_progress_bars_on_a_terminal_but_not_under_plain(tmp_path: Pat
     assert plain_text(plain) and "/4 " not in plain and "2/2" not in plain  # no bar, no count
     assert ("avg reward" if command[0] == "eval" else "best prompt: ") in plain  # the summary is all there
     assert [r.state for r in RunRegistry().runs()] == ["completed", "completed"]
+
+
+def test_the_bar_goes_to_the_terminal_and_stdout_keeps_the_results(tmp_path: Path) -> None:
+    """`prime eval run ... > results.txt` on a terminal: the bar is drawn on stderr, none of it lands in the file."""
+    leader, follower = pty.openpty()
+    with scripted_endpoint([]) as ep:
+        proc = subprocess.Popen([PRIME, "eval", "run", "gsm8k", "-n", "2", "-r", "1", "-b", ep.base_url, "-m",
+                                 "scripted"], stdin=follower, stdout=subprocess.PIPE, stderr=follower, cwd=tmp_path)
+        os.close(follower)
+        terminal = []
+        try:
+            while chunk := os.read(leader, 65536):
+                terminal.append(chunk)
+        except OSError:
+            pass
+        finally:
+            os.close(leader)
+        stdout = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 0
+    assert "━" in b"".join(terminal).decode(errors="replace")
+    assert "avg reward" in stdout and "━" not in stdout and ANSI not in stdout

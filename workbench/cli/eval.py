@@ -11,7 +11,7 @@ import typer
 
 from prime_lab.workbench.cli import run_views
 from prime_lab.workbench.cli.common import config_path, err, fail
-from prime_lab.workbench.cli.render import live_output
+from prime_lab.workbench.cli.render import live_output, progress_console
 from prime_lab.workbench.cli.run_verbs import add_run_verbs
 
 eval_app = typer.Typer(help="Evaluate models on environments.", no_args_is_help=True)
@@ -134,7 +134,8 @@ def _evaluate(environment: Any, env_id: str, model_name: str, settings: dict[str
             run.set_state("running", source="eval")
             columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("avg reward {task.fields[avg]:.3f}"), TimeElapsedColumn())
-            with Progress(*columns, transient=False, disable=not live_output()) as progress:
+            with Progress(*columns, transient=False, disable=not live_output(),
+                          console=progress_console()) as progress:
                 task = progress.add_task("rollouts", total=None, avg=0.0)
                 rewards: list[float] = []
 

@@ -7,12 +7,14 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from prime_lab.workbench.cli.render import progress_console
+
 
 class GepaProgress:
     def __init__(self, max_calls: int, *, enabled: bool) -> None:
         columns = (TextColumn("[bold]budget"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("best {task.fields[best]}"), TextColumn("{task.fields[last]}"), TimeElapsedColumn())
-        self.progress = Progress(*columns, transient=False, disable=not enabled)
+        self.progress = Progress(*columns, transient=False, disable=not enabled, console=progress_console())
         self.task = self.progress.add_task("budget", total=max_calls, best="-", last="seed validation")
         self.proposals = 0
         self.accepted = 0

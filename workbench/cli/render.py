@@ -40,6 +40,11 @@ def live_output() -> bool:
     return not _plain and sys.stderr.isatty()
 
 
+def progress_console() -> Console:
+    """Where progress is drawn: stderr, whose terminal `live_output` asks about (stdout stays the results)."""
+    return Console(stderr=True)
+
+
 def clock(ts: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "-"
 
