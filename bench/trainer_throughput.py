@@ -16,6 +16,8 @@ for that setting; our goal there is 20k tokens/s.
     .venv/bin/python bench/trainer_throughput.py [--model smollm2-135m|PATH] [--steps 5] [--batch-size 16]
                                                  [--seq-len 256] [--procs 1,2]
     .venv/bin/python bench/trainer_throughput.py --gpu [--seq-len 16384] [--steps 5] [--batch-size 4] [--procs 1]
+    .venv/bin/python bench/trainer_throughput.py --activation-checkpointing [--seq-len 2048] [--micro-batch-size 2]
+        (one process without and with `[trainer] activation_checkpointing`: peak memory and time per step)
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ micro_batch_size = {args.micro_batch_size}
 max_seq_len = {args.seq_len + 1}
 device = "{'cuda' if args.gpu else 'cpu'}"
 nproc_per_node = {nproc}
+activation_checkpointing = {'true' if args.ac else 'false'}
 """
 
 
@@ -147,7 +150,21 @@ def measure(model: Path, batches: list[list[Any]], args: argparse.Namespace, npr
     timed = [steps[k] for k in sorted(steps) if k > 1]
     return {"step_s": statistics.median(m["time/step"] for m in timed),
             "tokens_per_s": statistics.median(m["perf/train_tokens_per_s"] for m in timed),
-            "steps": float(len(timed))}
+            "steps": float(len(timed)), "peak_gib": max(m["perf/peak_memory_gib"] for m in timed)}
+
+
+def compare_checkpointing(model: Path, batches: list[list[Any]], args: argparse.Namespace) -> int:
+    """One process without, then with activation checkpointing: the peak memory of the trainer (on a GPU its
+    tensors', on the CPU its resident size) and its seconds per step."""
+    runs = {}
+    for ac in (False, True):
+        args.ac = ac
+        runs[ac] = r = measure(model, batches, args, 1)
+        print(f"  activation checkpointing {'on ' if ac else 'off'}: peak {r['peak_gib']:.2f} GiB, "
+              f"{r['step_s']:.2f} s/step, {r['tokens_per_s']:,.0f} tokens/s", flush=True)
+    print(f"  on vs off: {runs[True]['peak_gib'] / runs[False]['peak_gib']:.2f}x peak memory, "
+          f"{runs[True]['step_s'] / runs[False]['step_s']:.2f}x time per step", flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--micro-batch-size", type=int, default=None)
     parser.add_argument("--procs", default=None, help="process counts to compare, e.g. 1,2")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="compare one process without and with [trainer] activation_checkpointing: peak memory "
+                             "and time per step")
     args = parser.parse_args(argv)
     args.seq_len = args.seq_len or (16384 if args.gpu else 256)
     args.batch_size = args.batch_size or (4 if args.gpu else 16)
@@ -189,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainer throughput on {device}: {model.name}, LoRA r16 on every linear layer, {args.batch_size} "
               f"sequences of {args.seq_len} tokens per step (groups of {args.group} share a prompt), micro-batch "
               f"{args.micro_batch_size}, {args.steps} steps (the first is warm-up)", flush=True)
+        if args.activation_checkpointing:
+            return compare_checkpointing(model, batches, args)
+        args.ac = False
         results = {}
         for nproc in procs:
             results[nproc] = r = measure(model, batches, args, nproc)

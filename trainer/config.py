@@ -221,6 +221,9 @@ class TrainerConfig(Section):
     ratio_mask_low: float = Field(default=0.125, gt=0.0, description="Mask tokens whose importance ratio < this.")
     ratio_mask_high: float = Field(default=8.0, gt=0.0, description="Mask tokens whose importance ratio > this.")
     std_normalize_advantages: bool = False
+    activation_checkpointing: bool = Field(
+        default=False, description="Recompute each decoder layer's activations in the backward pass instead of "
+        "keeping them: much less memory for long sequences, for about a third more compute per step.")
     distributed: Literal["auto", "ddp", "fsdp"] = Field(
         default="auto", description="With several trainer processes: DDP (LoRA), FSDP2 (full fine-tuning), or auto.")
     nproc_per_node: int = Field(default=1, ge=1, description="Trainer processes on this machine; more than 1 runs the "

@@ -74,6 +74,29 @@ def load_full_policy(model_path: Path, *, device: str = "cpu", dtype: str = "aut
     return model if trainable else model.eval()
 
 
+def peak_memory_gib(device: str) -> float:
+    """The most memory this process has held: on a GPU, its tensors' peak on `device`; on the CPU, its peak
+    resident size (model loading included)."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def enable_activation_checkpointing(model: Any) -> None:
+    """Each decoder layer's activations are recomputed in the backward pass rather than kept (transformers'
+    gradient checkpointing, non-reentrant: works under DDP and FSDP2 and with a frozen base under LoRA). It acts
+    while the model is in training mode, as the trainer's step puts it."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ValueError(f"[trainer].activation_checkpointing: {type(base).__name__} does not support it in "
+                         "transformers; set it to false")
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def _linear_names(model: Any) -> list[str]:
     import torch
 

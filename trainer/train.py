@@ -38,7 +38,14 @@ from prime_lab.lab.runs import Run
 from prime_lab.trainer.batch import Sample, batch_path, read_batch, truncate
 from prime_lab.trainer.config import RLConfig
 from prime_lab.trainer.distributed import HEARTBEAT_S, WAITING, Dist, exit_rank, strategy
-from prime_lab.trainer.model import accumulate_batch_gradients, load_full_policy, load_policy, pick_device
+from prime_lab.trainer.model import (
+    accumulate_batch_gradients,
+    enable_activation_checkpointing,
+    load_full_policy,
+    load_policy,
+    peak_memory_gib,
+    pick_device,
+)
 from prime_lab.trainer.runtime import (
     StopFlag,
     checkpoint_to_resume,
@@ -105,6 +112,8 @@ class Trainer:
                                                   trainable=False)
         if copy is not None:
             shutil.rmtree(copy, ignore_errors=True)
+        if config.trainer.activation_checkpointing:
+            enable_activation_checkpointing(self.model)
         self.forward = self.wrap_model()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate,
@@ -274,7 +283,8 @@ class Trainer:
                        "policy/masked_fraction": result.masked_fraction, "optim/lr": lr, "optim/grad_norm": grad_norm,
                        "time/step": elapsed, "time/wait_for_batch": waited,
                        "perf/train_tokens_per_s": result.tokens / elapsed if elapsed > 0 else 0.0,
-                       "train/samples": float(len(samples)), "train/loss_tokens": float(result.loss_tokens)}
+                       "train/samples": float(len(samples)), "train/loss_tokens": float(result.loss_tokens),
+                       "perf/peak_memory_gib": peak_memory_gib(self.device)}
             if result.ref_kl is not None:
                 metrics["policy/ref_kl"] = result.ref_kl
                 metrics["policy/kl_beta"] = self.kl_beta
