@@ -137,6 +137,8 @@ class Trainer:
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         what = (f"LoRA r={lora.r} alpha={lora.alpha:g} on {', '.join(lora.target_modules)}" if lora.enabled
                 else f"full fine-tuning in {dtype}")
+        if config.trainer.activation_checkpointing:
+            what += ", activation checkpointing"
         ranks = f" x {self.dist.world_size} ranks ({self.strategy.upper()}, {self.dist.backend})" \
             if self.strategy else ""
         self.log(f"trainer ready on {self.device}{ranks}: {model_path.name}, {what} ({n_train:,} trainable "

@@ -177,3 +177,25 @@ def test_two_fsdp_ranks_compute_the_full_update_of_one_process_and_resume(tiny_m
     done = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     assert done.returncode != 0 and "written by 1 process(es) without FSDP" in done.stdout + done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [True, False], ids=["ddp-lora", "fsdp-full"])
+def test_two_ranks_with_activation_checkpointing_compute_the_update_of_one_process_without(
+        tiny_model_dir: Path, tmp_path: Path, batches: list[list[Sample]], lora: bool) -> None:
+    """`[trainer] activation_checkpointing` under DDP and FSDP2 (layers recomputed inside the sharded or
+    replicated model): the same gradients and weights as one process that keeps its activations."""
+    from prime_lab.lab.models.random_lora import build_random_lora_adapter
+
+    text = config_text(tiny_model_dir, steps=1)
+    if lora:
+        adapter = build_random_lora_adapter(tiny_model_dir, tmp_path / "start", rank=16, alpha=16, seed=3, b_std=0.05)
+        text = config_text(tiny_model_dir, steps=1, extra=f'checkpoint_id = "{adapter}"').replace(
+            "enabled = false", "enabled = true")
+    one = new_run(tiny_model_dir, text, batches[:1])
+    two = new_run(tiny_model_dir, text + "activation_checkpointing = true\n", batches[:1])
+    run_ranks(one, tiny_model_dir, tmp_path / "one.pt", 1)
+    run_ranks(two, tiny_model_dir, tmp_path / "two.pt", 2)
+    assert_same_update(one, two, tmp_path, "adapters" if lora else "weights", 1)
+    ready = [e.data["message"] for e in trainer_events(two, "log") if "trainer ready" in e.data["message"]]
+    assert len(ready) == 1 and ", activation checkpointing (" in ready[0], ready
