@@ -10,10 +10,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from prime_lab.lab.runs import Run, RunRegistry
 from tests.lab.envs.scripted import scripted_endpoint
+from tests.support.cli import prime
 from tests.workbench.lab_fixtures import recorded_run
-from tests.workbench.test_cli_rl import prime
 
 
 def evaluate(cwd: Path) -> tuple[Run, list[dict[str, Any]]]:
@@ -46,6 +48,14 @@ def test_list_shows_only_the_groups_kind(tmp_path: Path) -> None:
     assert "gepa-run" in prime("gepa", "list").stdout.split()
     assert json.loads(prime("gepa", "list", "-n", "1", "-o", "json").stdout)[0]["id"] == gepa.id
     assert "No such option" in prime("eval", "list", "-k", "rl").stderr  # a group's list has no other kinds
+
+
+def test_a_narrow_terminal_still_shows_whole_run_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = [recorded_run("rl-run"), recorded_run("gepa-run")]
+    monkeypatch.setenv("COLUMNS", "40")
+    table = prime("rl", "list").stdout
+    assert max(len(line) for line in table.splitlines()) <= 40
+    assert all(run.id in table.split() for run in runs), table  # the id every other command takes
 
 
 def test_empty_lists_say_so_on_stderr() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from prime_lab.lab.inference.process import free_port
 from prime_lab.lab.runs import RunRegistry
-from tests.workbench.test_cli_rl import prime
+from tests.support.cli import prime
 
 SMALL = ("-B", "4", "-n", "2", "-N", "1")
 CONFIG = """model = "smollm2-135m"

@@ -14,8 +14,8 @@ import pytest
 from prime_lab.lab.runs import RunRegistry
 from prime_lab.workbench.cli.render import when
 from tests.lab.envs.scripted import scripted_endpoint
+from tests.support.cli import PRIME, prime
 from tests.workbench.lab_fixtures import recorded_run
-from tests.workbench.test_cli_rl import PRIME, prime
 
 ANSI = "\x1b["
 BOX = set("─│╭╮╰╯━┃┏┓┗┛═║╔╗╚╝")  # rich's panels, table borders and progress bars

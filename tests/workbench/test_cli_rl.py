@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from prime_lab.lab.events import EventWriter
 from prime_lab.lab.runs import RunRegistry
+from tests.support.cli import PRIME, prime
 
-PRIME = str(Path(sys.executable).parent / "prime")
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "configs" / "rl" / "reverse-text.toml"
-
-
-def prime(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=60, cwd=cwd, env=os.environ)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc
 
 
 BROKEN = """model = "smollm2-135m"

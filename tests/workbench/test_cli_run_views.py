@@ -16,8 +16,8 @@ from prime_lab.lab import events as events_module
 from prime_lab.lab.events import RESTART
 from prime_lab.lab.runs import Run, RunRegistry
 from prime_lab.trainer.batch import Sample, write_batch
+from tests.support.cli import prime
 from tests.workbench.lab_fixtures import recorded_run
-from tests.workbench.test_cli_rl import prime
 
 ROW = re.compile(r"^\s*(\d+)\s")  # a table row starts with its step
 

@@ -142,4 +142,7 @@ def runs_table(statuses: list[dict[str, Any]]) -> None:
                      ", ".join(s.get("envs") or []) or "-", steps_of(s),
                      f"{reward:.3f}" if isinstance(reward, int | float) else "-",
                      when(s.get("started_at") or s.get("created_at"))))
-    print_table(("ID", "STATE", "KIND", "MODEL", "ENVIRONMENTS", "STEP", "REWARD", "STARTED"), rows)
+    # the id is what every other command takes: whole, whatever the terminal's width (the rest may be cut)
+    whole = [Column(name, no_wrap=True, min_width=max([len(name), *(len(r[i]) for r in rows)]))
+             for i, name in ((0, "ID"), (1, "STATE"))]
+    print_table((*whole, "KIND", "MODEL", "ENVIRONMENTS", "STEP", "REWARD", "STARTED"), rows)
