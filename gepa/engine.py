@@ -34,11 +34,17 @@ from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from prime_lab.gepa.adapter import Adapter, Candidate, EvaluationBatch
 from prime_lab.gepa.budget import BudgetClosed, MetricBudget, Reservation
-from prime_lab.gepa.merge import MergePlan, best_parent_scores, choose_merge, merge_minibatch, worse_than_parents
+from prime_lab.gepa.merge import (
+    EPS,
+    MergePlan,
+    best_parent_scores,
+    choose_merge,
+    merge_minibatch,
+    worse_than_parents,
+)
 from prime_lab.gepa.pareto import front_frequencies, instance_fronts, select_parent
 from prime_lab.gepa.state import GepaState
 
-EPS = 1e-9
 Emit = Callable[[str, dict[str, Any], int], None]  # (event kind, data, step)
 
 Verdict = Literal[

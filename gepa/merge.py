@@ -17,7 +17,7 @@ from prime_lab.gepa.adapter import Candidate
 from prime_lab.gepa.pareto import front_frequencies
 from prime_lab.gepa.state import GepaState
 
-EPS = 1e-9  # score tolerance, the engine's for its acceptance tests
+EPS = 1e-9  # score tolerance of every acceptance test (the engine's too)
 
 
 @dataclass(frozen=True)

@@ -37,11 +37,9 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
-    plain: bool = PLAIN_OPTION,
+    plain: bool = PLAIN_OPTION,  # listed in the help; `main` takes --plain out of the arguments before parsing
 ) -> None:
     """prime-lab: improve LLMs on environments, locally."""
-    if plain:
-        set_plain(True)
 
 
 app.add_typer(rl_app, name="train", help="Reinforcement learning: configs, runs, their metrics and rollouts.")

@@ -50,6 +50,8 @@ class PromptCodec:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        # a template that never reads an assistant's `tool_calls` sees them as the text blocks they came from
+        self.inline_tool_calls = "tool_calls" not in str(tokenizer.chat_template or "")
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
 
     def chat_prompt_ids(
@@ -67,7 +69,7 @@ class PromptCodec:
             raise APIError("this model has no chat template; use /v1/completions", param="messages")
         if add_generation_prompt and continue_final_message:
             raise APIError("add_generation_prompt and continue_final_message cannot both be true")
-        messages = normalise_messages(messages, inline_tool_calls="tool_calls" not in self.tokenizer.chat_template)
+        messages = normalise_messages(messages, inline_tool_calls=self.inline_tool_calls)
         if tools is not None:
             template_kwargs = {**(template_kwargs or {}), "tools": tools}
         try:

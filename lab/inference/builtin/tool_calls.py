@@ -145,6 +145,7 @@ def template_tool_calls(tool_calls: Any, index: int) -> list[dict[str, Any]]:
 
 def hermes_text(tool_calls: list[dict[str, Any]]) -> str:
     """Calls (as `template_tool_calls` returns them) as the `<tool_call>` blocks `parse_hermes_tool_calls` reads."""
-    return "\n".join("<tool_call>\n" + json.dumps({"name": call["function"].get("name", ""),
-                                                   "arguments": call["function"]["arguments"]}, ensure_ascii=False)
-                     + "\n</tool_call>" for call in tool_calls)
+    return "\n".join(f"{TOOL_CALL_START}\n" + json.dumps({"name": call["function"].get("name", ""),
+                                                          "arguments": call["function"]["arguments"]},
+                                                         ensure_ascii=False) + f"\n{TOOL_CALL_END}"
+                     for call in tool_calls)
