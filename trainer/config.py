@@ -144,7 +144,20 @@ class LoraConfig(Section):
     alpha: float = Field(default=16, gt=0, description="LoRA alpha (same setting as top-level lora_alpha).")
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Modules that get adapters (Linear layers; names or their ends after a dot).")
+    target_parameters: list[str] = Field(
+        default_factory=list,
+        description='Parameters that get adapters: the fused 3-D experts of transformers-5 Mixture-of-Experts models, '
+        'e.g. ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] (one adapter per expert); the router '
+        "(mlp.gate.weight) only when named. peft gives them no dropout.")
+
+    @model_validator(mode="after")
+    def _some_target(self) -> LoraConfig:
+        if not self.target_modules and not self.target_parameters:
+            raise ValueError("target_modules and target_parameters are both empty: name at least one module or "
+                             "parameter to adapt")
+        return self
 
 
 class CheckpointsConfig(Section):
@@ -209,7 +222,22 @@ class InferenceConfig(Section):
 
 
 class TrainerConfig(Section):
-    micro_batch_size: int = Field(default=8, ge=1, description="Samples per forward/backward pass.")
+    micro_batch_size: int | None = Field(
+        default=None, ge=1, description="Samples per forward/backward pass at most (a packed row); default: as many "
+        "as fit in micro_batch_tokens.")
+    micro_batch_tokens: int | None = Field(
+        default=None, ge=1, description="Tokens per packed row (a forward/backward pass); rows fill up to it (a "
+        "longer sample gets a row of its own). Default: 16384 on a GPU with 40 GiB or more, 8192 on a smaller "
+        "one, 4096 on a CPU (its dense attention mask grows with the square).")
+    attention: Literal["auto", "flex", "sdpa"] = Field(
+        default="auto", description="How packed rows attend: flex (FlexAttention with a block mask, CUDA only), sdpa "
+        "(a dense mask); auto: flex on CUDA where it is available, else sdpa.")
+    lm_head_chunk_size: int = Field(
+        default=1024, ge=0, description="Tokens per chunk of the LM head's logprobs and entropy (float32, logits "
+        "recomputed in the backward pass); 0: all at once ([tokens, vocabulary] float32 tensors, much more memory).")
+    compile: bool = Field(
+        default=False, description="torch.compile each decoder layer (the first steps take longer while it "
+        "compiles).")
     max_seq_len: int | None = Field(
         default=None, ge=1,
         description="Longest prompt + completion trained on (default: the model's context length; Hosted sets it "
@@ -474,16 +502,48 @@ def _check_distributed(ctx: CheckContext) -> None:
                 ctx.problem(("inference", "base_urls", i), "must start with http:// or https://")
 
 
+def _check_lora_dropout(ctx: CheckContext) -> None:
+    parameters = ctx.get(("lora", "target_parameters"))
+    if ctx.get(("lora", "enabled"), True) is not False and isinstance(parameters, list) and parameters \
+            and _num(ctx.get(("lora", "dropout"), 0.0)):
+        ctx.problem(("lora", "dropout"), "peft's LoRA on parameters (target_parameters) takes no dropout: set "
+                    "dropout = 0")
+
+
+def _check_lora_targets_in_model(ctx: CheckContext) -> None:
+    """Targets that match nothing in the run's model, when the file names them and the model is already on this
+    machine (built on the meta device: no weights are read, but torch and transformers are imported)."""
+    model = ctx.get(("model",))
+    named = [key for key in ("target_modules", "target_parameters") if ctx.has(("lora", key))]
+    if ctx.get(("lora", "enabled"), True) is False or not isinstance(model, str) or not named:
+        return
+    targets = {key: ctx.get(("lora", key), LoraConfig.model_fields[key].get_default(call_default_factory=True))
+               for key in ("target_modules", "target_parameters")}
+    if not all(isinstance(v, list) and all(isinstance(n, str) for n in v) for v in targets.values()):
+        return
+    from prime_lab.trainer.lora_targets import local_target_problems
+
+    for key, message in local_target_problems(model, targets["target_modules"], targets["target_parameters"]):
+        if key in named:
+            ctx.problem(("lora", key), message)
+        else:
+            ctx.problem(("lora",), f"{key} (default): {message}")
+
+
 RL_CHECKS = (_check_group, _check_sampling, _check_env_ratios, _check_spellings, _check_ranges, _check_inference,
-             _check_full_finetuning, _hosted_notes, _check_distributed)
+             _check_full_finetuning, _hosted_notes, _check_distributed, _check_lora_dropout)
+MODEL_CHECKS = (_check_lora_targets_in_model,)
 
 
-def validate_rl_config(text: str, file: str | None = None) -> Validation[RLConfig]:
-    return validate_toml(text, RLConfig, file=file, checks=RL_CHECKS)
+def validate_rl_config(text: str, file: str | None = None, *, check_model: bool = False) -> Validation[RLConfig]:
+    """Every problem of the config `text`. With `check_model`, also the `[lora]` targets it names against its model
+    when that is on this machine (a few seconds, once, to import transformers): the editor, which validates on
+    every change, leaves it off; `validate_rl_file` (`prime rl validate`, `prime rl run`) has it on."""
+    return validate_toml(text, RLConfig, file=file, checks=RL_CHECKS + (MODEL_CHECKS if check_model else ()))
 
 
-def validate_rl_file(path: Path) -> Validation[RLConfig]:
-    return validate_file(path, RLConfig, checks=RL_CHECKS)
+def validate_rl_file(path: Path, *, check_model: bool = True) -> Validation[RLConfig]:
+    return validate_file(path, RLConfig, checks=RL_CHECKS + (MODEL_CHECKS if check_model else ()))
 
 
 def template_path() -> Path:

@@ -14,7 +14,7 @@ Optional KL penalty to a reference model (k3 estimator, always >= 0): beta * mea
 
 Which logprobs: l and s are both taken under the distribution the token was actually sampled from, the model's
 logits divided by `[sampling].temperature` with the tokens outside the `top_p` nucleus removed and the rest
-renormalised (trainer/model.py `sampling_logits`; vLLM runs with `--logprobs-mode processed_logprobs`, the built-in
+renormalised (trainer/lm_head.py `sampling_logits`; vLLM runs with `--logprobs-mode processed_logprobs`, the built-in
 server reports the same). With raw logprobs on either side the ratio at step 1 would be far from 1 whenever the
 temperature is not 1 (mismatch KL 0.18 at T=0.7 on SmolLM2), and the objective would be wrong. At step 1 the two
 agree to float precision (tests/trainer/test_sampler_agreement.py: mismatch KL < 1e-3 at T = 0.7, 1.0, 1.3 and

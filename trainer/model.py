@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prime_lab.trainer.attention import default_row_tokens, packs_prefixes, row_inputs
 from prime_lab.trainer.batch import Sample
-from prime_lab.trainer.loss import policy_loss, token_entropy
-from prime_lab.trainer.packing import PackedRow, pack
+from prime_lab.trainer.lm_head import DEFAULT_CHUNK_SIZE, chosen_logprobs, chunkable_head, sampled_head
+from prime_lab.trainer.loss import policy_loss
+from prime_lab.trainer.packing import pack
 
 if TYPE_CHECKING:
     import torch
@@ -40,11 +42,15 @@ def pick_dtype(requested: str, device: str) -> torch.dtype:
 
 
 def load_policy(model_path: Path, *, lora_r: int = 16, lora_alpha: float = 16, lora_dropout: float = 0.0,
-                target_modules: list[str] | None = None, device: str = "cpu", dtype: str = "auto",
-                adapter_path: Path | None = None) -> Any:
-    """The base model at `model_path` with a trainable LoRA adapter (fresh, or the one saved at `adapter_path`)."""
+                target_modules: list[str] | None = None, target_parameters: list[str] | None = None,
+                device: str = "cpu", dtype: str = "auto", adapter_path: Path | None = None) -> Any:
+    """The base model at `model_path` with a trainable LoRA adapter (fresh, or the one saved at `adapter_path`).
+    `target_parameters` adapts parameters rather than modules: the fused 3-D experts of a Mixture-of-Experts model
+    (trainer/lora_targets.py). A target that matches nothing is refused (ValueError), naming what the model has."""
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
+
+    from prime_lab.trainer.lora_targets import check_targets
 
     torch_dtype = pick_dtype(dtype, device)
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
@@ -52,13 +58,10 @@ def load_policy(model_path: Path, *, lora_r: int = 16, lora_alpha: float = 16, l
     base.config.use_cache = False
     if adapter_path is not None:
         return PeftModel.from_pretrained(base, adapter_path, is_trainable=True)
-    missing = [m for m in (target_modules or []) if not any(n.endswith("." + m) for n, _ in base.named_modules())]
-    if missing:
-        raise ValueError(f"[lora].target_modules: {', '.join(missing)} not found in {model_path.name}; its linear "
-                         f"layers include {', '.join(_linear_names(base)[:12])}")
+    check_targets(base, target_modules or [], target_parameters or [], model_path.name)
     config = LoraConfig(r=lora_r, lora_alpha=lora_alpha,  # type: ignore[arg-type]  # peft accepts a float
-                        lora_dropout=lora_dropout, target_modules=target_modules,
-                        task_type="CAUSAL_LM", bias="none")
+                        lora_dropout=lora_dropout, target_modules=target_modules or None,
+                        target_parameters=target_parameters or None, task_type="CAUSAL_LM", bias="none")
     return get_peft_model(base, config)
 
 
@@ -97,10 +100,21 @@ def enable_activation_checkpointing(model: Any) -> None:
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def _linear_names(model: Any) -> list[str]:
-    import torch
+def decoder_layers(model: Any) -> list[Any]:
+    """The model's decoder layers (the modules transformers keeps whole: `_no_split_modules`)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or [])
+    return [module for module in base.modules() if type(module).__name__ in names]
 
-    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+
+def compile_layers(model: Any) -> None:
+    """torch.compile each decoder layer in place (its forward and backward; the layers share one compiled graph
+    where their shapes agree), as prime-rl compiles per block. The first steps take longer while it compiles."""
+    layers = decoder_layers(model)
+    if not layers:
+        raise ValueError(f"[trainer].compile: no decoder layers found in {type(model).__name__}; set it to false")
+    for layer in layers:
+        layer.compile()
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
@@ -116,68 +130,31 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     return torch.cat([zero, chosen], dim=1), (torch.cat([zero, entropy], dim=1) if entropy is not None else None)
 
 
-def sampling_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
-    """The logits of the distribution a sampled token was drawn from: divided by the temperature, then the tokens
-    outside the top-p nucleus at -inf. Both samplers report their logprobs under this distribution (vLLM with
-    `--logprobs-mode processed_logprobs`, the built-in server always), so at step 1 the trainer's logprobs equal
-    the sampler's and the importance ratio is 1 at any temperature and top_p. The nucleus is chosen without
-    gradient (the sampled token is always inside it); the gradient flows through the kept logits.
-    Temperature 0 (greedy) is left as 1, as the samplers report it."""
-    from prime_lab.lab.inference.builtin.sampling import keep_top_p
-
-    logits = logits.float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    if top_p < 1.0 and temperature > 0:
-        outside = keep_top_p(logits.detach(), top_p).isneginf()
-        logits = logits.masked_fill(outside, float("-inf"))
-    return logits
-
-
-def chosen_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0, *,
-                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprobs of `targets` [batch, n] under `logits` [batch, n, vocab] as sampled (`sampling_logits`), and
-    (without gradient) the entropies of those distributions when asked."""
-    import torch
-
-    logits = sampling_logits(logits, temperature, top_p)
-    chosen = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, :, None]).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = token_entropy(logits)
-    return chosen, entropy
+def score_row(forward: Any, owner: Any, inputs: dict[str, Any], targets: torch.Tensor, temperature: float = 1.0,
+              top_p: float = 1.0, chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logprob of each of a row's trained tokens `targets` [n] under the sampling distribution (with
+    gradient) and its entropy (without): [1, n] each. `forward` runs the model (`owner` itself, or its DDP
+    wrapper); the LM head is trainer/lm_head.py's chunked one (`chunk_size` tokens at a time) where the model's
+    output layer allows it (`chunkable_head`), else the dense one."""
+    head = chunkable_head(owner)[0] if chunk_size > 0 else None
+    if head is None:
+        logprobs, entropy = chosen_logprobs(forward(**inputs).logits, targets[None], temperature, top_p,
+                                            with_entropy=True)
+        assert entropy is not None
+        return logprobs, entropy
+    with sampled_head(head, targets, temperature, top_p, chunk_size):
+        scored = forward(**inputs).logits  # [1, n, 2]: logprob, entropy
+    return scored[..., 0], scored[..., 1].detach()
 
 
-def attention_implementation(model: Any) -> str:
-    return str(getattr(model.config, "_attn_implementation", None) or "eager")
-
-
-def row_inputs(model: Any, row: PackedRow, device: str) -> dict[str, torch.Tensor | None]:
-    """The model's inputs for a packed row (built once, for the policy pass and the reference pass alike): its
-    tokens, position ids, the positions whose logits are kept, and its attention mask in the form the model's
-    attention takes: None (plain causal) for a single sample, booleans for SDPA, an additive float mask for eager."""
-    import torch
-
-    mask = None
-    if row.needs_mask():
-        mask = row.attention_mask(device)
-        if attention_implementation(model) != "sdpa":
-            dtype = next(model.parameters()).dtype
-            mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, torch.finfo(dtype).min)
-    return {"input_ids": torch.tensor([row.input_ids], dtype=torch.long, device=device),
-            "position_ids": torch.tensor([row.position_ids], dtype=torch.long, device=device),
-            "logits_to_keep": torch.tensor(row.sources, dtype=torch.long, device=device),
-            "attention_mask": mask}
-
-
-def reference_logits(model: Any, reference: Any | None, inputs: dict[str, Any]) -> torch.Tensor:
-    """The logits of the KL penalty's reference policy: `reference` (full fine-tuning keeps a frozen copy of the
+def reference_logprobs(model: Any, reference: Any | None, inputs: dict[str, Any], targets: torch.Tensor,
+                       temperature: float, top_p: float, chunk_size: int) -> torch.Tensor:
+    """The logprobs of the KL penalty's reference policy: `reference` (full fine-tuning keeps a frozen copy of the
     base model), or the LoRA policy with its adapter disabled (the base model, at no extra memory)."""
     if reference is not None:
-        return reference(**inputs).logits
+        return score_row(reference, reference, inputs, targets, temperature, top_p, chunk_size)[0]
     with model.disable_adapter():
-        return model(**inputs).logits
+        return score_row(model, model, inputs, targets, temperature, top_p, chunk_size)[0]
 
 
 @dataclass
@@ -192,16 +169,19 @@ class BatchResult:
 
 
 def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str,
-                               temperature: float = 1.0, top_p: float = 1.0, micro_batch_size: int = 8,
-                               accumulation_steps: int = 1,
+                               temperature: float = 1.0, top_p: float = 1.0, micro_batch_size: int | None = 8,
+                               micro_batch_tokens: int | None = None, accumulation_steps: int = 1,
+                               attention: str = "sdpa", lm_head_chunk_size: int = DEFAULT_CHUNK_SIZE,
                                ratio_low: float = 0.125, ratio_high: float = 8.0, kl_beta: float = 0.0,
                                reference: Any | None = None, dist: Dist | None = None, forward: Any | None = None,
                                grad_sync: Callable[[bool], AbstractContextManager[Any]] | None = None) -> BatchResult:
     """Forward and backward every micro-batch, each packed into one sequence (trainer/packing.py: a group's prompt
-    once, no padding); gradients add up to those of the loss over the whole batch (normalised by the batch's
-    completion tokens). The caller clips and steps the optimizer.
+    once, no padding; at most `micro_batch_size` samples and `micro_batch_tokens` tokens a row); gradients add up
+    to those of the loss over the whole batch (normalised by the batch's completion tokens). The caller clips and
+    steps the optimizer. `attention` is how rows attend (trainer/attention.py: "flex" or "sdpa", as
+    `choose_attention` set the model up); the LM head takes `lm_head_chunk_size` tokens at a time (0: all).
 
-    The KL penalty (`kl_beta` > 0) is to `reference_logits`.
+    The KL penalty (`kl_beta` > 0) is to `reference_logprobs`.
 
     Past one process (`dist`): each rank packs the whole batch the same way and trains on its share of the rows
     (`shard_rows`), through `forward` (the DDP or FSDP module); `grad_sync(last)` is the context of a backward
@@ -217,24 +197,24 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
     world = dist.world_size if dist is not None else 1
     forward = forward if forward is not None else model
     rows = pack(samples, micro_batch_size, max(accumulation_steps, world),
-                share_prefixes=attention_implementation(model) in ("sdpa", "eager"))
+                share_prefixes=packs_prefixes(model, attention),
+                max_tokens=micro_batch_tokens or default_row_tokens(device))
     total_loss_tokens = sum(len(row.targets) for row in rows)
     mine = shard_rows(rows, dist.rank if dist is not None else 0, world)
     sums = [0.0] * 5  # loss, entropy, mismatch KL, masked, reference KL: token-weighted sums
     for i, (row, weight) in enumerate(mine):
-        inputs = row_inputs(model, row, device)
-        targets = torch.tensor([row.targets], dtype=torch.long, device=device)
+        inputs = row_inputs(model, row, device, attention)
+        targets = torch.tensor(row.targets, dtype=torch.long, device=device)
         sampler_logprobs = torch.tensor([row.sampler_logprobs], dtype=torch.float32, device=device)
         advantages = torch.tensor([row.advantages], dtype=torch.float32, device=device)
         loss_mask = torch.ones_like(sampler_logprobs)
         ref = None
         if kl_beta > 0:
             with torch.no_grad():
-                ref, _ = chosen_logprobs(reference_logits(model, reference, inputs), targets, temperature, top_p)
+                ref = reference_logprobs(model, reference, inputs, targets, temperature, top_p, lm_head_chunk_size)
         sync = grad_sync(i == len(mine) - 1) if grad_sync is not None else contextlib.nullcontext()
         with sync:
-            logprobs, entropy = chosen_logprobs(forward(**inputs).logits, targets, temperature, top_p,
-                                                 with_entropy=True)
+            logprobs, entropy = score_row(forward, model, inputs, targets, temperature, top_p, lm_head_chunk_size)
             out = policy_loss(logprobs, sampler_logprobs, advantages, loss_mask, ratio_low=ratio_low,
                               ratio_high=ratio_high, ref_logprobs=ref, kl_beta=kl_beta,
                               num_loss_tokens=max(1, total_loss_tokens))
@@ -242,7 +222,6 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
         if not weight:
             continue
         row_tokens = float(len(row.targets))
-        assert entropy is not None
         sums[0] += float(out.loss.detach())
         sums[1] += float(entropy.sum())
         sums[2] += out.mismatch_kl * row_tokens

@@ -7,8 +7,9 @@ its position ids continue from the prefix's length, so every trained token gets 
 unpacked sequence (up to float summation order). A group of 8 rollouts then costs its prompt once instead of 8
 times, and no position is padding; logits are computed only at the positions that predict a trained token.
 
-Rows hold at most `per_row` samples (the micro-batch size) and `max_tokens` tokens (a row's mask is tokens^2), and
-a row with one sample needs no mask at all. Pure Python; `attention_mask` builds the tensor.
+Rows hold at most `per_row` samples (`[trainer] micro_batch_size`, when set) and `max_tokens` tokens (`[trainer]
+micro_batch_tokens`: trainer/attention.py says what fits where), and a row with one sample needs no mask at all.
+Pure Python; `attention_mask` builds the tensor (trainer/attention.py builds FlexAttention's block mask).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from prime_lab.trainer.batch import Sample
 if TYPE_CHECKING:
     import torch
 
-MAX_ROW_TOKENS = 4096  # a longer single sample still gets a row of its own (plain causal, no mask)
+MAX_ROW_TOKENS = 4096  # the CPU's default; a longer single sample still gets a row of its own
 
 
 @dataclass
@@ -102,19 +103,20 @@ def single_row(sample: Sample, prefix_len: int) -> PackedRow:
     return row
 
 
-def pack(samples: list[Sample], per_row: int, accumulation_steps: int = 1, *, share_prefixes: bool = True,
+def pack(samples: list[Sample], per_row: int | None, accumulation_steps: int = 1, *, share_prefixes: bool = True,
          max_tokens: int = MAX_ROW_TOKENS) -> list[PackedRow]:
-    """Rows of at most `per_row` samples (fewer when that makes at least `accumulation_steps` rows) and about
-    `max_tokens` tokens; samples with the same prefix go together and share it when `share_prefixes` (otherwise
-    every row holds one sample, which any attention implementation can run). Samples with no trained token are
-    left out."""
+    """Rows of at most `per_row` samples (None: no cap; fewer when that makes at least `accumulation_steps` rows)
+    and at most `max_tokens` tokens (a longer sample gets a row of its own); samples with the same prefix go
+    together and share it when `share_prefixes` (otherwise every row holds one sample, which any attention
+    implementation can run). Samples with no trained token are left out."""
     trainable = [(s, prefix_length(s)) for s in samples]
     trainable = [(s, p) for s, p in trainable if p > 0]
     if not trainable:
         return []
     if not share_prefixes:
         return [single_row(sample, p) for sample, p in trainable]
-    per_row = max(1, min(per_row, -(-len(trainable) // max(1, accumulation_steps))))
+    at_least_rows = -(-len(trainable) // max(1, accumulation_steps)) if accumulation_steps > 1 else len(trainable)
+    per_row = max(1, min(per_row or len(trainable), at_least_rows))
     clusters: dict[tuple[int, ...], list[Sample]] = {}
     for sample, p in trainable:
         clusters.setdefault(tuple(sample.input_ids[:p]), []).append(sample)

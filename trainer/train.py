@@ -35,11 +35,15 @@ from typing import Any
 
 from prime_lab.lab.events import EventWriter
 from prime_lab.lab.runs import Run
+from prime_lab.trainer.attention import choose_attention, default_row_tokens
 from prime_lab.trainer.batch import Sample, batch_path, read_batch, truncate
 from prime_lab.trainer.config import RLConfig
 from prime_lab.trainer.distributed import HEARTBEAT_S, WAITING, Dist, exit_rank, strategy
+from prime_lab.trainer.lm_head import chunkable_head
 from prime_lab.trainer.model import (
     accumulate_batch_gradients,
+    compile_layers,
+    decoder_layers,
     enable_activation_checkpointing,
     load_full_policy,
     load_policy,
@@ -103,7 +107,8 @@ class Trainer:
         self.reference: Any | None = None  # full fine-tuning: the frozen base model of the KL penalty
         if lora.enabled:
             self.model = load_policy(model_path, lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                     target_modules=lora.target_modules, device=self.device,
+                                     target_modules=lora.target_modules,
+                                     target_parameters=lora.target_parameters, device=self.device,
                                      dtype=config.trainer.dtype, adapter_path=start_from)
         else:
             self.model = load_full_policy(start_from or model_path, device=self.device, dtype=config.trainer.dtype)
@@ -112,8 +117,13 @@ class Trainer:
                                                   trainable=False)
         if copy is not None:
             shutil.rmtree(copy, ignore_errors=True)
+        self.attention, attention_note = choose_attention(
+            config.trainer.attention, self.device, *(m for m in (self.model, self.reference) if m is not None))
+        self.row_tokens = config.trainer.micro_batch_tokens or default_row_tokens(self.device)
         if config.trainer.activation_checkpointing:
             enable_activation_checkpointing(self.model)
+        if config.trainer.compile:
+            compile_layers(self.model)
         self.forward = self.wrap_model()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate,
@@ -135,15 +145,25 @@ class Trainer:
             self.publish_policy(self.start_step)  # the sampler starts from this version
         n_train = sum(p.numel() for p in self.params)
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
-        what = (f"LoRA r={lora.r} alpha={lora.alpha:g} on {', '.join(lora.target_modules)}" if lora.enabled
+        what = (f"LoRA r={lora.r} alpha={lora.alpha:g} on {', '.join(lora.target_modules + lora.target_parameters)}"
+                if lora.enabled
                 else f"full fine-tuning in {dtype}")
         if config.trainer.activation_checkpointing:
             what += ", activation checkpointing"
+        if config.trainer.compile:
+            what += ", compiled layers"
+        head_note = chunkable_head(self.model)[1] if config.trainer.lm_head_chunk_size else "lm_head_chunk_size = 0"
+        layout = (f"rows of up to {self.row_tokens} tokens through "
+                  + ("FlexAttention" if self.attention == "flex" else "SDPA with a dense mask")
+                  + (f", LM head whole ({head_note})" if head_note else
+                     f", LM head {config.trainer.lm_head_chunk_size} tokens a chunk"))
         ranks = f" x {self.dist.world_size} ranks ({self.strategy.upper()}, {self.dist.backend})" \
             if self.strategy else ""
         self.log(f"trainer ready on {self.device}{ranks}: {model_path.name}, {what} ({n_train:,} trainable "
-                 "parameters); " + (f"resuming after step {self.start_step}" if self.start_step
-                                    else "starting at step 1"))
+                 f"parameters); {layout}; " + (f"resuming after step {self.start_step}" if self.start_step
+                                               else "starting at step 1"))
+        if attention_note:
+            self.log(attention_note, "WARNING")
 
     # Past one process ------------------------------------------------------------------------------------------
     def wrap_model(self) -> Any:
@@ -161,10 +181,8 @@ class Trainer:
             for model in (self.model, self.reference):
                 if model is None:
                     continue
-                layers = set(getattr(model, "_no_split_modules", None) or [])
-                for module in model.modules():
-                    if type(module).__name__ in layers:
-                        fully_shard(module)
+                for layer in decoder_layers(model):
+                    fully_shard(layer)
                 fully_shard(model)
         return self.model
 
@@ -269,7 +287,8 @@ class Trainer:
             result = accumulate_batch_gradients(
                 self.model, samples, device=self.device,
                 temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
-                micro_batch_size=cfg.trainer.micro_batch_size,
+                micro_batch_size=cfg.trainer.micro_batch_size, micro_batch_tokens=self.row_tokens,
+                attention=self.attention, lm_head_chunk_size=cfg.trainer.lm_head_chunk_size,
                 accumulation_steps=cfg.gradient_accumulation_steps, ratio_low=cfg.trainer.ratio_mask_low,
                 ratio_high=cfg.trainer.ratio_mask_high, kl_beta=self.kl_beta, reference=self.reference,
                 dist=self.dist, forward=self.forward, grad_sync=self.grad_sync)

@@ -107,7 +107,7 @@ class ReferenceForward:
         sampler draws from at `temperature` and `top_p` (the trainer's `sampling_logits`)."""
         import torch
 
-        from prime_lab.trainer.model import sampling_logits
+        from prime_lab.trainer.lm_head import sampling_logits
 
         model = self.base if adapter is None else self._adapter_model(adapter)
         ids = torch.tensor([prompt_ids + token_ids])

@@ -39,6 +39,19 @@ def config_text(model: Path, steps: int = STEPS, extra: str = "") -> str:
     return CONFIG.format(model=model, steps=steps, extra=extra)
 
 
+def random_batch(vocab: int) -> list[Sample]:
+    """4 samples of 24 random tokens (8 of prompt, 16 trained), advantages of both signs, sampler logprobs -4."""
+    import random
+
+    rng = random.Random(0)
+    samples = []
+    for i in range(4):
+        ids = [rng.randrange(vocab) for _ in range(24)]
+        mask = [0] * 8 + [1] * 16
+        samples.append(Sample(ids, mask, [-4.0 * m for m in mask], 1.0 if i % 2 else -0.5))
+    return samples
+
+
 def base_batches(model_dir: Path, steps: int) -> list[list[Sample]]:
     """`steps` batches of 4 samples (2 groups of 2 sharing a prompt), logprobs from the base model."""
     import torch

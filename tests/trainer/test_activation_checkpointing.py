@@ -3,31 +3,28 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from prime_lab.trainer.batch import Sample
 from prime_lab.trainer.model import (
     accumulate_batch_gradients,
     enable_activation_checkpointing,
     load_full_policy,
     load_policy,
 )
-from tests.support.trainer_runs import STEPS, base_batches, config_text, new_run, train, trainer_metrics, weights
-
-
-def batch(vocab: int) -> list[Sample]:
-    rng = random.Random(0)
-    samples = []
-    for i in range(4):
-        ids = [rng.randrange(vocab) for _ in range(24)]
-        mask = [0] * 8 + [1] * 16
-        samples.append(Sample(ids, mask, [-4.0 * m for m in mask], 1.0 if i % 2 else -0.5))
-    return samples
+from tests.support.trainer_runs import (
+    STEPS,
+    base_batches,
+    config_text,
+    new_run,
+    random_batch,
+    train,
+    trainer_metrics,
+    weights,
+)
 
 
 def gradients_and_layer_calls(model: Any) -> tuple[dict[str, torch.Tensor], int]:
@@ -42,7 +39,7 @@ def gradients_and_layer_calls(model: Any) -> tuple[dict[str, torch.Tensor], int]
     hooks = [layer.register_forward_pre_hook(count) for layer in layers]  # (a recompute may stop before the end)
     model.train()
     model.zero_grad(set_to_none=True)
-    accumulate_batch_gradients(model, batch(model.config.vocab_size), device="cpu", temperature=0.7,
+    accumulate_batch_gradients(model, random_batch(model.config.vocab_size), device="cpu", temperature=0.7,
                                micro_batch_size=2)
     for hook in hooks:
         hook.remove()

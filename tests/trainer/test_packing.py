@@ -76,3 +76,17 @@ def test_single_samples_need_no_mask_and_untrainable_samples_are_left_out() -> N
     rows = pack([sample([1, 2], [3, 4]), sample([1, 2], [5])], per_row=4, share_prefixes=False)
     assert [r.input_ids for r in rows] == [[1, 2, 3], [1, 2]] and not any(r.needs_mask() for r in rows)
     assert packed_predictions(rows[0], None) == unpacked_predictions(sample([1, 2], [3, 4]))
+
+
+def test_rows_fill_up_to_the_token_budget_not_a_sample_count() -> None:
+    """The GPU's RL batch: 64 x 2048 tokens in groups of 8 sharing a 512-token prompt. Without a sample cap a
+    16k budget takes a whole group (the prompt once and 8 completions: 12,800 tokens) and as much of the next as
+    fits; a 4k budget, 2 samples."""
+    batch = [sample(list(range(g * 1000, g * 1000 + 512)), [5] * 1536) for g in range(8) for _ in range(8)]
+    rows = pack(batch, None, max_tokens=16384)
+    assert sum(r.samples for r in rows) == 64 and len(rows) == 7 and rows[0].samples == 10
+    assert all(16384 - 1535 < len(r) <= 16384 for r in rows[:-1])  # full: the next completion would not fit
+    assert [r.samples for r in pack(batch, None, max_tokens=4096)] == [2] * 32
+    assert [r.samples for r in pack(batch, 4, max_tokens=16384)] == [4] * 16  # a cap still caps
+    assert len(pack(batch, None, 16, max_tokens=16384)) == 16  # and accumulation steps still split
+    assert sum(r.samples for r in pack(batch[:3] + [sample([1], [2] * 20000)], None, max_tokens=4096)) == 4

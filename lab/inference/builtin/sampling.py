@@ -1,7 +1,7 @@
 """Batched sampling in torch: one call per decode step for the whole batch.
 
 Reported logprobs are those of the distribution each token was drawn from, as vLLM's
-`--logprobs-mode processed_logprobs` returns them (and as the trainer recomputes them, trainer/model.py): the
+`--logprobs-mode processed_logprobs` returns them (and as the trainer recomputes them, trainer/lm_head.py): the
 log-softmax of the logits after banned tokens, temperature, then the top-k and top-p masks, renormalised. A greedy
 row reports the log-softmax of its logits (banned tokens excluded), with no temperature, top-k or top-p, as vLLM
 does. Tokens are drawn by inverting each row's CDF at one uniform number: one random draw per row (not per

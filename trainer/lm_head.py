@@ -1,0 +1,230 @@
+"""The trainer's LM head: the logprob of each trained token, and the entropy, under the distribution the sampler drew
+it from, a chunk of tokens at a time.
+
+The distribution (`sampling_logits`): the model's logits divided by the temperature, the tokens outside the top-p
+nucleus at -inf, renormalised. Both samplers report their logprobs under it (vLLM with `--logprobs-mode
+processed_logprobs`, the built-in server always), so at step 1 the trainer's logprobs equal the sampler's and the
+importance ratio is 1 at any temperature and top_p.
+
+A [tokens, vocabulary] float32 tensor is ~10 GB at 16k tokens and a 152k vocabulary, and the dense way
+(`chosen_logprobs`: logits, divided, sorted for the nucleus, log-softmax, softmax for the entropy) holds several.
+`sampled_logprobs` never holds one: for each chunk of `chunk_size` tokens it computes the chunk's logits from the
+hidden states, in float32, and keeps per token only its logprob, its entropy, the log-normaliser and, with top_p < 1,
+the nucleus threshold (the smallest logit kept: the vocabulary is sorted once per token, in the forward pass). The
+backward pass recomputes each chunk's logits and takes the nucleus from the saved threshold, so the gradient is that
+of the dense computation at a chunk's memory. prime-rl's `lm_head.py`, verl's and Liger's chunked losses do the same
+without top_p.
+
+The model's forward reaches the head through `sampled_head`: for the duration of one forward call the output
+embedding's `forward` returns [1, n, 2] (logprob, entropy) at the kept positions instead of [1, n, vocabulary]
+logits, inside the model's own forward, so DDP's and FSDP2's hooks see the head's weight used as usual.
+
+torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+DEFAULT_CHUNK_SIZE = 1024  # tokens a chunk: 2.8 GiB of LM-head peak at 16k tokens and a 152k vocabulary (H200)
+SORT_ELEMENTS = 1 << 25  # the nucleus sort takes at most this many logits at a time (a sub-chunk of the chunk)
+
+
+def sampling_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
+    """The logits of the distribution a sampled token was drawn from: divided by the temperature, then the tokens
+    outside the top-p nucleus at -inf. The nucleus is chosen without gradient (the sampled token is always inside
+    it); the gradient flows through the kept logits. Temperature 0 (greedy) is left as 1, as the samplers report
+    it. The dense form, for tests and for the dense head (`lm_head_chunk_size = 0`)."""
+    from prime_lab.lab.inference.builtin.sampling import keep_top_p
+
+    logits = logits.float()
+    if _scales(temperature):
+        logits = logits / temperature
+    if _nucleus(temperature, top_p):
+        outside = keep_top_p(logits.detach(), top_p).isneginf()
+        logits = logits.masked_fill(outside, float("-inf"))
+    return logits
+
+
+def chosen_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0, *,
+                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprobs of `targets` [batch, n] under `logits` [batch, n, vocab] as sampled (`sampling_logits`), and
+    (without gradient) the entropies of those distributions when asked: the dense head."""
+    import torch
+
+    from prime_lab.trainer.loss import token_entropy
+
+    logits = sampling_logits(logits, temperature, top_p)
+    chosen = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, :, None]).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = token_entropy(logits)
+    return chosen, entropy
+
+
+def _scales(temperature: float) -> bool:
+    return temperature > 0 and temperature != 1.0
+
+
+def _nucleus(temperature: float, top_p: float) -> bool:
+    return top_p < 1.0 and temperature > 0
+
+
+def nucleus_threshold(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[n, vocab] scaled logits -> [n]: the smallest logit inside each row's top-p nucleus, by the samplers' rule
+    (`keep_top_p`: a token stays while the probability of the tokens ranked above it is at most top_p). A token is
+    in the nucleus iff its logit >= the threshold (up to exact ties at the boundary). Sorted a sub-chunk of rows at
+    a time, so the sort's int64 indices stay small."""
+    import torch
+
+    rows = max(1, SORT_ELEMENTS // max(1, scaled.shape[-1]))
+    out = []
+    for part in scaled.split(rows):
+        ordered = part.sort(dim=-1, descending=True).values
+        probs = torch.softmax(ordered, dim=-1)
+        kept = ((probs.cumsum(dim=-1) - probs) <= top_p).sum(dim=-1, keepdim=True).clamp(min=1)
+        out.append(ordered.gather(-1, kept - 1).squeeze(-1))
+        del ordered, probs
+    return torch.cat(out)
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float,
+                  threshold: torch.Tensor | None) -> torch.Tensor:
+    """One chunk's sampling logits: the head's matmul in the model's dtype (as nn.Linear computes it), then float32
+    (float64 stays float64), divided by the temperature, the tokens below the nucleus threshold at -inf."""
+    import torch
+
+    logits = torch.nn.functional.linear(hidden, weight)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if _scales(temperature):
+        logits = logits / temperature
+    if threshold is not None:
+        logits = logits.masked_fill(logits < threshold[:, None], float("-inf"))
+    return logits
+
+
+def _chunked_function() -> Any:
+    import torch
+
+    class ChunkedSampledLogprobs(torch.autograd.Function):
+        """hidden [n, d], weight [vocab, d], targets [n] -> logprob [n] (differentiable), entropy [n] (not)."""
+
+        @staticmethod
+        def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                    temperature: float, top_p: float, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+            dtype = torch.promote_types(hidden.dtype, torch.float32)
+            n = hidden.shape[0]
+            logprob = torch.empty(n, dtype=dtype, device=hidden.device)
+            entropy = torch.empty_like(logprob)
+            log_normaliser = torch.empty_like(logprob)
+            threshold = torch.empty_like(logprob) if _nucleus(temperature, top_p) else None
+            for start in range(0, n, chunk_size):
+                end = min(n, start + chunk_size)
+                if threshold is not None:
+                    raw = _chunk_logits(hidden[start:end], weight, temperature, None)
+                    threshold[start:end] = nucleus_threshold(raw, top_p)
+                    del raw
+                chunk_threshold = threshold[start:end] if threshold is not None else None
+                logits = _chunk_logits(hidden[start:end], weight, temperature, chunk_threshold)
+                lse = torch.logsumexp(logits, dim=-1)
+                logprob[start:end] = logits.gather(-1, targets[start:end, None]).squeeze(-1) - lse
+                logits -= lse[:, None]  # now log-probabilities: -inf outside the nucleus, where p log p is 0
+                probs = logits.exp()
+                entropy[start:end] = -torch.where(probs > 0, probs * logits, 0.0).sum(-1)
+                log_normaliser[start:end] = lse
+                del logits, probs
+            ctx.save_for_backward(hidden, weight, targets, log_normaliser,
+                                  *([threshold] if threshold is not None else []))
+            ctx.temperature, ctx.chunk_size = temperature, chunk_size
+            ctx.mark_non_differentiable(entropy)
+            return logprob, entropy
+
+        @staticmethod
+        def backward(ctx: Any, grad_logprob: torch.Tensor | None,
+                     _grad_entropy: torch.Tensor | None) -> tuple[Any, ...]:
+            hidden, weight, targets, log_normaliser, *rest = ctx.saved_tensors
+            threshold = rest[0] if rest else None
+            temperature, chunk_size = ctx.temperature, ctx.chunk_size
+            need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            if grad_logprob is None or not (need_hidden or need_weight):
+                return None, None, None, None, None, None
+            dtype = torch.promote_types(hidden.dtype, torch.float32)
+            grad_hidden = torch.empty_like(hidden) if need_hidden else None
+            grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_weight else None
+            scale = 1.0 / temperature if _scales(temperature) else 1.0
+            for start in range(0, hidden.shape[0], chunk_size):
+                end = min(hidden.shape[0], start + chunk_size)
+                chunk_threshold = threshold[start:end] if threshold is not None else None
+                logits = _chunk_logits(hidden[start:end], weight, temperature, chunk_threshold)
+                g = grad_logprob[start:end].to(dtype)
+                # d logprob / d logits = onehot(target) - p (0 outside the nucleus), times 1/T for the division
+                d_logits = torch.exp(logits - log_normaliser[start:end, None]).mul_(-g[:, None])
+                d_logits.scatter_add_(-1, targets[start:end, None], g[:, None])
+                if scale != 1.0:
+                    d_logits.mul_(scale)
+                d_logits = d_logits.to(hidden.dtype)
+                if grad_hidden is not None:
+                    grad_hidden[start:end] = d_logits @ weight
+                if grad_weight is not None:
+                    grad_weight += (d_logits.T @ hidden[start:end]).to(dtype)
+                del logits, d_logits
+            return (grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None,
+                    None, None, None, None)
+
+    return ChunkedSampledLogprobs
+
+
+_FUNCTION: Any = None
+
+
+def sampled_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                     top_p: float = 1.0, chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logprob of each of `targets` [n] (differentiable, to `hidden` [n, d] and `weight` [vocab, d]) and the
+    entropy at each position (no gradient), under the sampling distribution of the logits `hidden @ weight.T`,
+    `chunk_size` tokens at a time. Equals `chosen_logprobs` on the full logits, to float rounding."""
+    global _FUNCTION
+    if _FUNCTION is None:
+        _FUNCTION = _chunked_function()
+    logprob, entropy = _FUNCTION.apply(hidden, weight, targets, temperature, top_p, max(1, chunk_size))
+    return logprob, entropy
+
+
+def chunkable_head(model: Any) -> tuple[Any | None, str]:
+    """The model's output embedding when the chunked head can stand in for it (a plain Linear without bias whose
+    logits the model uses as they are), else None and why not."""
+    import torch
+
+    config = getattr(model, "config", None)
+    if getattr(config, "final_logit_softcapping", None):
+        return None, "the model soft-caps its logits"
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is not torch.nn.Linear:
+        return None, f"its output layer is a {type(head).__name__}, not a plain Linear (LoRA on lm_head?)"
+    if head.bias is not None:
+        return None, "its output layer has a bias"
+    return head, ""
+
+
+@contextmanager
+def sampled_head(head: Any, targets: torch.Tensor, temperature: float, top_p: float,
+                 chunk_size: int) -> Iterator[None]:
+    """While active, `head` (the model's output Linear) maps the hidden states at the kept positions [1, n, d] to
+    [1, n, 2]: the logprob of each of `targets` [n] and the entropy, as `sampled_logprobs` computes them. The model's
+    forward then returns those as its `logits` (so `logits_to_keep` must select exactly the targets' positions)."""
+    import torch
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        logprob, entropy = sampled_logprobs(hidden[0], head.weight, targets, temperature, top_p, chunk_size)
+        return torch.stack([logprob, entropy], dim=-1)[None]
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward
