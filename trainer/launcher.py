@@ -33,6 +33,8 @@ from prime_lab.lab.alerts import AlertMonitor
 from prime_lab.lab.events import Event, EventLog
 from prime_lab.lab.inference.backend import BackendChoice
 from prime_lab.lab.inference.process import RunningServer, log_tail
+from prime_lab.lab.inference.vllm import cuda_available
+from prime_lab.lab.models.store import experts_of
 from prime_lab.lab.paths import child_python
 from prime_lab.lab.reaper import ReaperHandle, die_with_parent, start_reaper
 from prime_lab.lab.runs import Run
@@ -214,9 +216,16 @@ class Supervisor:
         url = inf.base_url or next(iter(inf.base_urls), None)
         requested = "external" if inf.backend == "auto" and url else inf.backend  # a URL given: the sampler is there
         try:
-            return choose_backend(requested, external_url=", ".join(inf.base_urls) or url)
+            choice = choose_backend(requested, external_url=", ".join(inf.base_urls) or url)
         except BackendUnavailableError as exc:
             raise LaunchFailed(str(exc)) from exc
+        if choice.backend == "vllm" and self.config.lora.enabled and experts_of(self.model_path) \
+                and not cuda_available():
+            raise LaunchFailed(f"vLLM's CPU build cannot serve LoRA on a Mixture-of-Experts model "
+                               f"({self.model_path.name} has experts): with --enable-lora it runs MoE layers through "
+                               "a Triton-only kernel and its engine dies on the first request; set [inference] "
+                               'backend = "builtin"')
+        return choice
 
     def plan_placement(self, backend: str) -> Placement:
         cfg = self.config

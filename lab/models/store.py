@@ -22,6 +22,20 @@ def is_model_folder(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").is_file()
 
 
+def experts_of(path: Path) -> int:
+    """How many routed experts the model folder's config.json declares (0: a dense model, or no readable config):
+    `num_experts` (Qwen3-MoE, OLMoE) or `num_local_experts` (Mixtral)."""
+    import json
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    value = text.get("num_experts") or text.get("num_local_experts") or 0
+    return int(value) if isinstance(value, int) else 0
+
+
 def materialise(final: Path, build: Callable[[Path], None]) -> Path:
     """Return `final`, building it with `build(folder)` first if it is not a model folder yet.
 
