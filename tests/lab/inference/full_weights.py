@@ -1,5 +1,5 @@
-"""What the full-weight tests of both engines share: new weights for the tiny model, and a server's logprobs for a
-prompt checked against a float32 forward pass of the weights it should be serving.
+"""What the full-weight tests of both engines share: new weights for the tiny model, a server's logprobs for a
+prompt checked against a float32 forward pass of the weights it should be serving, and a module's own built-in server.
 
 `perturbed_model` writes what a full fine-tuning trainer publishes (`save_pretrained` of the whole model, every
 parameter moved, the tied embedding / LM head included, where vLLM's CPU build keeps a prepacked copy), beside
@@ -9,18 +9,30 @@ the tokenizer so `ReferenceForward` can load the folder.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
+from prime_lab.lab.inference.builtin.launcher import BuiltinServer, start_builtin_server
+from prime_lab.lab.inference.builtin.server import BuiltinServerSettings
 from tests.plugins.servers import ReferenceForward
 
 # Longer than a vLLM KV-cache block (16 tokens): a repeated request hits the prefix cache, so a server that kept
 # state computed with the old weights would show.
 LONG_PROMPT = [{"role": "user", "content": "Reverse the text: hello world, the quick brown fox " * 8}]
 LOGPROB_TOLERANCE = 1e-4
+
+
+def own_builtin_server(model_dir: Path, name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltinServer]:
+    """A built-in server of a test module's own (new weights would disturb the session's `builtin_server`), for a
+    module fixture to yield from: started, then stopped."""
+    settings = BuiltinServerSettings(model=model_dir, served_model_name=name, max_model_len=4096)
+    started = start_builtin_server(settings, log_path=tmp_path_factory.mktemp("builtin") / "server.log", timeout=120)
+    yield started
+    started.stop()
 
 
 def perturbed_model(model_dir: Path, dest: Path, *, seed: int, std: float = 0.05) -> Path:

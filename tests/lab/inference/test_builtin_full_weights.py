@@ -14,14 +14,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from prime_lab.lab.inference.builtin.launcher import BuiltinServer, start_builtin_server
-from prime_lab.lab.inference.builtin.server import BuiltinServerSettings
+from prime_lab.lab.inference.builtin.launcher import BuiltinServer
 from prime_lab.lab.inference.vllm import RuntimeWeights, WeightLoadError
 from prime_lab.lab.inference.weights import UPDATE_METHOD
 from prime_lab.lab.models.random_lora import build_random_lora_adapter
 from tests.lab.inference.full_weights import (
     LOGPROB_TOLERANCE,
     max_logprob_error,
+    own_builtin_server,
     sampled,
     weight_versions,
 )
@@ -33,10 +33,7 @@ __all__ = ["weight_versions"]  # the module fixture: new weights for the tiny mo
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltinServer]:
-    settings = BuiltinServerSettings(model=tiny_model_dir, served_model_name=NAME, max_model_len=4096)
-    started = start_builtin_server(settings, log_path=tmp_path_factory.mktemp("builtin") / "server.log", timeout=120)
-    yield started
-    started.stop()
+    yield from own_builtin_server(tiny_model_dir, NAME, tmp_path_factory)
 
 
 @pytest.fixture

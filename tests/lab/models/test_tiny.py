@@ -56,3 +56,27 @@ def test_same_seed_builds_identical_weights_and_another_seed_does_not(tmp_path: 
 @pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"])
 def test_tiny_folder_has_the_files_every_loader_expects(tiny_model_dir: Path, name: str) -> None:
     assert (tiny_model_dir / name).is_file()
+
+
+def test_tiny_moe_models_have_fused_experts_a_router_and_the_same_tokenizer(
+    tiny_moe_model_dir: Path, tiny_model_dir: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_moe_model_dir)
+    config = model.config
+    assert config.model_type in {"qwen3_moe", "olmoe", "mixtral"} and config.num_hidden_layers == 2
+    assert config.num_experts_per_tok == 2 and config.hidden_size == 64
+    layer = model.model.layers[0]
+    assert layer.mlp.experts.gate_up_proj.shape == (4, 64, 64) and layer.mlp.experts.down_proj.shape == (4, 64, 32)
+    assert layer.mlp.gate.weight.shape == (4, 64)
+    assert layer.self_attn.q_proj.out_features // config.num_attention_heads == 32  # head_dim, vLLM's CPU minimum
+    assert (tiny_moe_model_dir / "tokenizer.json").read_bytes() == (tiny_model_dir / "tokenizer.json").read_bytes()
+
+
+def test_an_olmoe_shape_whose_head_dim_does_not_follow_from_its_sizes_is_refused(tmp_path: Path) -> None:
+    from prime_lab.lab.models import build_tiny_model
+    from prime_lab.lab.models.tiny import tiny_moe_shape
+
+    with pytest.raises(ValueError, match="OLMoE's head_dim is hidden_size / num_attention_heads"):
+        build_tiny_model(tmp_path / "olmoe", shape=tiny_moe_shape("olmoe", num_attention_heads=4))
