@@ -28,9 +28,9 @@ length for attention, against the card's dense bf16 peak, 989 TFLOP/s on an H100
 N without the input embedding, d = heads x head size). T is the token-weighted mean sample length.
 
 CPU modes (SmolLM2 by default): 1 vs 2 processes (the cores split evenly; DDP over the adapter, gloo), without and
-with activation checkpointing, and `--lm-head`: the chunked LM head (the default, `[trainer] lm_head_chunk_size`)
-against the dense one (`lm_head_chunk_size = 0`: [tokens, vocabulary] float32 tensors) at 4 x 2,048 tokens (groups of
-4 sharing a 512-token prompt), temperature 0.7, top_p 0.9.
+with activation checkpointing, and `--lm-head`: the trainer before the chunked LM head (the dense head, [tokens,
+vocabulary] float32 tensors, rows of 4,096 tokens), the chunked head alone, and the defaults now (the chunked head,
+the CPU's smaller rows) at 4 x 2,048 tokens (groups of 4 sharing a 512-token prompt), temperature 0.7, top_p 0.9.
 
     .venv/bin/python bench/trainer_throughput.py [--model smollm2-135m|PATH] [--steps 5] [--batch-size 16]
                                                  [--seq-len 256] [--procs 1,2]
@@ -482,9 +482,9 @@ def compare_procs(model: Path, batches: list[list[Any]], base: OursSettings, pro
 def compare_settings(model: Path, batches: list[list[Any]], base: OursSettings,
                      sides: list[tuple[str, dict[str, Any]]]) -> list[dict[str, float]]:
     """One process under each side's [trainer] settings: peak memory and time per step of each."""
-    runs = []
+    runs, own = [], dict(base.trainer)
     for label, trainer in sides:
-        base.trainer = {**base.trainer, **trainer}
+        base.trainer = {**own, **trainer}
         runs.append(r := measure(model, batches, base))
         print(f"  {label}: peak {r['peak_gib']:.2f} GiB, {r['step_s']:.2f} s/step, {r['tokens_per_s']:,.0f} "
               "tokens/s", flush=True)
@@ -500,12 +500,23 @@ def compare_checkpointing(model: Path, batches: list[list[Any]], base: OursSetti
     return 0
 
 
+BEFORE_HEAD = {"lm_head_chunk_size": 0, "micro_batch_tokens": 4096, "micro_batch_size": 8}  # the trainer before
+# the chunked head: the dense head, rows of at most 8 samples and 4,096 tokens
+
+
 def compare_lm_head(model: Path, batches: list[list[Any]], base: OursSettings) -> int:
-    chunked, dense = compare_settings(model, batches, base, [("LM head chunked (the default)", {}),
-                                                             ("LM head dense (lm_head_chunk_size = 0)",
-                                                              {"lm_head_chunk_size": 0})])
-    memory, step = chunked["peak_gib"] / dense["peak_gib"], chunked["step_s"] / dense["step_s"]
-    print(f"  chunked / dense: {memory:.2f}x peak memory, {step:.2f}x time per step (goals: "
+    """The trainer before the chunked LM head (its settings then: `BEFORE_HEAD`), the chunked head alone on the
+    same rows, and the defaults now (the chunked head, the CPU's rows of `CPU_ROW_TOKENS`)."""
+    from prime_lab.trainer.attention import CPU_ROW_TOKENS
+
+    before, head_only, now = compare_settings(model, batches, base, [
+        ("before: dense LM head, rows of 4096 tokens", BEFORE_HEAD),
+        ("chunked LM head, rows of 4096 tokens", {**BEFORE_HEAD, "lm_head_chunk_size": 1024}),
+        (f"now (defaults): chunked LM head, rows of {CPU_ROW_TOKENS} tokens", {})])
+    print(f"  chunked head alone / before: {head_only['peak_gib'] / before['peak_gib']:.2f}x peak memory, "
+          f"{head_only['step_s'] / before['step_s']:.2f}x time per step", flush=True)
+    memory, step = now["peak_gib"] / before["peak_gib"], now["step_s"] / before["step_s"]
+    print(f"  now / before: {memory:.2f}x peak memory, {step:.2f}x time per step (goals: "
           f"{verdict('peak memory', memory, 0.6, False)}, {verdict('time per step', step, 1.1, False)})", flush=True)
     return 0
 

@@ -228,7 +228,7 @@ class TrainerConfig(Section):
     micro_batch_tokens: int | None = Field(
         default=None, ge=1, description="Tokens per packed row (a forward/backward pass); rows fill up to it (a "
         "longer sample gets a row of its own). Default: 16384 on a GPU with 40 GiB or more, 8192 on a smaller "
-        "one, 4096 on a CPU (its dense attention mask grows with the square).")
+        "one, 1024 on a CPU (its dense attention mask costs the square of the row).")
     attention: Literal["auto", "flex", "sdpa"] = Field(
         default="auto", description="How packed rows attend: flex (FlexAttention with a block mask, CUDA only), sdpa "
         "(a dense mask); auto: flex on CUDA where it is available, else sdpa.")

@@ -22,7 +22,7 @@ from prime_lab.trainer.batch import Sample
 if TYPE_CHECKING:
     import torch
 
-MAX_ROW_TOKENS = 4096  # the CPU's default; a longer single sample still gets a row of its own
+MAX_ROW_TOKENS = 4096  # when no budget is given; a longer single sample still gets a row of its own
 
 
 @dataclass

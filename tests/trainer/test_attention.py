@@ -115,4 +115,4 @@ def test_the_cpu_keeps_sdpa_and_says_so_only_when_flex_was_asked_for(tiny_model_
     attention, note = choose_attention("flex", "cpu", model)
     assert attention == "sdpa" and note is not None and "no backward pass on a CPU" in note
     assert model.config._attn_implementation == "sdpa"
-    assert default_row_tokens("cpu") == 4096
+    assert default_row_tokens("cpu") == 1024
