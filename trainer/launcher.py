@@ -100,6 +100,42 @@ def prepare_resume(run: Run) -> int:
     return step
 
 
+def restart(run: Run, env: dict[str, str] | None = None) -> int:
+    """Resume a stopped or failed RL run from its newest complete checkpoint: end what an earlier attempt left,
+    drop what was written after the checkpoint, start a new attempt (its events carry the new number, after a
+    `restart` event that rewinds every reader to the checkpoint's step) and spawn its supervisor (registered before
+    this returns). Returns the checkpoint's step; LaunchFailed says why a run cannot restart."""
+    from prime_lab.lab.events import RESTART
+    from prime_lab.lab.runs import ACTIVE_STATES
+
+    status = run.status()
+    if status.get("kind") != "rl":
+        raise LaunchFailed(f"{run.id} is a {status.get('kind')} run: only RL runs restart (GEPA: `prime gepa run "
+                           "--resume`)")
+    if status.get("state") in ACTIVE_STATES:
+        raise LaunchFailed(f"{run.id} is {status.get('state')}: stop it first (`prime rl stop {run.id}`)")
+    left = run.end_processes()  # what an older supervisor left (a sampler of a run killed before the reaper)
+    if left:
+        raise LaunchFailed(f"{run.id}: processes {', '.join(map(str, left))} of the earlier attempt did not exit; "
+                           "end them first")
+    step = prepare_resume(run)
+    if step >= int(status.get("max_steps") or 0):
+        raise LaunchFailed(f"{run.id} already trained all {step} steps")
+    run.update_status(step=step, reason=None, attempt=run.attempt + 1, processes={})
+    with run.writer("launcher") as writer:
+        writer.emit(RESTART, {"from_step": step, "attempt": run.attempt}, step=step)
+    run.set_state("queued", reason=f"resuming after step {step}")
+    start_supervisor(run, resume=True, env=env)
+    return step
+
+
+def start_supervisor(run: Run, *, resume: bool, env: dict[str, str] | None = None) -> None:
+    """`spawn` the run's supervisor and register it (its own process group) at once, so the run never looks dead
+    in between."""
+    process = spawn(run, resume=resume, env=env)
+    run.register_process("launcher", process.pid, pgid=process.pid)
+
+
 class Supervisor:
     def __init__(self, run: Run, resume: bool = False) -> None:
         self.run, self.resume = run, resume

@@ -88,42 +88,26 @@ def restart(
     wandb_api_key: str | None = typer.Option(None, "--wandb-api-key", help=WANDB_KEY_HELP),
 ) -> None:
     """Resume a stopped or failed RL run from its latest checkpoint (the same W&B run, rewound to it)."""
-    from prime_lab.lab.events import RESTART
-    from prime_lab.lab.runs import ACTIVE_STATES, RunRegistry
-    from prime_lab.trainer.launcher import LaunchFailed, prepare_resume
+    from prime_lab.lab.runs import RunRegistry
+    from prime_lab.trainer.launcher import LaunchFailed
+    from prime_lab.trainer.launcher import restart as restart_run
 
     run_ = RunRegistry().get(run_id)
-    status = run_.status()
-    if status.get("kind") != "rl":
-        fail(f"{run_.id} is a {status.get('kind')} run: only RL runs restart (GEPA: `prime gepa run --resume`)")
-    if status.get("state") in ACTIVE_STATES:
-        fail(f"{run_.id} is {status.get('state')}: stop it first (`prime rl stop {run_.id}`)")
-    left = run_.end_processes()  # what an older supervisor left (a sampler of a run killed before the reaper)
-    if left:
-        fail(f"{run_.id}: processes {', '.join(map(str, left))} of the earlier attempt did not exit; end them first")
     try:
-        step = prepare_resume(run_)
+        step = restart_run(run_, env=_env_vars(env_var, env_file, wandb_api_key))
     except LaunchFailed as exc:
         fail(str(exc))
-    if step >= int(status.get("max_steps") or 0):
-        fail(f"{run_.id} already trained all {step} steps")
-    # A new attempt: its events carry the new number, after a `restart` event that rewinds readers to `step`.
-    run_.update_status(step=step, reason=None, attempt=run_.attempt + 1, processes={})
-    with run_.writer("launcher") as writer:
-        writer.emit(RESTART, {"from_step": step, "attempt": run_.attempt}, step=step)
-    run_.set_state("queued", reason=f"resuming after step {step}")
-    _spawn(run_, resume=True, env=_env_vars(env_var, env_file, wandb_api_key))
+    run_.register_process("cli", os.getpid())  # the workbench finds the run this command started by it
     err(f"Resuming {run_.id} from its checkpoint after step {step}.")
     _started(run_.id, foreground)
 
 
 def _spawn(run_: Any, *, resume: bool, env: dict[str, str] | None = None) -> None:
-    """Start the run's supervisor and register it (its own process group) before this command exits, so the run
-    never looks dead in between; `cli` records this command's pid (the workbench finds its run by it)."""
-    from prime_lab.trainer.launcher import spawn
+    """Start the run's supervisor and register it before this command exits; `cli` records this command's pid (the
+    workbench finds its run by it)."""
+    from prime_lab.trainer.launcher import start_supervisor
 
-    process = spawn(run_, resume=resume, env=env)
-    run_.register_process("launcher", process.pid, pgid=process.pid)
+    start_supervisor(run_, resume=resume, env=env)
     run_.register_process("cli", os.getpid())
 
 
