@@ -116,3 +116,31 @@ def test_the_cpu_keeps_sdpa_and_says_so_only_when_flex_was_asked_for(tiny_model_
     assert attention == "sdpa" and note is not None and "no backward pass on a CPU" in note
     assert model.config._attn_implementation == "sdpa"
     assert default_row_tokens("cpu") == 1024
+
+
+def test_a_run_asking_for_flex_on_a_cpu_trains_through_sdpa_and_says_so_once(tiny_model_dir: Path) -> None:
+    """The Trainer takes `[trainer] attention` and `lm_head_chunk_size` from the config: flex asked for on a CPU
+    falls back to SDPA with one warning in the log, and the dense head trains as the chunked one does (the same
+    loss, entropy and gradient norm at step 1, and close after it: Adam's first steps amplify float rounding)."""
+    from tests.support.trainer_runs import STEPS, base_batches, config_text, new_run, train, trainer_metrics
+
+    batches = base_batches(tiny_model_dir, STEPS)
+    published, logs = [], []
+    for extra in ('attention = "flex"\n', "lm_head_chunk_size = 0\n"):
+        run = new_run(tiny_model_dir, config_text(tiny_model_dir) + extra, batches)
+        train(run, tiny_model_dir)
+        logs.append([(e.data["level"], e.data["message"]) for e in run.event_log().events()
+                     if e.kind == "log" and e.source == "trainer"])
+        published.append(trainer_metrics(run))
+    flex_log, dense_log = logs
+    warnings = [m for level, m in flex_log if level == "WARNING"]
+    assert len(warnings) == 1 and "FlexAttention is not used (FlexAttention has no backward pass on a CPU)" \
+        in warnings[0], flex_log
+    ready = [m for _, m in flex_log + dense_log if m.startswith("trainer ready")]
+    assert "rows of up to 1024 tokens through SDPA with a dense mask, LM head 1024 tokens a chunk" in ready[0]
+    assert "LM head whole (lm_head_chunk_size = 0)" in ready[1]
+    assert sorted(published[0]) == sorted(published[1]) == list(range(1, STEPS + 1))
+    for step, chunked in published[0].items():
+        for name in ("loss", "policy/entropy", "optim/grad_norm", "policy/kl"):
+            tolerance = 1e-5 if step == 1 else 1e-2
+            assert published[1][step][name] == pytest.approx(chunked[name], rel=tolerance, abs=1e-6), (step, name)
