@@ -126,12 +126,10 @@ def _chunked_function() -> Any:
             threshold = torch.empty_like(logprob) if _nucleus(temperature, top_p) else None
             for start in range(0, n, chunk_size):
                 end = min(n, start + chunk_size)
-                if threshold is not None:
-                    raw = _chunk_logits(hidden[start:end], weight, temperature, None)
-                    threshold[start:end] = nucleus_threshold(raw, top_p)
-                    del raw
-                chunk_threshold = threshold[start:end] if threshold is not None else None
-                logits = _chunk_logits(hidden[start:end], weight, temperature, chunk_threshold)
+                logits = _chunk_logits(hidden[start:end], weight, temperature, None)
+                if threshold is not None:  # the nucleus from these logits, then masked as _chunk_logits masks
+                    threshold[start:end] = nucleus_threshold(logits, top_p)
+                    logits.masked_fill_(logits < threshold[start:end, None], float("-inf"))
                 lse = torch.logsumexp(logits, dim=-1)
                 logprob[start:end] = logits.gather(-1, targets[start:end, None]).squeeze(-1) - lse
                 logits -= lse[:, None]  # now log-probabilities: -inf outside the nucleus, where p log p is 0
