@@ -76,8 +76,10 @@ def run(
     run_ = RunRegistry().create("rl", config_text=path.read_text(), resolved=cfg.model_dump(mode="json"),
                                 name=name, model=cfg.model, envs=envs, max_steps=cfg.max_steps)
     run_.update_status(model_path=str(model_path), config_file=str(path.resolve()))
-    _spawn(run_, resume=False, env=extra_env)
-    _started(run_.id, foreground)
+    from prime_lab.trainer.launcher import start_supervisor
+
+    start_supervisor(run_, resume=False, env=extra_env)
+    _started(run_, foreground)
 
 
 def restart(
@@ -97,21 +99,15 @@ def restart(
         step = restart_run(run_, env=_env_vars(env_var, env_file, wandb_api_key))
     except LaunchFailed as exc:
         fail(str(exc))
-    run_.register_process("cli", os.getpid())  # the workbench finds the run this command started by it
     err(f"Resuming {run_.id} from its checkpoint after step {step}.")
-    _started(run_.id, foreground)
+    _started(run_, foreground)
 
 
-def _spawn(run_: Any, *, resume: bool, env: dict[str, str] | None = None) -> None:
-    """Start the run's supervisor and register it before this command exits; `cli` records this command's pid (the
-    workbench finds its run by it)."""
-    from prime_lab.trainer.launcher import start_supervisor
-
-    start_supervisor(run_, resume=resume, env=env)
+def _started(run_: Any, foreground: bool) -> None:
+    """The supervisor is started and registered: record this command's pid as `cli` (the workbench finds the run
+    it started by it), print the run id and either how to follow it or follow it here."""
     run_.register_process("cli", os.getpid())
-
-
-def _started(run_id: str, foreground: bool) -> None:
+    run_id = run_.id
     typer.echo(run_id)  # on stdout, for scripts: `id=$(prime rl run @cfg)`
     if not foreground:
         err(f"Started {run_id} in the background.\n  follow: prime rl logs {run_id} -f\n  watch:  prime lab --run "
