@@ -30,7 +30,7 @@ State = Literal["queued", "starting", "running", "completed", "failed", "stopped
 STATES: tuple[str, ...] = ("queued", "starting", "running", "completed", "failed", "stopped")
 ACTIVE_STATES = frozenset({"queued", "starting", "running"})
 FINAL_STATES = frozenset({"completed", "failed", "stopped"})
-KINDS = ("rl", "gepa", "eval")
+KINDS = ("rl", "sft", "gepa", "eval")
 # The process that owns a run, by kind: the RL supervisor, or the `prime eval run` / `prime gepa run` command. When
 # it is gone while the run is active, the run has failed, whatever else of it is still running.
 OWNER_ROLES = ("launcher", "eval", "gepa")
@@ -124,6 +124,11 @@ class Run:
         return self.dir / "adapters"
 
     @property
+    def model_dir(self) -> Path:
+        """A completed SFT run's model: a Hugging Face folder (LoRA merged) that RL, eval and GEPA load."""
+        return self.dir / "model"
+
+    @property
     def gepa_dir(self) -> Path:
         return self.dir / "gepa"
 
@@ -200,8 +205,8 @@ class Run:
         owners = [role for role in OWNER_ROLES if role in (status.get("processes") or {})]
         if live is not None and (not live or (owners and not any(role in live for role in owners))):
             reason = "its processes exited without a final status (killed or crashed)"
-            if status.get("kind") == "rl":
-                reason += f"; resume it from its latest checkpoint: prime rl restart {self.id}"
+            if status.get("kind") in ("rl", "sft"):
+                reason += f"; resume it from its latest checkpoint: prime {status['kind']} restart {self.id}"
             if live:
                 self.end_processes()  # what the dead owner left running (a sampler in its own group)
             self.set_state("failed", reason=reason)

@@ -41,6 +41,8 @@ class Sample:
     completion: list[dict[str, Any]] = field(default_factory=list)
     answer: Any = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    # on-policy distillation (`loss = "opd"`): the teacher's logprob of each token, aligned like sampler_logprobs
+    teacher_logprobs: list[float] | None = None
 
     @property
     def num_loss_tokens(self) -> int:
@@ -110,7 +112,8 @@ def truncate(sample: Sample, max_seq_len: int | None) -> Sample:
         return sample
     n = max_seq_len
     return Sample(**{**sample.__dict__, "input_ids": sample.input_ids[:n], "loss_mask": sample.loss_mask[:n],
-                     "sampler_logprobs": sample.sampler_logprobs[:n], "is_truncated": True})
+                     "sampler_logprobs": sample.sampler_logprobs[:n], "is_truncated": True,
+                     "teacher_logprobs": None if sample.teacher_logprobs is None else sample.teacher_logprobs[:n]})
 
 
 def batch_path(rollouts_dir: Path, step: int) -> Path:

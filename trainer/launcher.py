@@ -40,10 +40,11 @@ from prime_lab.lab.reaper import ReaperHandle, die_with_parent, start_reaper
 from prime_lab.lab.runs import Run
 from prime_lab.lab.wandb_mirror import mirror_argv, wanted
 from prime_lab.trainer.batch import batch_path
-from prime_lab.trainer.config import RLConfig
+from prime_lab.trainer.config import InferenceConfig, RLConfig
 from prime_lab.trainer.distributed import NODE_VARIABLES, Topology, TopologyError, topology, torchrun_argv
 from prime_lab.trainer.placement import Placement, PlacementError, plan_gpus, visible_gpus
-from prime_lab.trainer.runtime import StopFlag, checkpoint_to_resume, load_config, log_both
+from prime_lab.trainer.runtime import StopFlag, checkpoint_to_resume, load_run_config, log_both
+from prime_lab.trainer.sft_config import SFTConfig
 from prime_lab.trainer.versions import drop_versions_after, weights_dir
 
 POLL_S = 0.25
@@ -83,8 +84,9 @@ def prepare_resume(run: Run) -> int:
     """Drop what was written after the newest checkpoint (batches and adapters of later steps); return its step."""
     found = checkpoint_to_resume(run)
     if found is None:
+        kind = run.read_status().get("kind") or "rl"
         raise LaunchFailed(f"{run.id} has no checkpoint yet (checkpoints/step_N), so there is nothing to resume "
-                           "from: start it again with `prime rl run`")
+                           f"from: start it again with `prime {kind} run`")
     step = found[0]
     for root in (run.checkpoints_dir, run.adapters_dir, weights_dir(run)):  # what a killed writer left half-written
         for partial in root.glob(".step_*.tmp"):
@@ -109,11 +111,12 @@ def restart(run: Run, env: dict[str, str] | None = None) -> int:
     from prime_lab.lab.runs import ACTIVE_STATES
 
     status = run.status()
-    if status.get("kind") != "rl":
-        raise LaunchFailed(f"{run.id} is a {status.get('kind')} run: only RL runs restart (GEPA: `prime gepa run "
+    kind = status.get("kind")
+    if kind not in ("rl", "sft"):
+        raise LaunchFailed(f"{run.id} is a {kind} run: only RL and SFT runs restart (GEPA: `prime gepa run "
                            "--resume`)")
     if status.get("state") in ACTIVE_STATES:
-        raise LaunchFailed(f"{run.id} is {status.get('state')}: stop it first (`prime rl stop {run.id}`)")
+        raise LaunchFailed(f"{run.id} is {status.get('state')}: stop it first (`prime {kind} stop {run.id}`)")
     left = run.end_processes()  # what an older supervisor left (a sampler of a run killed before the reaper)
     if left:
         raise LaunchFailed(f"{run.id}: processes {', '.join(map(str, left))} of the earlier attempt did not exit; "
@@ -139,7 +142,8 @@ def start_supervisor(run: Run, *, resume: bool, env: dict[str, str] | None = Non
 class Supervisor:
     def __init__(self, run: Run, resume: bool = False) -> None:
         self.run, self.resume = run, resume
-        self.config: RLConfig = load_config(run)
+        self.config: RLConfig | SFTConfig = load_run_config(run)
+        self.sft = isinstance(self.config, SFTConfig)  # an SFT run: the trainer alone, on a dataset
         status = run.read_status()
         self.model_path = Path(status["model_path"])
         self.stop = StopFlag().install()
@@ -178,6 +182,13 @@ class Supervisor:
             raise LaunchFailed(str(exc)) from exc
         for name in NODE_VARIABLES:  # torchrun sets each rank's own; the sampler and orchestrator get none
             os.environ.pop(name, None)
+        if self.sft:
+            self.placement = self.plan_placement("external")  # every GPU is the trainer's
+            self.start_trainer(0, resume, module="prime_lab.trainer.sft")
+            run.set_state("running")
+            self.start_mirror()
+            return
+        assert isinstance(cfg, RLConfig)
         # a node other than 0 runs trainer ranks only: no sampler to choose or give GPUs to
         choice = self.choose_backend() if self.topology.runs_sampler else BackendChoice("external", "node 0's")
         self.placement = self.plan_placement(choice.backend)
@@ -204,11 +215,11 @@ class Supervisor:
         run.set_state("running")
         self.start_mirror()
 
-    def start_trainer(self, threads: int, resume: list[str]) -> None:
-        """The trainer: one process, or `nproc_per_node` ranks under torchrun (trainer/distributed.py), on the
-        trainer's GPUs of the placement."""
+    def start_trainer(self, threads: int, resume: list[str], module: str = "prime_lab.trainer.train") -> None:
+        """The trainer (`module`: RL's, or SFT's): one process, or `nproc_per_node` ranks under torchrun
+        (trainer/distributed.py), on the trainer's GPUs of the placement."""
         topo = self.topology
-        argv = ["prime_lab.trainer.train", str(self.run.dir), "--model-path", str(self.model_path), *resume]
+        argv = [module, str(self.run.dir), "--model-path", str(self.model_path), *resume]
         env = self.placement.cuda_env(self.placement.trainer_gpus)
         if threads:
             env["OMP_NUM_THREADS"] = str(max(1, threads // topo.nproc_per_node))
@@ -248,7 +259,7 @@ class Supervisor:
     def choose_backend(self) -> BackendChoice:
         from prime_lab.lab.inference.backend import BackendUnavailableError, choose_backend
 
-        inf = self.config.inference
+        inf = self.rl.inference
         url = inf.base_url or next(iter(inf.base_urls), None)
         requested = "external" if inf.backend == "auto" and url else inf.backend  # a URL given: the sampler is there
         try:
@@ -263,13 +274,22 @@ class Supervisor:
                                'backend = "builtin"')
         return choice
 
+    @property
+    def rl(self) -> RLConfig:
+        """The config of an RL run (what only RL runs have: samplers, environments)."""
+        assert isinstance(self.config, RLConfig)
+        return self.config
+
     def plan_placement(self, backend: str) -> Placement:
+        """GPUs for the samplers, then the trainer (an SFT run's trainer gets them all: `backend` "external")."""
         cfg = self.config
+        inf = cfg.inference if isinstance(cfg, RLConfig) else InferenceConfig()
         try:
-            placement = plan_gpus(visible_gpus(), backend=backend, num_gpus=cfg.num_gpus,
-                                  tensor_parallel_size=cfg.inference.tensor_parallel_size,
-                                  data_parallel_size=cfg.inference.data_parallel_size,
-                                  num_servers=cfg.inference.num_servers, nproc_per_node=cfg.trainer.nproc_per_node,
+            placement = plan_gpus(visible_gpus(), backend=backend,
+                                  num_gpus=cfg.num_gpus if isinstance(cfg, RLConfig) else None,
+                                  tensor_parallel_size=inf.tensor_parallel_size,
+                                  data_parallel_size=inf.data_parallel_size,
+                                  num_servers=inf.num_servers, nproc_per_node=cfg.trainer.nproc_per_node,
                                   trainer_on_gpu=cfg.trainer.device != "cpu")
         except PlacementError as exc:
             raise LaunchFailed(str(exc)) from exc
@@ -301,19 +321,20 @@ class Supervisor:
         from prime_lab.lab.inference.launch import SamplerOptions, start_sampler
         from prime_lab.lab.inference.process import ServerStartError
 
-        inf = self.config.inference
+        cfg = self.rl
+        inf = cfg.inference
         self.log(f"sampler: {choice.reason}")
         if choice.backend == "external":
             urls = inf.base_urls or [str(inf.base_url)]
             for url in urls:
                 self.check_external(url)
-            return urls, self.config.model
+            return urls, cfg.model
         options = SamplerOptions(dtype=inf.dtype, max_model_len=inf.max_model_len,
                                  tensor_parallel_size=inf.tensor_parallel_size,
                                  data_parallel_size=self.placement.data_parallel_size,
                                  gpu_memory_utilization=inf.gpu_memory_utilization, kv_cache_gb=inf.kv_cache_gb,
-                                 max_lora_rank=self.config.lora.r, lora=self.config.lora.enabled)
-        served = None if Path(self.config.model).exists() else self.config.model
+                                 max_lora_rank=cfg.lora.r, lora=cfg.lora.enabled)
+        served = None if Path(cfg.model).exists() else cfg.model
         deadline = time.monotonic() + inf.startup_timeout
         role = sampler_role(0)
         try:
@@ -381,9 +402,10 @@ class Supervisor:
             trainer = self.children["trainer"].poll()
             if trainer is not None and trainer != 0:
                 raise LaunchFailed(self.reason("trainer", trainer))
-            if "orchestrator" not in self.children:  # a node other than 0: its ranks end when node 0's do
+            if "orchestrator" not in self.children:  # SFT, or a node other than 0 (its ranks end when node 0's do)
                 if trainer == 0:
-                    return "completed"
+                    done = int(self.run.read_status().get("step") or 0) >= self.config.max_steps
+                    return "completed" if done or not self.sft else "stopped"
                 time.sleep(POLL_S)
                 continue
             orchestrator = self.children["orchestrator"].poll()

@@ -12,6 +12,17 @@ completions weigh the same per token. On-policy (ratio = 1) its gradient is the 
 
 Optional KL penalty to a reference model (k3 estimator, always >= 0): beta * mean_t(exp(r - l) - (r - l) - 1).
 
+Two more losses share the packing and LM head (`LOSSES`):
+
+- `sft` (supervised fine-tuning, and hard distillation: `loss = "sft"` trains on a teacher's rollouts): cross-entropy
+  over the trained tokens, divided by their count in the step, as prime-rl's SFT trainer:
+  `loss = - sum_it loss_mask_it * l_it / sum_it loss_mask_it` (l at temperature 1).
+- `opd` (on-policy distillation, prime-rl's `opd`): the student samples, a teacher scores the student's tokens
+  (logprob t_it), and each token's advantage gains the teacher's opinion of it, `A_it = A_i + (t_it - l_it)` with
+  l_it detached: the policy gradient of the reverse KL from student to teacher, beside the reward's advantage (0 when
+  every rollout of a group scores alike). `teacher/kl` is its mean, `sum mask * (l - t) / sum mask`, an estimate of
+  KL(student || teacher) on the student's own tokens.
+
 Which logprobs: l and s are both taken under the distribution the token was actually sampled from, the model's
 logits divided by `[sampling].temperature` with the tokens outside the `top_p` nucleus removed and the rest
 renormalised (trainer/lm_head.py `sampling_logits`; vLLM runs with `--logprobs-mode processed_logprobs`, the built-in
@@ -36,6 +47,24 @@ class LossOutput:
     mismatch_kl: float  # k3 KL between sampler and trainer over loss tokens (policy/kl)
     masked_fraction: float  # share of loss tokens masked for an extreme ratio
     ref_kl: float | None = None  # k3 KL to the reference model (policy/ref_kl), when a penalty is on
+
+
+LOSSES = ("rl", "sft", "opd")
+
+
+def cross_entropy_loss(logprobs: torch.Tensor, loss_mask: torch.Tensor, num_loss_tokens: int | None = None
+                       ) -> torch.Tensor:
+    """Mean negative logprob of the trained tokens: the SFT loss. `num_loss_tokens` as in `policy_loss`."""
+    loss_mask = loss_mask.to(logprobs.dtype)
+    denominator = float(num_loss_tokens) if num_loss_tokens is not None else float(loss_mask.sum().clamp(min=1))
+    return -(logprobs * loss_mask).sum() / denominator
+
+
+def distillation_advantages(advantages: torch.Tensor, teacher_logprobs: torch.Tensor, logprobs: torch.Tensor
+                            ) -> torch.Tensor:
+    """On-policy distillation's per-token advantage: the reward's advantage plus the teacher's logprob minus the
+    student's (detached), so a token the teacher finds likelier than the student does is pushed up."""
+    return advantages + (teacher_logprobs - logprobs.detach())
 
 
 def k3(log_ratio: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from prime_lab.trainer.attention import default_row_tokens, packs_prefixes, row_inputs
 from prime_lab.trainer.batch import Sample
 from prime_lab.trainer.lm_head import DEFAULT_CHUNK_SIZE, chosen_logprobs, chunkable_head, sampled_head
-from prime_lab.trainer.loss import policy_loss
+from prime_lab.trainer.loss import LossOutput, cross_entropy_loss, distillation_advantages, policy_loss
 from prime_lab.trainer.packing import pack
 
 if TYPE_CHECKING:
@@ -166,6 +166,7 @@ class BatchResult:
     ref_kl: float | None
     loss_tokens: int
     tokens: int
+    teacher_kl: float | None = None  # loss = "opd": mean (student - teacher) logprob of the trained tokens
 
 
 def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str,
@@ -174,14 +175,18 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
                                attention: str = "sdpa", lm_head_chunk_size: int = DEFAULT_CHUNK_SIZE,
                                ratio_low: float = 0.125, ratio_high: float = 8.0, kl_beta: float = 0.0,
                                reference: Any | None = None, dist: Dist | None = None, forward: Any | None = None,
-                               grad_sync: Callable[[bool], AbstractContextManager[Any]] | None = None) -> BatchResult:
+                               grad_sync: Callable[[bool], AbstractContextManager[Any]] | None = None,
+                               loss: str = "rl") -> BatchResult:
     """Forward and backward every micro-batch, each packed into one sequence (trainer/packing.py: a group's prompt
     once, no padding; at most `micro_batch_size` samples and `micro_batch_tokens` tokens a row); gradients add up
     to those of the loss over the whole batch (normalised by the batch's completion tokens). The caller clips and
     steps the optimizer. `attention` is how rows attend (trainer/attention.py: "flex" or "sdpa", as
     `choose_attention` set the model up); the LM head takes `lm_head_chunk_size` tokens at a time (0: all).
 
-    The KL penalty (`kl_beta` > 0) is to `reference_logprobs`.
+    The KL penalty (`kl_beta` > 0) is to `reference_logprobs`. `loss` picks the objective (trainer/loss.py):
+    "rl" (the policy gradient), "sft" (cross-entropy on the trained tokens; the caller passes temperature 1 and
+    top_p 1) or "opd" (the policy gradient with the teacher's per-token advantage: every sample carries
+    `teacher_logprobs`).
 
     Past one process (`dist`): each rank packs the whole batch the same way and trains on its share of the rows
     (`shard_rows`), through `forward` (the DDP or FSDP module); `grad_sync(last)` is the context of a backward
@@ -201,7 +206,7 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
                 max_tokens=micro_batch_tokens or default_row_tokens(device))
     total_loss_tokens = sum(len(row.targets) for row in rows)
     mine = shard_rows(rows, dist.rank if dist is not None else 0, world)
-    sums = [0.0] * 5  # loss, entropy, mismatch KL, masked, reference KL: token-weighted sums
+    sums = [0.0] * 6  # loss, entropy, mismatch KL, masked, reference KL, teacher KL: token-weighted sums
     for i, (row, weight) in enumerate(mine):
         inputs = row_inputs(model, row, device, attention)
         targets = torch.tensor(row.targets, dtype=torch.long, device=device)
@@ -215,9 +220,19 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
         sync = grad_sync(i == len(mine) - 1) if grad_sync is not None else contextlib.nullcontext()
         with sync:
             logprobs, entropy = score_row(forward, model, inputs, targets, temperature, top_p, lm_head_chunk_size)
-            out = policy_loss(logprobs, sampler_logprobs, advantages, loss_mask, ratio_low=ratio_low,
-                              ratio_high=ratio_high, ref_logprobs=ref, kl_beta=kl_beta,
-                              num_loss_tokens=max(1, total_loss_tokens))
+            teacher_kl = 0.0
+            if loss == "sft":
+                out = LossOutput(cross_entropy_loss(logprobs, loss_mask, max(1, total_loss_tokens)), 0.0, 0.0)
+            else:
+                if loss == "opd":
+                    if len(row.teacher_logprobs) != len(row.targets):
+                        raise ValueError("loss = \"opd\": a sample of the batch has no teacher logprobs")
+                    teacher = torch.tensor([row.teacher_logprobs], dtype=torch.float32, device=device)
+                    advantages = distillation_advantages(advantages, teacher, logprobs)
+                    teacher_kl = float((logprobs.detach() - teacher).sum())
+                out = policy_loss(logprobs, sampler_logprobs, advantages, loss_mask, ratio_low=ratio_low,
+                                  ratio_high=ratio_high, ref_logprobs=ref, kl_beta=kl_beta,
+                                  num_loss_tokens=max(1, total_loss_tokens))
             (out.loss * (weight * world)).backward()
         if not weight:
             continue
@@ -228,10 +243,13 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
         sums[3] += out.masked_fraction * row_tokens
         if out.ref_kl is not None:
             sums[4] += out.ref_kl * row_tokens
+        sums[5] += teacher_kl
     if dist is not None:
         sums = dist.sum(sums)
-    loss, entropy_sum, kl_sum, masked_sum, ref_kl_sum = sums
+    loss_sum, entropy_sum, kl_sum, masked_sum, ref_kl_sum, teacher_kl_sum = sums
     tokens = sum(len(s.input_ids) for s in samples)
     n = max(1, total_loss_tokens)
-    return BatchResult(loss=loss, entropy=entropy_sum / n, mismatch_kl=kl_sum / n, masked_fraction=masked_sum / n,
-                       ref_kl=ref_kl_sum / n if kl_beta > 0 else None, loss_tokens=total_loss_tokens, tokens=tokens)
+    return BatchResult(loss=loss_sum, entropy=entropy_sum / n, mismatch_kl=kl_sum / n,
+                       masked_fraction=masked_sum / n, ref_kl=ref_kl_sum / n if kl_beta > 0 else None,
+                       loss_tokens=total_loss_tokens, tokens=tokens,
+                       teacher_kl=teacher_kl_sum / n if loss == "opd" else None)

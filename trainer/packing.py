@@ -32,11 +32,12 @@ class PackedRow:
     block: list[int] = field(default_factory=list)  # which prefix (cluster segment) each position belongs to
     part: list[int] = field(default_factory=list)  # 0: that prefix; k > 0: the k-th remainder in the row
     # one entry per trained token, in order: the row position whose logits predict it, the token, and its sample's
-    # sampler logprob and advantage
+    # sampler logprob and advantage (and, for on-policy distillation, the teacher's logprob)
     sources: list[int] = field(default_factory=list)
     targets: list[int] = field(default_factory=list)
     sampler_logprobs: list[float] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
+    teacher_logprobs: list[float] = field(default_factory=list)
     samples: int = 0
     sample_tokens: int = 0  # tokens of the unpacked samples (what the row stands for)
 
@@ -67,6 +68,8 @@ class PackedRow:
                 self.targets.append(ids[t])
                 self.sampler_logprobs.append(float(sample.sampler_logprobs[t]))
                 self.advantages.append(float(sample.advantage))
+                if sample.teacher_logprobs is not None:
+                    self.teacher_logprobs.append(float(sample.teacher_logprobs[t]))
         self.samples += 1
         self.sample_tokens += len(ids)
 

@@ -23,6 +23,7 @@ from types import FrameType
 from prime_lab.lab.events import EventWriter
 from prime_lab.lab.runs import Run
 from prime_lab.trainer.config import RLConfig
+from prime_lab.trainer.sft_config import SFTConfig
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 ADAPTER_NAME = "policy"  # the name the orchestrator loads the trainer's adapter under
@@ -30,6 +31,15 @@ ADAPTER_NAME = "policy"  # the name the orchestrator loads the trainer's adapter
 
 def load_config(run: Run) -> RLConfig:
     return RLConfig.model_validate(json.loads(run.resolved_path.read_text()), strict=False)
+
+
+def load_sft_config(run: Run) -> SFTConfig:
+    return SFTConfig.model_validate(json.loads(run.resolved_path.read_text()), strict=False)
+
+
+def load_run_config(run: Run) -> RLConfig | SFTConfig:
+    """The run's validated config, by its kind (an RL or an SFT run)."""
+    return load_sft_config(run) if run.read_status().get("kind") == "sft" else load_config(run)
 
 
 def step_dirs(root: Path) -> dict[int, Path]:

@@ -62,6 +62,7 @@ from prime_lab.trainer.runtime import (
     step_dirs,
     warm_start_adapter,
 )
+from prime_lab.trainer.sft_config import SFTConfig
 from prime_lab.trainer.versions import drop_versions_after, versions_dir, warm_start_weights
 
 DEFAULT_CHECKPOINT_INTERVAL = 10
@@ -69,7 +70,7 @@ POLL_S = 0.05
 
 
 class Trainer:
-    def __init__(self, run: Run, config: RLConfig, model_path: Path, *, resume: bool = False) -> None:
+    def __init__(self, run: Run, config: RLConfig | SFTConfig, model_path: Path, *, resume: bool = False) -> None:
         import torch
 
         self.run, self.config, self.model_path = run, config, model_path
@@ -132,6 +133,7 @@ class Trainer:
         state = self.dist.share(state)
         if state is not None and "fsdp" in (state.get("strategy"), self.strategy):
             state = self.load_sharded_state(start_from, state)
+        self.resume_state = state  # what a subclass saved beside the optimizer (`extra_state`), on a resume
         if state is not None:
             if state.get("optimizer") is not None:
                 self.optimizer.load_state_dict(state["optimizer"])
@@ -271,6 +273,7 @@ class Trainer:
         import torch
 
         cfg = self.config
+        assert isinstance(cfg, RLConfig)
         for step in range(self.start_step + 1, cfg.max_steps + 1):
             t_wait = time.perf_counter()
             batch = self.wait_for_batch(step)
@@ -399,12 +402,16 @@ class Trainer:
                 optimizer = None if self.strategy == "fsdp" else self.optimizer.state_dict()
                 torch.save({"optimizer": optimizer, "step": step, "kl_beta": self.kl_beta,
                             "torch_rng": torch.get_rng_state(), "world_size": self.dist.world_size,
-                            "strategy": self.strategy}, tmp / "trainer_state.pt")
+                            "strategy": self.strategy, **self.extra_state()}, tmp / "trainer_state.pt")
         self.last_checkpoint = step
         if self.dist.is_main:
             self.events.emit("checkpoint", {"path": str(final), "step": step}, step=step)
             self.prune_checkpoints()
         return final
+
+    def extra_state(self) -> dict[str, Any]:
+        """More to keep in each checkpoint's trainer_state.pt (the SFT trainer's place in its data)."""
+        return {}
 
     def prune_checkpoints(self) -> None:
         """Keep the newest `[checkpoints].keep_cloud` checkpoints (-1: all). Locally there is no cloud: the setting

@@ -16,6 +16,7 @@ from pathlib import Path
 from prime_lab.lab.runs import Run
 from prime_lab.trainer.config import RLConfig
 from prime_lab.trainer.runtime import checkpoint_to_resume, step_dirs
+from prime_lab.trainer.sft_config import SFTConfig
 
 WEIGHTS_DIR = "weights"
 
@@ -24,7 +25,7 @@ def weights_dir(run: Run) -> Path:
     return run.dir / WEIGHTS_DIR
 
 
-def versions_dir(run: Run, config: RLConfig) -> Path:
+def versions_dir(run: Run, config: RLConfig | SFTConfig) -> Path:
     """Where the run's policy versions are published: `adapters/` (LoRA) or `weights/` (full fine-tuning)."""
     return run.adapters_dir if config.lora.enabled else weights_dir(run)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from pathlib import Path
 
@@ -18,12 +20,16 @@ def resolve_model(spec: str) -> Path:
 
     - a preset name (`prime rl models`): its folder under `lab.paths.models_dir()`, materialised on first use;
     - a path to a folder with a `config.json`;
-    - a Hugging Face id (`owner/name`) already downloaded into the local Hugging Face cache.
+    - a Hugging Face id (`owner/name`) already downloaded into the local Hugging Face cache;
+    - the id of a completed SFT run (its `model/` folder: the base model with the run's training merged in).
     Anything else raises ModelNotFoundError saying what to do.
     """
     preset = PRESETS.get(spec)
     if preset is not None:
         return materialise_preset(preset)
+    trained = run_model_folder(spec)
+    if trained is not None:
+        return trained
     path = Path(spec).expanduser()
     if path.exists():
         if is_model_folder(path):
@@ -44,10 +50,41 @@ def local_model_folder(spec: str) -> Path | None:
     preset = PRESETS.get(spec)
     if preset is not None:
         return preset.folder() if preset.availability() is Availability.PRESENT else None
+    with contextlib.suppress(ModelNotFoundError):
+        trained = run_model_folder(spec)
+        if trained is not None:
+            return trained
     path = Path(spec).expanduser()
     if path.exists():
         return path.resolve() if is_model_folder(path) else None
     return hugging_face_cache_folder(spec)
+
+
+def run_model_folder(spec: str) -> Path | None:
+    """The model an SFT run wrote, when `spec` is a run's id (None when it names no run); ModelNotFoundError when
+    the run has no model (yet)."""
+    if not spec or "/" in spec or spec.startswith((".", "~")):
+        return None
+    from prime_lab.lab.paths import runs_dir
+
+    run_dir = runs_dir() / spec
+    if not (run_dir / "status.json").is_file():
+        return None
+    folder = run_dir / "model"
+    if is_model_folder(folder):
+        return folder.resolve()
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        status = {}
+    kind, state = status.get("kind"), status.get("state")
+    if kind != "sft":
+        raise ModelNotFoundError(f"{spec!r} is {'an' if kind == 'rl' else 'a'} {kind} run: only an SFT run's id "
+                                 "names a model (an RL run's adapter warm-starts another RL run as its "
+                                 "`checkpoint_id`)")
+    raise ModelNotFoundError(f"SFT run {spec} has no model yet ({state}): its model is written when its last step "
+                             f"is done" + (f"; resume it with `prime sft restart {spec}`" if state in
+                                           ("failed", "stopped") else ""))
 
 
 def materialise_preset(preset: ModelPreset) -> Path:
@@ -81,6 +118,7 @@ def not_found_message(spec: str) -> str:
         f"Use one of:\n"
         f"  - a preset ({presets}; `prime rl models` lists them),\n"
         f"  - a local folder holding a Hugging Face model (config.json, *.safetensors, tokenizer files),\n"
+        f"  - a completed SFT run's id (`prime sft list`),\n"
         f"  - a Hugging Face id: download it first on a machine with hub access "
         f"(`hf download {spec if '/' in spec else 'OWNER/NAME'}`), then copy the cache or the folder here."
     )

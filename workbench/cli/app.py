@@ -18,6 +18,7 @@ from prime_lab.workbench.cli.plain import PLAIN_OPTION, plain_help, split_plain
 from prime_lab.workbench.cli.render import set_plain
 from prime_lab.workbench.cli.rl import rl_app
 from prime_lab.workbench.cli.serve import serve
+from prime_lab.workbench.cli.sft import sft_app
 
 app = typer.Typer(
     name="prime",
@@ -44,6 +45,7 @@ def _root(
 
 app.add_typer(rl_app, name="train", help="Reinforcement learning: configs, runs, their metrics and rollouts.")
 app.add_typer(rl_app, name="rl", help="Same as `prime train` (its older name; both stay).")
+app.add_typer(sft_app, name="sft", help="Supervised fine-tuning: configs and runs (prime-rl's SFT configs run).")
 app.add_typer(eval_app, name="eval", help="Evaluate models on environments (vf-eval's flags).")
 app.add_typer(gepa_app, name="gepa", help="GEPA prompt optimization (headless; the same events as the TUI).")
 app.add_typer(env_app, name="env", help="Environments: list (installed and built-in), init, install.")

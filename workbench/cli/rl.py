@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -19,6 +20,9 @@ from prime_lab.workbench.cli.common import (
 from prime_lab.workbench.cli.models import models
 from prime_lab.workbench.cli.rl_run import restart, run
 from prime_lab.workbench.cli.run_verbs import add_run_verbs
+
+if TYPE_CHECKING:
+    from prime_lab.lab.problems import Validation
 
 rl_app = typer.Typer(
     help="Reinforcement learning: write, validate, run and manage RL configs and runs.",
@@ -37,7 +41,10 @@ def init(
     """An annotated config template: every field, optional ones commented with their defaults."""
     from prime_lab.trainer.config import template_path
 
-    text = template_path().read_text()
+    write_template(template_path().read_text(), path, force, "rl")
+
+
+def write_template(text: str, path: Path | None, force: bool, group: str) -> None:
     if path is None:
         sys.stdout.write(text)
         return
@@ -45,18 +52,22 @@ def init(
         fail(f"{path} exists: pass -f/--force to overwrite it")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    err(f"Wrote {path}. Check it with `prime rl validate @{path}`.")
+    err(f"Wrote {path}. Check it with `prime {group} validate @{path}`.")
+
+
+CONFIGS_ARGUMENT = typer.Argument(..., help="Config files (@file, @ file or a path).", metavar="CONFIG...")
 
 
 @rl_app.command("validate")
-def validate(
-    configs: list[str] = typer.Argument(..., help="Config files (@file, @ file or a path).", metavar="CONFIG..."),
-    output: OutputFormat = OUTPUT_OPTION,
-) -> None:
+def validate(configs: list[str] = CONFIGS_ARGUMENT, output: OutputFormat = OUTPUT_OPTION) -> None:
     """Check configs; prints every problem as `file:line: key: message` and exits 1 if any is an error."""
     from prime_lab.trainer.config import validate_rl_file
 
-    results = [validate_rl_file(config_path(c)) for c in configs]
+    report_validations([validate_rl_file(config_path(c)) for c in configs], output)
+
+
+def report_validations(results: list[Validation[Any]], output: OutputFormat) -> None:
+    """Every problem of each file (`file:line: key: message`, or json); exit 1 if any is an error."""
     if output is OutputFormat.json:
         print_json([{"file": r.file, "ok": r.ok, "problems": [p.to_json() for p in r.problems]} for r in results])
     else:

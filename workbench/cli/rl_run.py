@@ -11,14 +11,22 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
 from prime_lab.workbench.cli.common import config_path, err, fail
 from prime_lab.workbench.cli.render import live_output
 
-PROGRESS_KEYS = (("reward/mean", "reward"), ("loss", "loss"), ("policy/entropy", "entropy"), ("policy/kl", "kl"))
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from prime_lab.lab.problems import Validation
+
+M = TypeVar("M", bound="BaseModel")
+
+PROGRESS_KEYS = (("reward/mean", "reward"), ("loss", "loss"), ("loss/mean", "loss"), ("val/loss", "val loss"),
+                 ("policy/entropy", "entropy"), ("policy/kl", "kl"), ("teacher/kl", "teacher kl"))
 
 
 WANDB_KEY_HELP = "W&B API key for the run's W&B mirror (else WANDB_API_KEY; none: offline). Never written to disk."
@@ -55,29 +63,41 @@ def run(
     wandb_api_key: str | None = typer.Option(None, "--wandb-api-key", help=WANDB_KEY_HELP),
 ) -> None:
     """Validate a config and start a local RL run: sampler, orchestrator and trainer. Prints the run id."""
-    from prime_lab.lab.models import ModelNotFoundError, resolve_model
-    from prime_lab.lab.runs import RunRegistry
     from prime_lab.trainer.config import validate_rl_file
+
     path = config_path(config)
-    result = validate_rl_file(path)
+    cfg = valid_config(validate_rl_file(path), path, "rl")
+    envs = [e.name or e.id for e in cfg.env]
+    launch("rl", path, cfg.model, cfg.model_dump(mode="json"), envs=envs, max_steps=cfg.max_steps, name=name,
+           extra_env=_env_vars(env_var, env_file, wandb_api_key), foreground=foreground)
+
+
+def valid_config(result: Validation[M], path: Path, group: str) -> M:
+    """The config of a validation, its notes printed; or every problem printed and exit 1."""
     if not result.ok or result.config is None:
         for problem in result.problems:
             typer.echo(problem.format(), err=True)
-        fail(f"Invalid config in {path}: {len(result.errors)} problem(s); fix them (`prime rl validate @{path}`)")
+        fail(f"Invalid config in {path}: {len(result.errors)} problem(s); fix them (`prime {group} validate "
+             f"@{path}`)")
     for note in result.notes:
         err(note.format())
-    cfg = result.config
-    extra_env = _env_vars(env_var, env_file, wandb_api_key)
-    try:
-        model_path = resolve_model(cfg.model)
-    except ModelNotFoundError as exc:
-        fail(str(exc))
-    envs = [e.name or e.id for e in cfg.env]
-    run_ = RunRegistry().create("rl", config_text=path.read_text(), resolved=cfg.model_dump(mode="json"),
-                                name=name, model=cfg.model, envs=envs, max_steps=cfg.max_steps)
-    run_.update_status(model_path=str(model_path), config_file=str(path.resolve()))
+    return result.config
+
+
+def launch(kind: str, path: Path, model: str, resolved: dict[str, Any], *, envs: list[str], max_steps: int,
+           name: str | None, extra_env: dict[str, str], foreground: bool) -> None:
+    """Create a run of `kind` (RL or SFT) from the validated config at `path` and start its supervisor."""
+    from prime_lab.lab.models import ModelNotFoundError, resolve_model
+    from prime_lab.lab.runs import RunRegistry
     from prime_lab.trainer.launcher import start_supervisor
 
+    try:
+        model_path = resolve_model(model)
+    except ModelNotFoundError as exc:
+        fail(str(exc))
+    run_ = RunRegistry().create(kind, config_text=path.read_text(), resolved=resolved, name=name, model=model,
+                                envs=envs, max_steps=max_steps)
+    run_.update_status(model_path=str(model_path), config_file=str(path.resolve()))
     start_supervisor(run_, resume=False, env=extra_env)
     _started(run_, foreground)
 
@@ -89,7 +109,7 @@ def restart(
     env_file: list[Path] = typer.Option([], "--env-file", help=".env file(s) for the run's processes."),
     wandb_api_key: str | None = typer.Option(None, "--wandb-api-key", help=WANDB_KEY_HELP),
 ) -> None:
-    """Resume a stopped or failed RL run from its latest checkpoint (the same W&B run, rewound to it)."""
+    """Resume a stopped or failed RL or SFT run from its latest checkpoint (the same W&B run, rewound to it)."""
     from prime_lab.lab.runs import RunRegistry
     from prime_lab.trainer.launcher import LaunchFailed
     from prime_lab.trainer.launcher import restart as restart_run
@@ -108,10 +128,11 @@ def _started(run_: Any, foreground: bool) -> None:
     it started by it), print the run id and either how to follow it or follow it here."""
     run_.register_process("cli", os.getpid())
     run_id = run_.id
+    group = run_.read_status().get("kind") or "rl"
     typer.echo(run_id)  # on stdout, for scripts: `id=$(prime rl run @cfg)`
     if not foreground:
-        err(f"Started {run_id} in the background.\n  follow: prime rl logs {run_id} -f\n  watch:  prime lab --run "
-            f"{run_id}\n  stop:   prime rl stop {run_id}")
+        err(f"Started {run_id} in the background.\n  follow: prime {group} logs {run_id} -f\n  watch:  prime lab "
+            f"--run {run_id}\n  stop:   prime {group} stop {run_id}")
         return
     err(f"Started {run_id}; following it here (Ctrl-C stops the run, which checkpoints first).")
     code = follow_progress(run_id)
@@ -159,7 +180,7 @@ def follow_progress(run_id: str, poll: float = 0.5) -> int:
             sys.stderr.write("\n")
         err(f"Stopping {run_id} (it checkpoints first) ...")
         result = registry.stop(run_id, grace=120.0)
-        err(result.message + f"; resume with `prime rl restart {run_id}`")
+        err(result.message + f"; resume with `prime {run_.read_status().get('kind') or 'rl'} restart {run_id}`")
         return 130
 
 

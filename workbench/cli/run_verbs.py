@@ -24,6 +24,7 @@ EMPTY_HINTS = {
     None: "Evaluate with `prime eval run reverse-text`, or validate an RL config with "
           "`prime rl validate @configs/rl/reverse-text.toml`.",
     "rl": "Start one with `prime rl run @configs/rl/reverse-text.toml`.",
+    "sft": "Start one with `prime sft run @configs/sft/reverse-text.toml`.",
     "eval": "Run one with `prime eval run reverse-text`.",
     "gepa": "Start one with `prime gepa run @configs/gepa/reverse-text.toml`.",
 }
@@ -48,7 +49,7 @@ def show_runs(kind: str | None, output: OutputFormat, num: int) -> None:
 def list_runs(
     output: OutputFormat = OUTPUT_OPTION,
     num: int = NUM_OPTION,
-    kind: str | None = typer.Option(None, "-k", "--kind", help="Only runs of this kind: rl, eval or gepa."),
+    kind: str | None = typer.Option(None, "-k", "--kind", help="Only runs of this kind: rl, sft, eval or gepa."),
 ) -> None:
     """Local runs of every kind (RL, evaluations, GEPA), newest first (alias: ls)."""
     from prime_lab.lab.runs import KINDS

@@ -29,11 +29,14 @@ RUN_ID = typer.Argument(..., help="Run id (or a unique prefix).")
 RATE_WINDOW = 10  # the last steps the time per step (and so the ETA) is measured over
 # The metrics table's columns (what fits 80 columns); a run that logs none of them shows its first few names.
 TABLE_METRICS = ("reward/mean", "policy/entropy", "policy/kl", "loss", "perf/tokens_per_s")
+# an SFT run's (prime-rl's names)
+SFT_TABLE_METRICS = ("loss/mean", "loss/perplexity", "val/loss", "optim/grad_norm", "progress/num_tokens")
 
 
 _SCOPE = "prime_lab.run_kind"  # the key in click's context meta, which every context of one command line shares
 # Each kind's nouns (with the article) and the verbs that `prime rl`, `prime eval` and `prime gepa` all have.
-NOUNS = {"rl": ("an RL run", "RL runs"), "eval": ("an evaluation", "evaluations"), "gepa": ("a GEPA run", "GEPA runs")}
+NOUNS = {"rl": ("an RL run", "RL runs"), "sft": ("an SFT run", "SFT runs"), "eval": ("an evaluation", "evaluations"),
+         "gepa": ("a GEPA run", "GEPA runs")}
 SHARED_VERBS = ("get", "logs", "stop", "delete")
 
 
@@ -87,7 +90,8 @@ def run_facts(run: Run) -> dict[str, Any]:
                  for role, info in (found.items() if isinstance(found, dict) else ()) if isinstance(info, dict)}
     places = {"dir": run.dir, "config": run.config_path, "resolved": run.resolved_path, "status": run.status_path,
               "events": run.events_path, "logs": run.logs_dir, "rollouts": run.rollouts_dir,
-              "checkpoints": run.checkpoints_dir, "adapters": run.adapters_dir, "gepa": run.gepa_dir}
+              "checkpoints": run.checkpoints_dir, "adapters": run.adapters_dir, "gepa": run.gepa_dir,
+              "model": run.model_dir}
     facts = {k: v for k, v in status.items() if k not in ("processes", "pgid")}
     facts.update(id=run.id, processes=processes, paths={k: str(p) for k, p in places.items() if p.exists()})
     return facts
@@ -150,7 +154,7 @@ def _run_metrics(run: Run) -> list[dict[str, Any]]:
 def metric_columns(rows: list[dict[str, Any]]) -> list[str]:
     """The headline metrics the rows have (or, for a run that logs none of them, the first few names)."""
     names = {key for row in rows for key in row["metrics"]}
-    headline = [key for key in TABLE_METRICS if key in names]
+    headline = [key for key in TABLE_METRICS if key in names] or [key for key in SFT_TABLE_METRICS if key in names]
     return headline or sorted(names)[:len(TABLE_METRICS)]
 
 
