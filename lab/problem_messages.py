@@ -108,13 +108,16 @@ def suggest_key(model: type[BaseModel], loc: KeyPath) -> tuple[str | None, str |
     if not isinstance(key, str):
         return None, None
     here = tuple(p for p in loc[:-1] if isinstance(p, str))
+    owner = _submodel_at(model, loc[:-1])
+    same = [name for name in (_field_names(owner) if owner is not None else []) if _normal(name) == _normal(key)]
+    if same:  # `Model` for `model`: the spelling, not the place, is wrong
+        return same[0], None
     elsewhere = [p for p in field_paths(model) if p[:-1] != here and _normal(p[-1]) == _normal(key)]
     if elsewhere:
-        path = elsewhere[0]
+        path = min(elsewhere, key=len)  # [sampling].temperature before [teacher.sampling].temperature
         if len(path) == 1:
             return path[0], "it is a top-level setting: put it above the first [section]"
         return ".".join(path), f"it belongs in [{'.'.join(path[:-1])}]"
-    owner = _submodel_at(model, loc[:-1])
     return (nearest_name(key, _field_names(owner)) if owner is not None else None), None
 
 

@@ -264,6 +264,34 @@ class TrainerConfig(Section):
                                     "machine, 29500 across several).")
 
 
+class TeacherSamplingConfig(Section):
+    max_tokens: int | None = Field(default=None, ge=1, description="Teacher's max tokens per turn (loss = \"sft\"; "
+                                   "default: [sampling].max_tokens).")
+    temperature: float | None = Field(default=None, ge=0.0, description="Teacher's sampling temperature (default: "
+                                      "[sampling].temperature).")
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra request fields for the teacher.")
+    enable_thinking: bool | None = None
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+
+
+class TeacherClientConfig(Section):
+    base_url: str | None = Field(default=None, description="An OpenAI-compatible endpoint serving the teacher "
+                                 "(default: a local sampler the run starts).")
+    api_key_var: str = Field(default="OPENAI_API_KEY", description="Env var holding the endpoint's API key.")
+    headers_from_env: dict[str, str] = Field(default_factory=dict, description="HTTP headers, each read from the "
+                                             "named env var.")
+    skip_model_check: bool = Field(default=False, description="Do not ask the endpoint whether it serves the model.")
+
+
+class TeacherConfig(Section):
+    model: str = Field(description="Teacher model: a preset, a Hugging Face id, a local path or an SFT run id (a local "
+                       "sampler serves it), or the model name at [teacher.client].base_url.")
+    sampling: TeacherSamplingConfig = Field(default_factory=TeacherSamplingConfig)
+    client: TeacherClientConfig = Field(default_factory=TeacherClientConfig)
+    backend: Literal["auto", "builtin", "vllm"] = Field(
+        default="auto", description="Engine of the local teacher sampler (prime-lab only; like [inference].backend).")
+
+
 class RLConfig(Section):
     # Core (required)
     model: str = Field(validation_alias=AliasChoices("model", "model_name"),
@@ -284,7 +312,12 @@ class RLConfig(Section):
     num_gpus: int | None = Field(default=None, ge=0, description="GPUs to use (prime-rl); default: all visible.")
     tensor_parallel_size: int | None = Field(default=None, ge=1,
                                              description="Same setting as [inference].tensor_parallel_size.")
+    loss: Literal["rl", "sft", "opd"] = Field(
+        default="rl", description='"rl": the policy gradient on the reward; "sft": a teacher generates the rollouts '
+        'and the model learns them by cross-entropy; "opd": on-policy distillation, the teacher scores the model\'s '
+        "own tokens (needs [teacher]).")
     # Sections
+    teacher: TeacherConfig | None = None
     sampling: SamplingConfig
     env: list[EnvConfig] = Field(min_length=1)
     wandb: WandbConfig | None = None
@@ -530,9 +563,54 @@ def _check_lora_targets_in_model(ctx: CheckContext) -> None:
             ctx.problem(("lora",), f"{key} (default): {message}")
 
 
+def _check_teacher(ctx: CheckContext) -> None:
+    loss = ctx.get(("loss",), "rl")
+    if ctx.has(("teacher",)) and loss == "rl":
+        ctx.problem(("teacher",), 'a [teacher] with loss = "rl" does nothing: set loss = "sft" (the teacher '
+                    'generates the rollouts) or "opd" (it scores the model\'s own), or drop [teacher]')
+    if loss in ("sft", "opd") and not ctx.has(("teacher",)):
+        ctx.problem(("loss",), f'loss = "{loss}" needs a [teacher] section (model, and [teacher.client] base_url '
+                    "for an endpoint)")
+    if ctx.get(("teacher", "sampling", "enable_thinking")) is not None \
+            and ctx.get(("teacher", "sampling", "reasoning_effort")) is not None:
+        ctx.problem(("teacher", "sampling", "reasoning_effort"), "enable_thinking and reasoning_effort cannot both "
+                    "be set: keep the one the teacher supports")
+    url = ctx.get(("teacher", "client", "base_url"))
+    if isinstance(url, str) and not re.match(r"^https?://", url):
+        ctx.problem(("teacher", "client", "base_url"), "must start with http:// or https://")
+    if loss == "opd" and isinstance(url, str):
+        ctx.problem(("teacher", "client", "base_url"), "on-policy distillation scores the model's tokens through "
+                    "prompt_logprobs: the endpoint must be vLLM (or prime-lab's built-in server) serving a model with "
+                    "the same tokenizer as this run's", severity="note")
+    if loss == "opd" and ctx.has(("teacher", "sampling")):
+        ctx.problem(("teacher", "sampling"), 'with loss = "opd" the teacher generates nothing (it scores the '
+                    "model's tokens): [teacher.sampling] is unused", severity="note")
+
+
+def _check_teacher_tokenizer(ctx: CheckContext) -> None:
+    """On-policy distillation sends the student's token ids to the teacher: both must share a tokenizer. Checked
+    when both models are on this machine (their tokenizers are loaded)."""
+    student, teacher = ctx.get(("model",)), ctx.get(("teacher", "model"))
+    if ctx.get(("loss",)) != "opd" or not isinstance(student, str) or not isinstance(teacher, str) \
+            or ctx.has(("teacher", "client", "base_url")):
+        return
+    from prime_lab.lab.models.resolve import local_model_folder
+    from prime_lab.lab.models.store import tokenizer_difference
+
+    folders = local_model_folder(student), local_model_folder(teacher)
+    if folders[0] is None or folders[1] is None:
+        return
+    difference = tokenizer_difference(folders[0], folders[1])
+    if difference:
+        ctx.problem(("teacher", "model"), f"the teacher ({teacher}) and the model ({student}) have different "
+                    f"tokenizers ({difference}): on-policy distillation scores the model's token ids on the teacher, "
+                    'so they must share one; pick a teacher of the same family, or use loss = "sft" (the teacher\'s '
+                    "text is tokenized again for the model)")
+
+
 RL_CHECKS = (_check_group, _check_sampling, _check_env_ratios, _check_spellings, _check_ranges, _check_inference,
-             _check_full_finetuning, _hosted_notes, _check_distributed, _check_lora_dropout)
-MODEL_CHECKS = (_check_lora_targets_in_model,)
+             _check_full_finetuning, _hosted_notes, _check_distributed, _check_lora_dropout, _check_teacher)
+MODEL_CHECKS = (_check_lora_targets_in_model, _check_teacher_tokenizer)
 
 
 def validate_rl_config(text: str, file: str | None = None, *, check_model: bool = False) -> Validation[RLConfig]:

@@ -70,3 +70,17 @@ def _remove_stale_partials(final: Path) -> None:
                 shutil.rmtree(leftover, ignore_errors=True)
         except OSError:
             pass
+
+
+def tokenizer_difference(a: Path, b: Path) -> str | None:
+    """How the tokenizers of model folders `a` and `b` differ (None: the same vocabulary, token for id), in words.
+    Imports transformers."""
+    from transformers import AutoTokenizer
+
+    vocab_a, vocab_b = (AutoTokenizer.from_pretrained(p).get_vocab() for p in (a, b))
+    if vocab_a == vocab_b:
+        return None
+    if len(vocab_a) != len(vocab_b):
+        return f"vocabularies of {len(vocab_a):,} and {len(vocab_b):,} tokens"
+    differ = sum(vocab_b.get(token) != i for token, i in vocab_a.items())
+    return f"{differ:,} of their {len(vocab_a):,} tokens have other ids"

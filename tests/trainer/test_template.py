@@ -69,8 +69,14 @@ def test_template_names_every_field() -> None:
     assert not missing, f"fields not in trainer/template.toml: {missing}"
 
 
+def _all_on(text: str) -> str:
+    """Every setting on, with a loss that uses the [teacher] the template shows (with loss = "rl", the default,
+    a teacher is an error)."""
+    return text.replace('\nloss = "rl"', '\nloss = "sft"')
+
+
 def test_template_with_every_setting_on_validates() -> None:
-    result = validate_rl_config(uncomment_settings(_template()))
+    result = validate_rl_config(_all_on(uncomment_settings(_template())))
     assert not result.errors, [p.format() for p in result.errors]
     assert result.config is not None and len(result.config.env) == 2
     assert {p.key for p in result.notes} >= {"tailscale", "checkpoints.keep_cloud", "infrastructure.compute_size"}
@@ -78,10 +84,11 @@ def test_template_with_every_setting_on_validates() -> None:
 
 def test_each_alternative_spelling_also_validates_on_its_own() -> None:
     """The lines left off above are valid too, just not together with their other spelling."""
-    text = uncomment_settings(_template(), alternatives=True)
+    text = _all_on(uncomment_settings(_template(), alternatives=True))
     result = validate_rl_config(text)
     assert {p.key for p in result.errors} == {
-        "sampling.reasoning_effort", "env[0].weight", "buffer.env_ratios", "lora.alpha", "difficulty_filter",
+        "sampling.reasoning_effort", "teacher.sampling.reasoning_effort",
+        "env[0].weight", "buffer.env_ratios", "lora.alpha", "difficulty_filter",
         "inference.tensor_parallel_size", "inference.base_urls"} - {"env[0].weight"}
 
 
