@@ -1,4 +1,10 @@
-"""Between HTTP and the engine: request bodies -> `GenerationRequest`s, choices -> OpenAI/vLLM response bodies."""
+"""Between HTTP and the engine: request bodies -> `GenerationRequest`s, choices -> OpenAI/vLLM response bodies.
+
+Prompt logprobs come back where vLLM (0.32, `entrypoints/openai/{completion,chat_completion}/serving.py`) puts them:
+on each choice of a text completion (`choices[i].prompt_logprobs`) and at the top level of a chat completion. Either
+is a list with one entry per prompt token: None for the first, then `{token id: {"logprob", "rank",
+"decoded_token"}}` holding the prompt token and the top k (the token id a string in JSON; -inf reported as -9999.0).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +18,13 @@ from prime_lab.lab.inference.builtin.adapters import ModelRegistry, ServedModel
 from prime_lab.lab.inference.builtin.errors import APIError
 from prime_lab.lab.inference.builtin.prompts import PromptCodec
 from prime_lab.lab.inference.builtin.sampling import SamplingParams
-from prime_lab.lab.inference.builtin.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
-from prime_lab.lab.inference.builtin.sequences import Choice, GenerationRequest
+from prime_lab.lab.inference.builtin.schemas import (
+    MAX_TOP_LOGPROBS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+)
+from prime_lab.lab.inference.builtin.sequences import Choice, GenerationRequest, PromptLogprobs
 from prime_lab.lab.inference.builtin.tool_calls import ParsedToolCalls, parse_hermes_tool_calls, parses_tool_calls
 
 if TYPE_CHECKING:
@@ -51,7 +62,9 @@ class CompletionService:
         params = self.sampling_params(
             body, len(prompt_ids), body.token_budget(), logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0
         )
-        choices = await self._generate(GenerationRequest(prompt_ids, body.n, params, model))
+        choices = await self._generate(
+            GenerationRequest(prompt_ids, body.n, params, model, self.prompt_logprobs_count(body))
+        )
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
@@ -61,7 +74,7 @@ class CompletionService:
             "service_tier": None,
             "system_fingerprint": None,
             "usage": usage(len(prompt_ids), choices),
-            "prompt_logprobs": None,
+            "prompt_logprobs": self._prompt_logprobs(prompt_ids, choices[0].prompt_logprobs),
             "prompt_token_ids": prompt_ids if body.return_token_ids else None,
             "prompt_text": None,
             "kv_transfer_params": None,
@@ -82,6 +95,7 @@ class CompletionService:
             if max(ids) >= self.codec.vocab_size:
                 raise APIError(f"token id {max(ids)} is out of the vocabulary", param="prompt")
         logprobs = body.logprobs is not None
+        prompt_logprobs = self.prompt_logprobs_count(body)
         requests = [
             GenerationRequest(
                 ids,
@@ -90,6 +104,7 @@ class CompletionService:
                     body, len(ids), body.max_tokens, logprobs=logprobs, top_logprobs=body.logprobs or 0
                 ),
                 model,
+                prompt_logprobs,
             )
             for ids in prompt_ids
         ]
@@ -97,8 +112,9 @@ class CompletionService:
         choices_out = []
         completion_choices: list[Choice] = []
         for prompt_index, (ids, choices) in enumerate(zip(prompt_ids, results, strict=True)):
+            scored = self._prompt_logprobs(ids, choices[0].prompt_logprobs)
             for j, choice in enumerate(choices):
-                choices_out.append(self._text_choice(prompt_index * body.n + j, choice, ids, body))
+                choices_out.append(self._text_choice(prompt_index * body.n + j, choice, ids, scored, body))
                 completion_choices.append(choice)
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
@@ -150,6 +166,34 @@ class CompletionService:
             skip_special_tokens=body.skip_special_tokens,
         )
 
+    def prompt_logprobs_count(self, body: SamplingFields) -> int | None:
+        """How many top logprobs each prompt position reports (None: no prompt logprobs), refused above vLLM's
+        default limit (-1 asks for the whole vocabulary)."""
+        count = self.engine.vocab_size if body.prompt_logprobs == -1 else body.prompt_logprobs
+        if count is not None and count > MAX_TOP_LOGPROBS:
+            raise APIError(
+                f"Requested prompt logprobs of {count}, which is greater than max allowed: {MAX_TOP_LOGPROBS}",
+                param="prompt_logprobs",
+            )
+        return count
+
+    def _prompt_logprobs(self, prompt_ids: list[int], scores: PromptLogprobs | None) -> list[Any] | None:
+        """vLLM's `prompt_logprobs`: None for the first prompt token, then per token a dict by token id of the
+        prompt token and the top k (a top-k entry wins for the prompt token when it is among them, as in vLLM)."""
+        if scores is None:
+            return None
+        entries: list[dict[str, dict[str, Any]] | None] = [None]
+        for token_id, logprob, rank, top in zip(prompt_ids[1:], scores.logprobs, scores.ranks, scores.top,
+                                                strict=True):
+            entry = {str(token_id): self._prompt_logprob_entry(token_id, logprob, rank)}
+            for top_rank, (top_id, top_logprob) in enumerate(top, start=1):
+                entry[str(top_id)] = self._prompt_logprob_entry(top_id, top_logprob, top_rank)
+            entries.append(entry)
+        return entries
+
+    def _prompt_logprob_entry(self, token_id: int, logprob: float, rank: int) -> dict[str, Any]:
+        return {"logprob": max(logprob, -9999.0), "rank": rank, "decoded_token": self.codec.token_text(token_id)}
+
     async def _generate(self, request: GenerationRequest) -> list[Choice]:
         return await asyncio.wrap_future(self.engine.submit(request))
 
@@ -189,7 +233,12 @@ class CompletionService:
         }
 
     def _text_choice(
-        self, index: int, choice: Choice, prompt_ids: list[int], body: CompletionRequest
+        self,
+        index: int,
+        choice: Choice,
+        prompt_ids: list[int],
+        prompt_logprobs: list[Any] | None,
+        body: CompletionRequest,
     ) -> dict[str, Any]:
         logprobs = None
         if choice.logprobs is not None and choice.top_logprobs is not None:
@@ -217,7 +266,7 @@ class CompletionService:
             "finish_reason": choice.finish_reason,
             "stop_reason": choice.stop_reason,
             "token_ids": choice.token_ids if body.return_token_ids else None,
-            "prompt_logprobs": None,
+            "prompt_logprobs": prompt_logprobs,
             "prompt_token_ids": prompt_ids if body.return_token_ids else None,
             "routed_experts": None,
         }

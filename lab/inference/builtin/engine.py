@@ -9,6 +9,10 @@ every step: an adapter replaced in place is the same model to the engine, so the
 weights and requests for it join the batch instead of waiting. `between_steps(fn)` runs `fn` on the engine thread
 between two forward passes (new full weights copied into the model: the running batch continues on them).
 
+A request that asks for `prompt_logprobs` is prefilled on its own, `prompt_chunk_size` positions at a time into its
+KV cache: each chunk's logits give the raw logprobs of the prompt tokens they predict (never a [prompt, vocabulary]
+tensor), the last position's the first sampled token, and the request then joins the running batch like any other.
+
 Importing this module imports torch; `server.py` does so when a server is built.
 """
 
@@ -30,8 +34,14 @@ from prime_lab.lab.inference.builtin.decode_batch import DecodeBatch
 from prime_lab.lab.inference.builtin.errors import EngineStoppedError
 from prime_lab.lab.inference.builtin.kv_cache import BatchKVCache
 from prime_lab.lab.inference.builtin.prompts import PromptCodec
-from prime_lab.lab.inference.builtin.sampling import SampledTokens, sample
-from prime_lab.lab.inference.builtin.sequences import Choice, GenerationRequest, PendingRequest, Sequence
+from prime_lab.lab.inference.builtin.sampling import SampledTokens, position_logprobs, sample
+from prime_lab.lab.inference.builtin.sequences import (
+    Choice,
+    GenerationRequest,
+    PendingRequest,
+    PromptLogprobs,
+    Sequence,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +74,7 @@ class GenerationEngine:
         *,
         max_batch_rows: int = 64,
         max_prefill_tokens: int = 8192,
+        prompt_chunk_size: int = 1024,
         gather_window_s: float = 0.02,
         resolve: Callable[[ServedModel], ServedModel] | None = None,
     ) -> None:
@@ -73,6 +84,7 @@ class GenerationEngine:
         self.device = device
         self.max_batch_rows = max_batch_rows
         self.max_prefill_tokens = max_prefill_tokens
+        self.prompt_chunk_size = prompt_chunk_size
         self.gather_window_s = gather_window_s
         self.resolve: Callable[[ServedModel], ServedModel] = resolve or (lambda model: model)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -181,7 +193,9 @@ class GenerationEngine:
             if not pending.abandoned:
                 admitted.append(pending)
                 room -= pending.request.n
-        for chunk in self._prefill_chunks(admitted):
+        scored = [[p] for p in admitted if p.request.prompt_logprobs is not None]
+        plain = [p for p in admitted if p.request.prompt_logprobs is None]
+        for chunk in scored + self._prefill_chunks(plain):
             try:
                 joined = self._prefill(model, chunk)
             except Exception as error:
@@ -213,7 +227,32 @@ class GenerationEngine:
         return chunks
 
     def _prefill(self, model: ServedModel, pendings: list[PendingRequest]) -> DecodeBatch | None:
-        """One forward pass over the prompts (left-padded); the first token of every choice is sampled here."""
+        """The prompts through the model; the first token of every choice is sampled here."""
+        if len(pendings) == 1 and pendings[0].request.prompt_logprobs is not None:
+            cache, attention_mask, last_logits = self._scored_prompt_forward(model, pendings[0])
+        else:
+            cache, attention_mask, last_logits = self._prompt_forward(model, pendings)
+        counts = torch.tensor([p.request.n for p in pendings], device=self.device)
+        rows = torch.repeat_interleave(torch.arange(len(pendings), device=self.device), counts)
+        cache.select_rows(rows)
+        sequences = [Sequence(pending, index, self.codec) for pending in pendings for index in range(pending.request.n)]
+        batch = DecodeBatch(
+            model=model,
+            sequences=sequences,
+            cache=cache,
+            attention_mask=attention_mask[rows],
+            next_positions=attention_mask[rows].sum(dim=1),
+            last_tokens=torch.zeros(len(sequences), dtype=torch.long, device=self.device),
+            sampling=DecodeBatch.row_sampling(sequences, self.device),
+        )
+        logits = last_logits.float()[rows]
+        self._take_tokens(batch, sample(logits, batch.sampling, batch.banned_tokens(self.vocab_size)))
+        return batch if batch.drop_finished() else None
+
+    def _prompt_forward(
+        self, model: ServedModel, pendings: list[PendingRequest]
+    ) -> tuple[BatchKVCache, torch.Tensor, torch.Tensor]:
+        """One forward pass over the prompts (left-padded): their KV cache, attention mask and last logits."""
         prompts = [p.request.prompt_ids for p in pendings]
         length = max(len(p) for p in prompts)
         input_ids = torch.zeros((len(prompts), length), dtype=torch.long)
@@ -232,22 +271,37 @@ class GenerationEngine:
             use_cache=True,
             logits_to_keep=1,
         )
-        counts = torch.tensor([p.request.n for p in pendings], device=self.device)
-        rows = torch.repeat_interleave(torch.arange(len(pendings), device=self.device), counts)
-        cache.select_rows(rows)
-        sequences = [Sequence(pending, index, self.codec) for pending in pendings for index in range(pending.request.n)]
-        batch = DecodeBatch(
-            model=model,
-            sequences=sequences,
-            cache=cache,
-            attention_mask=attention_mask[rows],
-            next_positions=attention_mask[rows].sum(dim=1),
-            last_tokens=torch.zeros(len(sequences), dtype=torch.long, device=self.device),
-            sampling=DecodeBatch.row_sampling(sequences, self.device),
-        )
-        logits = output.logits[:, -1].float()[rows]
-        self._take_tokens(batch, sample(logits, batch.sampling, batch.banned_tokens(self.vocab_size)))
-        return batch if batch.drop_finished() else None
+        return cache, attention_mask, output.logits[:, -1]
+
+    def _scored_prompt_forward(
+        self, model: ServedModel, pending: PendingRequest
+    ) -> tuple[BatchKVCache, torch.Tensor, torch.Tensor]:
+        """One prompt through the model `prompt_chunk_size` positions at a time into one KV cache; each chunk's
+        logits give the raw logprobs of the prompt tokens they predict (`pending.prompt_logprobs`). Returns what
+        `_prompt_forward` returns."""
+        prompt = pending.request.prompt_ids
+        top_k = pending.request.prompt_logprobs or 0
+        targets = torch.tensor(prompt[1:], dtype=torch.long, device=self.device)
+        cache = BatchKVCache()
+        scores = PromptLogprobs([], [], [])
+        last_logits = None
+        for start in range(0, len(prompt), self.prompt_chunk_size):
+            end = min(start + self.prompt_chunk_size, len(prompt))
+            output = model.module(
+                input_ids=torch.tensor([prompt[start:end]], dtype=torch.long, device=self.device),
+                attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
+                position_ids=torch.arange(start, end, device=self.device).unsqueeze(0),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = output.logits[0]
+            chunk_targets = targets[start:end]  # position i predicts prompt token i + 1: the last one predicts none
+            scores.extend(*position_logprobs(logits[: len(chunk_targets)], chunk_targets, top_k))
+            last_logits = logits[-1:].clone()  # not a view that would keep the chunk's logits
+            del output, logits
+        assert last_logits is not None, "the prompt is not empty"
+        pending.prompt_logprobs = scores
+        return cache, torch.ones((1, len(prompt)), dtype=torch.long, device=self.device), last_logits
 
     def _decode_step(self, batch: DecodeBatch) -> None:
         ones = batch.attention_mask.new_ones((len(batch), 1))

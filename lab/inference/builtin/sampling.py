@@ -6,6 +6,9 @@ log-softmax of the logits after banned tokens, temperature, then the top-k and t
 row reports the log-softmax of its logits (banned tokens excluded), with no temperature, top-k or top-p, as vLLM
 does. Tokens are drawn by inverting each row's CDF at one uniform number: one random draw per row (not per
 vocabulary entry), so rows with a request seed draw theirs from that request's own generator at no cost to the rest.
+
+Prompt logprobs (`position_logprobs`) are those of the model's raw distribution, as vLLM reports them in either
+logprobs mode: prompt tokens are not sampled, so no temperature, top-k or top-p applies.
 """
 
 from __future__ import annotations
@@ -149,3 +152,22 @@ def keep_top_p(scaled: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tenso
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     sorted_logits = sorted_logits.masked_fill(mass_before > top_p, float("-inf"))
     return torch.empty_like(scaled).scatter_(-1, order, sorted_logits)
+
+
+def position_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, top_k: int
+) -> tuple[list[float], list[int], list[list[tuple[int, float]]]]:
+    """For each row of `logits` [n, V] (any dtype; computed in float32): the raw logprob of `targets` [n], its rank
+    (1 + the number of tokens more likely; a tie counts against it, as vLLM counts) and the `top_k` most likely
+    (token id, logprob), most likely first."""
+    import torch
+
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, targets.unsqueeze(1))
+    ranks = (logprobs >= chosen).sum(dim=-1)
+    if top_k > 0:
+        values, ids = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)
+        top = [list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
+    else:
+        top = [[] for _ in range(len(targets))]
+    return chosen.squeeze(1).tolist(), ranks.tolist(), top

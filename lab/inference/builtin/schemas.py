@@ -5,7 +5,8 @@ server cannot honour is refused with a 400 rather than silently ignored (`unsupp
 
 `tools` and `tool_choice` are checked in `tool_calls.parses_tool_calls` ("auto" and "none"; see that module).
 `stream=true` is refused for every request, with tools or without, so tool calls always come back whole, in one
-response body.
+response body. `prompt_logprobs` (vLLM's: the logprob of each prompt token and the top k at its position) is
+answered on both routes, at most `MAX_TOP_LOGPROBS` per position as vLLM's default `--max-logprobs` allows.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class SamplingFields(BaseModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    prompt_logprobs: int | None = None
+    prompt_logprobs: int | None = Field(None, ge=-1)  # -1: the whole vocabulary (over the limit, as in vLLM)
 
     @field_validator("stop")
     @classmethod
@@ -71,8 +72,6 @@ class SamplingFields(BaseModel):
             problems.append("repetition_penalty")
         if self.logit_bias:
             problems.append("logit_bias")
-        if self.prompt_logprobs is not None:
-            problems.append("prompt_logprobs")
         return problems
 
 

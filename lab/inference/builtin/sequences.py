@@ -1,7 +1,8 @@
 """What the engine tracks per request and per generated sequence, and when a sequence is finished.
 
 Pure Python (no torch): a `Sequence` takes one sampled token at a time and decides whether it is done, by a stop
-token (EOS or `stop_token_ids`), a stop string, or `max_tokens`.
+token (EOS or `stop_token_ids`), a stop string, or `max_tokens`. A request that asks for `prompt_logprobs` gets
+them once, from its prefill (`PromptLogprobs`), and every one of its choices carries them.
 """
 
 from __future__ import annotations
@@ -30,6 +31,22 @@ class GenerationRequest:
     n: int
     params: SamplingParams
     model: ServedModel
+    prompt_logprobs: int | None = None  # top-k of each prompt position to report (0: the prompt token only)
+
+
+@dataclass
+class PromptLogprobs:
+    """The model's raw distribution (temperature 1, no top-k or top-p) at each prompt position after the first:
+    entry i is about prompt token i + 1 given the tokens before it."""
+
+    logprobs: list[float]  # the prompt token's logprob
+    ranks: list[int]  # its rank in the vocabulary (1: the most likely; ties count against it, as in vLLM)
+    top: list[list[tuple[int, float]]]  # the k most likely (token id, logprob), most likely first
+
+    def extend(self, logprobs: list[float], ranks: list[int], top: list[list[tuple[int, float]]]) -> None:
+        self.logprobs += logprobs
+        self.ranks += ranks
+        self.top += top
 
 
 @dataclass
@@ -42,6 +59,7 @@ class Choice:
     stop_reason: str | int | None
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 @dataclass
@@ -53,6 +71,7 @@ class PendingRequest:
     generator: torch.Generator | None = None
     choices: list[Choice | None] = field(default_factory=list)
     arrived: float = field(default_factory=time.monotonic)
+    prompt_logprobs: PromptLogprobs | None = None  # set by the prefill when the request asks for them
 
     def __post_init__(self) -> None:
         self.choices = [None] * self.request.n
@@ -130,4 +149,5 @@ class Sequence:
             stop_reason=self._stop_reason,
             logprobs=list(self.logprobs) if self.params.logprobs else None,
             top_logprobs=list(self.top_logprobs) if self.params.logprobs else None,
+            prompt_logprobs=self.pending.prompt_logprobs,
         )
