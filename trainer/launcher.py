@@ -149,6 +149,7 @@ class Supervisor:
         self.stop = StopFlag().install()
         self.events = run.writer("launcher")
         self.servers: list[RunningServer] = []  # the local sampler servers, in role order
+        self.teacher_server: RunningServer | None = None  # distillation's local teacher
         self.placement = Placement([], [], 1)  # planned in start(), before any process starts
         self.topology = Topology()  # likewise
         self.children: dict[str, subprocess.Popen[bytes]] = {}
@@ -206,12 +207,14 @@ class Supervisor:
             run.set_state("running")
             return
         base_urls, model_name = self.start_sampler(choice, sampler_threads)
+        teacher = self.start_teacher(sampler_threads)
         if self.stop.set:
             return
         api_key = ["--api-key-var", cfg.inference.api_key_var] if choice.backend == "external" else []
         urls = [arg for url in base_urls for arg in ("--base-url", url)]
         self.start_child("orchestrator", ["prime_lab.trainer.orchestrator", str(run.dir), *urls,
-                                          "--model", model_name, *api_key, *resume])
+                                          "--model", model_name, "--model-path", str(self.model_path), *api_key,
+                                          *teacher, *resume])
         run.set_state("running")
         self.start_mirror()
 
@@ -359,6 +362,47 @@ class Supervisor:
         self.log(f"sampler ready at {', '.join(urls)} serving {self.servers[0].model_name}")
         return urls, self.servers[0].model_name
 
+    def start_teacher(self, threads: int = 0) -> list[str]:
+        """Distillation (`[teacher]`, trainer/teacher.py): start a local sampler for the teacher model (role
+        `teacher`, beside sampler 0 on its GPUs), or check that `[teacher.client]`'s endpoint answers. Returns the
+        orchestrator's arguments for a local teacher."""
+        from prime_lab.lab.inference.backend import BackendUnavailableError, choose_backend
+        from prime_lab.lab.inference.launch import SamplerOptions, start_sampler
+        from prime_lab.lab.inference.process import ServerStartError
+        from prime_lab.lab.models import ModelNotFoundError, resolve_model
+
+        teacher = self.rl.teacher
+        if teacher is None:
+            return []
+        if teacher.client.base_url is not None:
+            if not teacher.client.skip_model_check:
+                self.check_external(teacher.client.base_url)
+            self.log(f"teacher: {teacher.model} at {teacher.client.base_url}")
+            return []
+        try:
+            path = resolve_model(teacher.model)
+            choice = choose_backend(teacher.backend)
+        except (ModelNotFoundError, BackendUnavailableError) as exc:
+            raise LaunchFailed(f"[teacher]: {exc}") from exc
+        inf = self.rl.inference
+        env = self.placement.cuda_env(self.placement.sampler_gpus[0]) if self.placement.sampler_gpus else {}
+        if threads:
+            env["OMP_NUM_THREADS"] = str(max(1, threads // 2))
+        options = SamplerOptions(dtype=inf.dtype, max_model_len=inf.max_model_len,
+                                 gpu_memory_utilization=inf.gpu_memory_utilization, kv_cache_gb=inf.kv_cache_gb,
+                                 lora=False)
+        try:
+            server = start_sampler(choice.backend, path, self.run.log_path("teacher"), timeout=inf.startup_timeout,
+                                   env=env, wait=False, options=options)
+            if server.process.pid:
+                self.run.register_process("teacher", server.process.pid)
+            self.teacher_server = server
+            server.process.wait_ready(timeout=inf.startup_timeout)
+        except (ServerStartError, OSError) as exc:
+            raise LaunchFailed(f"the teacher's {choice.backend} sampler did not start: {exc}") from exc
+        self.log(f"teacher ready at {server.base_url} serving {teacher.model} ({choice.reason})")
+        return ["--teacher-url", server.base_url, "--teacher-model", server.model_name]
+
     def check_external(self, base_url: str) -> None:
         url = base_url.rstrip("/") + "/models"
         try:
@@ -394,7 +438,7 @@ class Supervisor:
     def watch(self) -> str:
         """Until the run ends: returns the final state."""
         last_health = time.monotonic()
-        healthy_at = [last_health] * len(self.servers)
+        healthy_at = [last_health] * (len(self.servers) + (self.teacher_server is not None))
         while True:
             self.follow_events()
             if self.stop.set:
@@ -428,10 +472,12 @@ class Supervisor:
     def check_samplers(self, healthy_at: list[float], probe: bool) -> None:
         """Raise LaunchFailed when a local sampler server has exited, or (`probe`: ask /health now) has not answered
         /health for UNHEALTHY_AFTER_S seconds; `healthy_at` holds when each one last answered."""
-        for i, server in enumerate(self.servers):
+        teacher = [self.teacher_server] if self.teacher_server is not None else []
+        for i, server in enumerate(self.servers + teacher):
             code = server.process.poll()
             if code is not None:
-                which = f" ({sampler_role(i)})" if len(self.servers) > 1 else ""
+                which = " (the teacher)" if i >= len(self.servers) else \
+                    f" ({sampler_role(i)})" if len(self.servers) > 1 else ""
                 raise LaunchFailed(f"the inference server{which} exited with code {code}; its log ends:\n"
                                    f"{log_tail(server.log_path, 8)}")
             if not probe:
@@ -465,6 +511,9 @@ class Supervisor:
                 process.wait()
         while self.servers:
             self.servers.pop().stop()
+        if self.teacher_server is not None:
+            self.teacher_server.stop()
+            self.teacher_server = None
 
     def supervise(self) -> int:
         final, reason = "failed", ""

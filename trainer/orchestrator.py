@@ -55,6 +55,7 @@ from prime_lab.trainer.runtime import (
 )
 from prime_lab.trainer.samplers import SamplerPool, SamplerServer
 from prime_lab.trainer.scheduler import BatchSchedule
+from prime_lab.trainer.teacher import Teacher, TeacherEndpoint, endpoint_of, retokenized_samples, teacher_sampling
 from prime_lab.trainer.versions import drop_versions_after, versions_dir
 
 SAMPLE_EVENTS_PER_STEP = 2
@@ -125,7 +126,8 @@ def batch_metrics(groups: list[Group], step: int, fill_seconds: float) -> dict[s
 
 class Orchestrator:
     def __init__(self, run: Run, config: RLConfig, base_urls: str | Sequence[str], model: str, *,
-                 resume: bool = False, api_key: str = "prime-lab") -> None:
+                 resume: bool = False, api_key: str = "prime-lab", teacher: TeacherEndpoint | None = None,
+                 model_path: Path | None = None) -> None:
         self.run, self.config, self.base_model = run, config, model
         self.events: EventWriter = run.writer("orchestrator")
         self.stop = StopFlag().install()
@@ -138,6 +140,14 @@ class Orchestrator:
                                       seed=config.buffer.seed)
         self.filter = GroupFilter(config.buffer, config.difficulty_filter)
         self.sampling = sampling_args(config)
+        # distillation (trainer/teacher.py): the teacher generates (loss = "sft") or scores (loss = "opd")
+        self.teacher = Teacher(teacher, timeout=REQUEST_TIMEOUT_S) if teacher is not None else None
+        self.teacher_sampling = teacher_sampling(config, self.sampling) if config.loss == "sft" else None
+        self.tokenizer: Any = None
+        if config.loss == "sft":
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(model_path or model)
         self.samplers = SamplerPool([base_urls] if isinstance(base_urls, str) else base_urls, api_key=api_key,
                                     timeout=REQUEST_TIMEOUT_S)
         self.versions = versions_dir(run, config)
@@ -248,11 +258,15 @@ class Orchestrator:
 
         sampling = self.sampling_at(version)
 
+        client, model = server.client, self.model_name
+        if self.teacher is not None and self.teacher_sampling is not None:  # loss = "sft": the teacher generates
+            client, model, sampling = self.teacher.client, self.teacher.model, self.teacher_sampling
+
         async def one(i: int) -> Rollout:
             args = sampling if sampling.seed is None else \
                 replace(sampling, seed=sampling.seed * 1_000_003 + first + i)
             try:
-                rollout = await env.rollout(server.client, self.model_name, row, args)
+                rollout = await env.rollout(client, model, row, args)
             finally:
                 self.rollouts_in_flight -= 1
                 server.in_flight -= 1
@@ -363,8 +377,11 @@ class Orchestrator:
         i = 0
         for g in groups:
             for r in g.rollouts:
-                samples += rollout_samples(r, advantages[i], self.config.trajectory_strategy,
-                                           policy_version=g.version, env=g.env)
+                if self.config.loss == "sft":  # the teacher's text, in the student's tokens
+                    samples += retokenized_samples(r, self.tokenizer, env=g.env, policy_version=g.version)
+                else:
+                    samples += rollout_samples(r, advantages[i], self.config.trajectory_strategy,
+                                               policy_version=g.version, env=g.env)
                 i += 1
         return samples
 
@@ -448,11 +465,17 @@ class Orchestrator:
                 groups, buffer_metrics = await self.fill_batch(step)
                 fill = time.perf_counter() - t0
                 samples = self.to_samples(groups)
+                if self.config.loss == "opd" and self.teacher is not None:
+                    t_score = time.perf_counter()
+                    await self.teacher.score(samples)
+                    scoring = time.perf_counter() - t_score
                 write_batch(self.run.rollouts_dir, step, samples)
                 metrics = batch_metrics(groups, step, fill)
                 metrics.update(buffer_metrics)
                 metrics["time/wait_for_weights"] = waited
                 metrics["policy/version"] = float(self.version)
+                if self.config.loss == "opd":
+                    metrics["time/teacher_scoring"] = scoring
                 if len(self.samplers) > 1:  # the largest share of the step's rollouts one server got
                     counts = self.samplers.take_counts()
                     metrics["sampler/max_share"] = max(counts) / max(1, sum(counts))
@@ -473,6 +496,8 @@ class Orchestrator:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
             await self.samplers.close()
+            if self.teacher is not None:
+                await self.teacher.close()
         return 0
 
 
@@ -483,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--api-key-var", default=None)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--model-path", type=Path, default=None, help="the model's folder (its tokenizer)")
+    parser.add_argument("--teacher-url", default=None, help="the local teacher sampler's URL")
+    parser.add_argument("--teacher-model", default=None, help="the name the local teacher serves")
     args = parser.parse_args(argv)
     run = Run(args.run_dir)
 
@@ -490,8 +518,10 @@ def main(argv: list[str] | None = None) -> int:
         import os
 
         api_key = os.environ.get(args.api_key_var, "prime-lab") if args.api_key_var else "prime-lab"
-        orchestrator = Orchestrator(run, load_config(run), args.base_url, args.model, resume=args.resume,
-                                    api_key=api_key)
+        config = load_config(run)
+        teacher = endpoint_of(config, args.teacher_url, args.teacher_model) if config.teacher is not None else None
+        orchestrator = Orchestrator(run, config, args.base_url, args.model, resume=args.resume,
+                                    api_key=api_key, teacher=teacher, model_path=args.model_path)
         return asyncio.run(orchestrator.loop())
 
     return guarded_main(run, "orchestrator", body)

@@ -197,7 +197,7 @@ def chat_tokens(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
     for i, message in enumerate(messages):
         if message["role"] == "assistant" and i > 0:
             extend(render(i, True), False)  # the assistant header the sampler adds before generating
-        extend(render(i + 1, False), trained[message["role"]])
+        extend(render(i + 1, False), trained.get(message["role"], False))
     return ids, mask
 
 

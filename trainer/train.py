@@ -287,9 +287,11 @@ class Trainer:
                 group["lr"] = lr
             self.optimizer.zero_grad(set_to_none=True)
             self.model.train()
+            # cross-entropy (loss = "sft": a teacher's tokens) is of the model's own distribution, temperature 1
+            sft = cfg.loss == "sft"
             result = accumulate_batch_gradients(
-                self.model, samples, device=self.device,
-                temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
+                self.model, samples, device=self.device, loss=cfg.loss,
+                temperature=1.0 if sft else cfg.sampling.temperature, top_p=1.0 if sft else cfg.sampling.top_p,
                 micro_batch_size=cfg.trainer.micro_batch_size, micro_batch_tokens=self.row_tokens,
                 attention=self.attention, lm_head_chunk_size=cfg.trainer.lm_head_chunk_size,
                 accumulation_steps=cfg.gradient_accumulation_steps, ratio_low=cfg.trainer.ratio_mask_low,
@@ -309,6 +311,8 @@ class Trainer:
                        "perf/train_tokens_per_s": result.tokens / elapsed if elapsed > 0 else 0.0,
                        "train/samples": float(len(samples)), "train/loss_tokens": float(result.loss_tokens),
                        "perf/peak_memory_gib": peak_memory_gib(self.device)}
+            if result.teacher_kl is not None:
+                metrics["teacher/kl"] = result.teacher_kl
             if result.ref_kl is not None:
                 metrics["policy/ref_kl"] = result.ref_kl
                 metrics["policy/kl_beta"] = self.kl_beta
