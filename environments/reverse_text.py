@@ -47,3 +47,15 @@ def load_environment(
     return SingleTurnEnv(dataset=limit(train, max_examples), eval_dataset=limit(test, max_examples),
                          system_prompt=system_prompt, parser=parser,
                          rubric=Rubric([lcs_reward], parser=parser))
+
+
+def sft_rows(num_examples: int = 1000, *, seed: int = 0, min_words: int = 1, max_words: int = 3,
+             system_prompt: str = SYSTEM_PROMPT) -> list[dict[str, Any]]:
+    """Worked answers for supervised fine-tuning, in the `messages` shape (`prime sft run`): the environment's
+    training examples (the same seed gives the same ones `load_environment` trains on; its eval split is left out),
+    each with the reply the reward scores 1.0."""
+    env = load_environment(num_train_examples=num_examples, num_eval_examples=100, min_words=min_words,
+                           max_words=max_words, seed=seed, system_prompt=system_prompt)
+    return [{"messages": [*row["prompt"],
+                          {"role": "assistant", "content": f"<reversed_text>\n{row['answer']}\n</reversed_text>"}]}
+            for row in env.get_dataset()]

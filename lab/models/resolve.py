@@ -21,7 +21,8 @@ def resolve_model(spec: str) -> Path:
     - a preset name (`prime rl models`): its folder under `lab.paths.models_dir()`, materialised on first use;
     - a path to a folder with a `config.json`;
     - a Hugging Face id (`owner/name`) already downloaded into the local Hugging Face cache;
-    - the id of a completed SFT run (its `model/` folder: the base model with the run's training merged in).
+    - the id of a completed SFT run (its `model/` folder: the base model with the run's training merged in), or
+      the name it was started with (`--name`; the newest such run).
     Anything else raises ModelNotFoundError saying what to do.
     """
     preset = PRESETS.get(spec)
@@ -38,6 +39,9 @@ def resolve_model(spec: str) -> Path:
             f"{spec!r} exists but is not a Hugging Face model folder (it has no config.json). Point at the "
             "folder that holds config.json, the weights (*.safetensors) and the tokenizer files."
         )
+    named = named_run_model_folder(spec)
+    if named is not None:
+        return named
     cached = hugging_face_cache_folder(spec)
     if cached is not None:
         return cached
@@ -57,7 +61,7 @@ def local_model_folder(spec: str) -> Path | None:
     path = Path(spec).expanduser()
     if path.exists():
         return path.resolve() if is_model_folder(path) else None
-    return hugging_face_cache_folder(spec)
+    return named_run_model_folder(spec) or hugging_face_cache_folder(spec)
 
 
 def run_model_folder(spec: str) -> Path | None:
@@ -85,6 +89,26 @@ def run_model_folder(spec: str) -> Path | None:
     raise ModelNotFoundError(f"SFT run {spec} has no model yet ({state}): its model is written when its last step "
                              f"is done" + (f"; resume it with `prime sft restart {spec}`" if state in
                                            ("failed", "stopped") else ""))
+
+
+def named_run_model_folder(name: str) -> Path | None:
+    """The model of the newest completed SFT run started with `--name NAME` (so a config can name the SFT run it
+    builds on before its id exists: `prime sft run @sft.toml --name reverse-text-sft`, then `model =
+    "reverse-text-sft"`)."""
+    from prime_lab.lab.paths import runs_dir
+
+    if not name or "/" in name or not runs_dir().is_dir():
+        return None
+    found: list[tuple[float, Path]] = []
+    for status_path in runs_dir().glob("*/status.json"):
+        try:
+            status = json.loads(status_path.read_text())
+        except (OSError, ValueError):
+            continue
+        folder = status_path.parent / "model"
+        if status.get("kind") == "sft" and status.get("name") == name and is_model_folder(folder):
+            found.append((float(status.get("created_at") or 0.0), folder.resolve()))
+    return max(found)[1] if found else None
 
 
 def materialise_preset(preset: ModelPreset) -> Path:
@@ -118,7 +142,7 @@ def not_found_message(spec: str) -> str:
         f"Use one of:\n"
         f"  - a preset ({presets}; `prime rl models` lists them),\n"
         f"  - a local folder holding a Hugging Face model (config.json, *.safetensors, tokenizer files),\n"
-        f"  - a completed SFT run's id (`prime sft list`),\n"
+        f"  - a completed SFT run's id or --name (`prime sft list`),\n"
         f"  - a Hugging Face id: download it first on a machine with hub access "
         f"(`hf download {spec if '/' in spec else 'OWNER/NAME'}`), then copy the cache or the folder here."
     )
