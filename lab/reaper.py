@@ -91,7 +91,7 @@ def watch(run: Run, read_fd: int) -> int:
     left = run.end_processes()
     if status.get("state") not in FINAL_STATES:
         reason = (f"the supervisor (pid {supervisor}) was killed or crashed; every process of the run was ended. "
-                  f"Resume from the newest checkpoint: prime rl restart {run.id}")
+                  f"Resume from the newest checkpoint: prime {status.get('kind') or 'rl'} restart {run.id}")
         run.set_state("failed", reason=reason)
     print("reaper: supervisor gone; ended the run's processes" + (f" (still alive: {left})" if left else ""),
           flush=True)

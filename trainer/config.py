@@ -346,6 +346,11 @@ class RLConfig(Section):
         return self
 
     @property
+    def seed(self) -> int:
+        """The run's seed (the trainer's initial adapter weights): [buffer].seed."""
+        return self.buffer.seed
+
+    @property
     def env_weights(self) -> list[float]:
         """Sampling weight of each environment, from env_ratios, [[env]].weight, or equal."""
         if self.buffer.env_ratios is not None:

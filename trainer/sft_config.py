@@ -166,6 +166,11 @@ class SFTConfig(Section):
     def max_async_level(self) -> int:
         return 0
 
+    @property
+    def seed(self) -> int:
+        """The run's seed (the trainer's initial adapter weights, and the data order): [data].seed."""
+        return self.data.seed
+
 
 def _conflict(ctx: CheckContext, ours: tuple[str, ...], theirs: tuple[str, ...], what: str) -> None:
     if ctx.has(ours) and ctx.has(theirs):

@@ -105,6 +105,7 @@ class Trainer:
         elif lora.enabled:
             shared = self.dist.share_folder(start_from)  # the adapter's shape, on every rank
             copy, start_from = (shared if shared != start_from else None), shared
+        torch.manual_seed(config.seed)  # the adapter's initial weights: the same config trains the same way
         self.reference: Any | None = None  # full fine-tuning: the frozen base model of the KL penalty
         if lora.enabled:
             self.model = load_policy(model_path, lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,

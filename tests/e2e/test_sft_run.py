@@ -1,0 +1,124 @@
+"""`prime sft run` end to end on a tiny model: the loss falls, validation is logged, the merged model equals the
+trained adapter, an RL run starts from the SFT run's id, a kill -9 and `prime sft restart` resume exactly, and two
+trainer processes (torchrun, DDP) train as one."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from prime_lab.lab.events import final_timeline
+from prime_lab.lab.runs import Run
+from tests.support.rl_runs import fixture_envs, logs, metrics, prime, start, wait_final, wait_step, write_config
+from tests.support.sft_runs import start_sft, write_dataset, write_sft_config
+
+pytestmark = pytest.mark.slow
+__all__ = ["fixture_envs"]  # autouse: the RL run's processes find the tiny-chars environment
+
+
+def losses(run: Run) -> dict[int, float]:
+    return {step: m["loss/mean"] for step, m in metrics(run, "trainer").items() if "loss/mean" in m}
+
+
+def test_sft_trains_validates_and_its_model_starts_an_rl_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "chats.jsonl")
+    run = start_sft(write_sft_config(tmp_path / "sft.toml", tiny_model_dir, data, steps=8), "--name", "warm-up")
+    status = wait_final(run)
+    assert status["state"] == "completed", status.get("reason", "") + logs(run)
+
+    by_step = metrics(run, "trainer")
+    loss = losses(run)
+    assert sorted(loss) == list(range(1, 9))
+    assert sum(loss[k] for k in (7, 8)) < sum(loss[k] for k in (1, 2)) - 0.2, loss  # the loss falls
+    for step in loss:
+        m = by_step[step]
+        assert m["loss/perplexity"] == pytest.approx(math.exp(m["loss/mean"]), rel=1e-6)
+        assert m["progress/num_tokens"] > 0 and m["train/loss_tokens"] > 0
+    tokens = [by_step[k]["progress/num_tokens"] for k in sorted(loss)]
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+    assert {k for k, m in by_step.items() if "val/loss" in m} == {4, 8}
+    assert by_step[8]["val/loss"] < by_step[4]["val/loss"] + 0.5 and math.isfinite(by_step[8]["val/perplexity"])
+
+    # the model folder: the adapter merged in, the tokenizer beside it; it scores as the adapter does
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert (run.model_dir / "config.json").is_file() and list(run.model_dir.glob("*.safetensors"))
+    tokenizer = AutoTokenizer.from_pretrained(run.model_dir)
+    ids = torch.tensor([tokenizer("Reverse it. abcd")["input_ids"]])
+    merged = AutoModelForCausalLM.from_pretrained(run.model_dir).eval()
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                                        run.adapters_dir / "step_8").eval()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():
+        got, want, untrained = (m(input_ids=ids).logits for m in (merged, adapted, base))
+    assert torch.allclose(got, want, atol=1e-4) and not torch.allclose(got, untrained, atol=1e-3)
+
+    # the CLI's views of the run
+    listed = prime("sft", "list", "-o", "json")
+    assert listed.returncode == 0 and [r["id"] for r in json.loads(listed.stdout)] == [run.id]
+    table = prime("sft", "metrics", run.id)
+    assert table.returncode == 0 and "loss/mean" in table.stdout, table.stdout
+    assert "model" in json.loads(prime("sft", "get", run.id, "-o", "json").stdout)["paths"]
+
+    # SFT -> RL in one step: the RL config names the SFT run (by id here; by its --name works the same)
+    for i, model in enumerate((run.id, "warm-up")):
+        config = write_config(tmp_path / f"rl{i}.toml", tiny_model_dir, steps=2)
+        config.write_text(config.read_text().replace(f'model = "{tiny_model_dir}"', f'model = "{model}"'))
+        rl = start(config)
+        rl_status = wait_final(rl)
+        assert rl_status["state"] == "completed", rl_status.get("reason", "") + logs(rl)
+        assert rl_status["model_path"] == str(run.model_dir.resolve())
+        assert rl_status["model"] == model
+
+
+def test_kill_9_and_restart_resume_where_the_checkpoint_was(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Killed after step 3 (checkpoint at 2), restarted: steps 3.. train again from the checkpoint's data position,
+    optimizer and RNG, so every step's loss equals an uninterrupted run's."""
+    data = write_dataset(tmp_path / "chats.jsonl")
+    config = write_sft_config(tmp_path / "sft.toml", tiny_model_dir, data, steps=6, checkpoint_interval=2)
+    reference = start_sft(config)
+    run = start_sft(config)
+    wait_step(run, 3, timeout=180)
+    os.killpg(run.read_status()["pgid"], signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while run.status().get("state") != "failed":
+        assert time.monotonic() < deadline, run.status()
+        time.sleep(0.2)
+    assert "prime sft restart" in str(run.status().get("reason"))
+    restarted = prime("sft", "restart", run.id)
+    assert restarted.returncode == 0, restarted.stderr
+    status = wait_final(run)
+    assert status["state"] == "completed", status.get("reason", "") + logs(run)
+    assert wait_final(reference)["state"] == "completed", logs(reference)
+
+    timeline = [e for e in final_timeline(run.event_log().events()) if e.kind == "metrics" and e.source == "trainer"
+                and "loss/mean" in e.data]
+    steps = [e.step for e in timeline]
+    assert steps == sorted(set(steps)) == list(range(1, 7))
+    assert max(e.attempt for e in timeline) == 2
+    want = losses(reference)
+    got = {e.step: e.data["loss/mean"] for e in timeline}
+    assert got == pytest.approx(want, abs=1e-5), (got, want)
+    assert (run.model_dir / "config.json").is_file()
+
+
+def test_two_trainer_processes_train_as_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "chats.jsonl")
+    one = start_sft(write_sft_config(tmp_path / "one.toml", tiny_model_dir, data, steps=2))
+    two = start_sft(write_sft_config(tmp_path / "two.toml", tiny_model_dir, data, steps=2,
+                                     extra="[trainer]\nnproc_per_node = 2\n"))
+    for run in (one, two):
+        assert wait_final(run, timeout=400)["state"] == "completed", logs(run)
+    a, b = metrics(one, "trainer"), metrics(two, "trainer")
+    for step in (1, 2):
+        for key in ("loss/mean", "optim/grad_norm", "progress/num_tokens"):
+            assert b[step][key] == pytest.approx(a[step][key], rel=1e-4), (step, key)
+    assert "2 ranks" in (two.logs_dir / "trainer.log").read_text() or "torchrun" in logs(two)
