@@ -1,0 +1,124 @@
+"""Distillation in RL runs (`loss = "opd" | "sft"` with a `[teacher]`), end to end on tiny models that share a
+tokenizer: the launcher starts the teacher as one more sampler, on-policy distillation moves the student toward the
+teacher on the tokens it scored, and `loss = "sft"` trains on the teacher's own rollouts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from prime_lab.lab.models import TinyModelShape, build_tiny_model
+from tests.support.rl_runs import fixture_envs, logs, metrics, prime, start, wait_final, write_config
+
+pytestmark = pytest.mark.slow
+__all__ = ["fixture_envs"]  # autouse: the run's processes find the tiny-chars environment
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another random tiny model with the student's tokenizer (another seed and a larger init: other weights, and a
+    peaked next-token distribution, where the student's is near uniform)."""
+    return build_tiny_model(tmp_path_factory.mktemp("teacher") / "tiny-teacher", seed=7,
+                            shape=TinyModelShape(initializer_range=0.2))
+
+
+def distill_config(path: Path, student: Path, teacher: Path, loss: str, steps: int = 2) -> Path:
+    config = write_config(path, student, steps=steps, lr=2e-2, extra=f'\n[teacher]\nmodel = "{teacher}"\n')
+    text = config.read_text().replace('args = { target = "letters" }', 'args = { target = "none" }')
+    config.write_text(f'loss = "{loss}"\n' + text)
+    return config
+
+
+def scored_tokens(batch: list[dict], model_dir: Path, adapter: Path | None) -> tuple[float, int]:
+    """The mean (student - teacher) logprob over the batch's trained tokens, with the student as given."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from prime_lab.trainer.model import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter)
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for sample in batch:
+            ids = torch.tensor([sample["input_ids"]])
+            student, _ = token_logprobs(model, ids, torch.ones_like(ids))
+            for t, on in enumerate(sample["loss_mask"]):
+                if on:
+                    total += float(student[0, t]) - sample["teacher_logprobs"][t]
+                    count += 1
+    return total / count, count
+
+
+def test_on_policy_distillation_moves_the_student_toward_the_teacher(tiny_model_dir: Path, teacher_dir: Path,
+                                                                      tmp_path: Path) -> None:
+    run = start(distill_config(tmp_path / "opd.toml", tiny_model_dir, teacher_dir, "opd", steps=3))
+    status = wait_final(run)
+    assert status["state"] == "completed", status.get("reason", "") + logs(run)
+    assert "teacher" in {p.stem for p in run.logs_dir.glob("*.log")}
+    trainer = metrics(run, "trainer")
+    assert all("teacher/kl" in trainer[k] for k in (1, 2, 3)), trainer
+
+    batch = [json.loads(line) for line in (run.rollouts_dir / "step_1.jsonl").read_text().splitlines()]
+    assert all(s["teacher_logprobs"] and len(s["teacher_logprobs"]) == len(s["input_ids"]) for s in batch)
+    assert all(s["advantage"] == 0 for s in batch)  # every reward 0: the teacher's term alone moves the student
+    before, n = scored_tokens(batch, tiny_model_dir, None)
+    # the trainer's teacher/kl of step 1 is this mean, taken with the sampling policy (the base model)
+    assert trainer[1]["teacher/kl"] == pytest.approx(before, abs=2e-3)
+    after, _ = scored_tokens(batch, tiny_model_dir, run.adapters_dir / "step_3")
+    assert n > 50 and after < before - 0.05, (before, after)
+
+
+def test_sft_loss_trains_on_the_teachers_rollouts(tiny_model_dir: Path, teacher_dir: Path, tmp_path: Path) -> None:
+    run = start(distill_config(tmp_path / "sft.toml", tiny_model_dir, teacher_dir, "sft"))
+    status = wait_final(run)
+    assert status["state"] == "completed", status.get("reason", "") + logs(run)
+    trainer = metrics(run, "trainer")
+    assert all(trainer[k]["loss"] > 0 for k in (1, 2))  # cross-entropy: positive, unlike a policy-gradient loss
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    batch = [json.loads(line) for line in (run.rollouts_dir / "step_1.jsonl").read_text().splitlines()]
+    assert len(batch) == 16
+    for sample in batch:  # the teacher's reply, in the student's chat template, is what is trained on
+        trained = [t for t, on in zip(sample["input_ids"], sample["loss_mask"], strict=True) if on]
+        reply = sample["completion"][-1]["content"]
+        assert tokenizer.decode(trained).startswith(reply), (tokenizer.decode(trained), reply)
+        assert tokenizer.decode(sample["input_ids"]) == tokenizer.apply_chat_template(
+            sample["prompt"] + sample["completion"], tokenize=False)
+    # the teacher wrote them: they are far likelier under the teacher than under the (untrained) student
+    by_teacher, by_student = (mean_logprob(batch, d) for d in (teacher_dir, tiny_model_dir))
+    assert by_teacher > by_student + 0.1, (by_teacher, by_student)  # measured: 0.26
+
+
+def mean_logprob(batch: list[dict], model_dir: Path) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from prime_lab.trainer.model import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    values = []
+    with torch.no_grad():
+        for sample in batch:
+            ids = torch.tensor([sample["input_ids"]])
+            logprobs, _ = token_logprobs(model, ids, torch.ones_like(ids))
+            values += [float(logprobs[0, t]) for t, on in enumerate(sample["loss_mask"]) if on]
+    return sum(values) / len(values)
+
+
+def test_validation_refuses_a_teacher_with_another_tokenizer(tmp_path: Path, smollm2_dir: Path,
+                                                             tiny_model_dir: Path) -> None:
+    config = distill_config(tmp_path / "opd.toml", tiny_model_dir, smollm2_dir, "opd")
+    proc = prime("rl", "validate", f"@{config}")
+    assert proc.returncode == 1
+    assert "teacher.model" in proc.stdout and "different tokenizers" in proc.stdout, proc.stdout
+    assert str(smollm2_dir) in proc.stdout and str(tiny_model_dir) in proc.stdout
+    refused = prime("rl", "run", f"@{config}")
+    assert refused.returncode == 1 and "different tokenizers" in refused.stderr
