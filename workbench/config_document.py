@@ -6,6 +6,7 @@ Validation uses the same problems collector as the CLI (`lab.problems`), picked 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +19,23 @@ from tomlkit.items import AoT, Table
 
 from prime_lab.lab.problems import KeyPath, Problem, Validation, validate_toml
 
-ConfigKind = Literal["rl", "gepa", "eval"]
+ConfigKind = Literal["rl", "sft", "gepa", "eval"]
 Validator = Callable[[str, "str | None"], Validation[Any]]
+# Settings a kind's schema keeps in a table that its configs may also write as one value: an SFT config's model is
+# `[model] name = "..."` (prime-rl) or `model = "..."` (ours, the template's); the form's field edits either.
+SHORTHANDS: dict[ConfigKind, dict[KeyPath, KeyPath]] = {"sft": {("model", "name"): ("model",)}}
 
 
 def _validate_rl(text: str, file: str | None) -> Validation[Any]:
     from prime_lab.trainer.config import validate_rl_config
 
     return validate_rl_config(text, file)
+
+
+def _validate_sft(text: str, file: str | None) -> Validation[Any]:
+    from prime_lab.trainer.sft_config import validate_sft_config
+
+    return validate_sft_config(text, file)
 
 
 def _validate_gepa(text: str, file: str | None) -> Validation[Any]:
@@ -45,6 +55,10 @@ def schema_for(kind: ConfigKind) -> type[BaseModel]:
         from prime_lab.trainer.config import RLConfig
 
         return RLConfig
+    if kind == "sft":
+        from prime_lab.trainer.sft_config import SFTConfig
+
+        return SFTConfig
     if kind == "eval":
         from prime_lab.lab.evaluation import EvalFileConfig
 
@@ -55,13 +69,20 @@ def schema_for(kind: ConfigKind) -> type[BaseModel]:
 
 
 def validator_for(kind: ConfigKind) -> Validator:
-    return {"rl": _validate_rl, "gepa": _validate_gepa, "eval": _validate_eval}[kind]
+    return {"rl": _validate_rl, "sft": _validate_sft, "gepa": _validate_gepa, "eval": _validate_eval}[kind]
+
+
+_DATA_TABLE = re.compile(r"^\s*\[\[?\s*data\s*[\].]", re.MULTILINE)  # [data], [data.loss_mask], [[data.source]]
+_ENV_TABLE = re.compile(r"^\s*\[\[?\s*env\s*\]", re.MULTILINE)  # [env], [[env]]
 
 
 def detect_kind(path: Path, text: str) -> ConfigKind:
-    """GEPA when it sits under a `gepa` folder or has a [gepa] table; eval when it has one [env] and no max_steps."""
+    """GEPA when it sits under a `gepa` folder or has a [gepa] table; SFT when it sits under an `sft` folder or has a
+    [data] table (prime-rl's SFT shape), and has no [env]/[[env]]; eval when it has one [env] and no max_steps."""
     if "gepa" in path.parts or "[gepa" in text:
         return "gepa"
+    if ("sft" in path.parts or _DATA_TABLE.search(text)) and not _ENV_TABLE.search(text):
+        return "sft"
     if "eval" in path.parts or ("max_steps" not in text and "[[env]]" not in text and "[env]" in text):
         return "eval"
     return "rl"
@@ -106,8 +127,22 @@ class ConfigDocument:
         self.problems = validator_for(self.kind)(self.text, str(self.path)).problems
         return self.problems
 
+    def spelled(self, path: KeyPath) -> KeyPath:
+        """Where the document holds the setting at `path`: its shorthand, unless the document writes it as a table."""
+        short = SHORTHANDS.get(self.kind, {}).get(path)
+        if short is not None and not isinstance(self._get(short), dict):
+            return short
+        return path
+
+    def model_name(self) -> Any:
+        """The config's model (the value of `model`, or an SFT config's [model] name)."""
+        return self.get(("model", "name")) if self.kind == "sft" else self.get(("model",))
+
     def get(self, path: KeyPath) -> Any:
         """The value at `path` as plain Python, or None when absent."""
+        return self._get(self.spelled(path))
+
+    def _get(self, path: KeyPath) -> Any:
         node: Any = self.doc
         for part in path:
             try:
@@ -120,7 +155,7 @@ class ConfigDocument:
         """The form changed: set (or, with None, remove) one value; the text is re-rendered from the document."""
         if self.doc is None:
             return
-        *parents, key = path
+        *parents, key = self.spelled(path)
         node: Any = self.doc
         for part in parents:
             if isinstance(part, int):

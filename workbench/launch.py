@@ -1,8 +1,8 @@
 """ONE launch path for the workbench: start the same detached process as the CLI command for the job.
 
-`prime eval run ...`, `prime rl run @cfg --yes` and `prime gepa run @cfg` all go through it. The child runs in its
-own session (`start_new_session=True`) with stdout/stderr in a log file, so closing the TUI never kills a run. The
-run it creates is found in the registry by the child's pid.
+`prime eval run ...`, `prime rl run @cfg --yes`, `prime sft run @cfg --yes` and `prime gepa run @cfg` all go through
+it. The child runs in its own session (`start_new_session=True`) with stdout/stderr in a log file, so closing the TUI
+never kills a run. The run it creates is found in the registry by the child's pid.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ class Launched:
 def config_argv(kind: str, path: Path) -> list[str]:
     """The CLI command that launches a config file of this kind."""
     at = f"@{path}"
-    if kind == "rl":
-        return ["rl", "run", at, "--yes"]
+    if kind in ("rl", "sft"):
+        return [kind, "run", at, "--yes"]
     if kind == "gepa":
         return ["gepa", "run", at]
     return ["eval", "run", at]
@@ -102,8 +102,8 @@ def launch(argv: list[str], *, cwd: Path | None = None, log_dir: Path | None = N
 def find_run(launched: Launched, registry: RunRegistry, *, timeout: float = 120.0, poll: float = 0.1) -> Run:
     """The run the launched process registered (its pid is one of the run's processes). Blocks: call in a worker.
 
-    `prime rl run` builds a model preset met for the first time before it creates the run (15-30 s for SmolLM2,
-    longer on a busy machine), hence the long timeout; a command that exits is reported at once.
+    `prime rl run` (and `prime sft run`) builds a model preset met for the first time before it creates the run
+    (15-30 s for SmolLM2, longer on a busy machine), hence the long timeout; a command that exits is reported at once.
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

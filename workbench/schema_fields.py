@@ -118,8 +118,23 @@ def field_spec(path: KeyPath, info: Any) -> FieldSpec:
                      required=info.is_required(), choices=choices, optional=optional)
 
 
+def _table_sections(path: KeyPath, schema: type[BaseModel], help_text: str) -> list[SectionSpec]:
+    """A table's fields, then a section per table nested in it ([teacher.sampling]), depth first; a table with no
+    fields of its own ([monitors]) has no section."""
+    fields: list[FieldSpec] = []
+    nested: list[SectionSpec] = []
+    for name, info in schema.model_fields.items():
+        sub = _model(_strip_optional(info.annotation)[0])
+        if sub is not None:
+            nested += _table_sections(path + (name,), sub, info.description or "")
+        elif _list_of_models(info.annotation) is None:  # (a list of tables inside a table: the TOML view edits it)
+            fields.append(field_spec(path + (name,), info))
+    own = [SectionSpec(path, tuple(fields), help=help_text)] if fields else []
+    return own + nested
+
+
 def sections(schema: type[BaseModel]) -> list[SectionSpec]:
-    """The top-level fields, then one section per sub-table, in the schema's order."""
+    """The top-level fields, then one section per table (nested tables after theirs), in the schema's order."""
     top: list[FieldSpec] = []
     out: list[SectionSpec] = []
     for name, info in schema.model_fields.items():
@@ -127,9 +142,7 @@ def sections(schema: type[BaseModel]) -> list[SectionSpec]:
         sub = _model(annotation)
         entries = _list_of_models(annotation)
         if sub is not None:
-            fields = [field_spec((name, n), i) for n, i in sub.model_fields.items()
-                      if _list_of_models(i.annotation) is None and _model(_strip_optional(i.annotation)[0]) is None]
-            out.append(SectionSpec((name,), tuple(fields), help=info.description or ""))
+            out += _table_sections((name,), sub, info.description or "")
         elif entries is not None:
             fields = [field_spec((n,), i) for n, i in entries.model_fields.items()]
             out.append(SectionSpec((name,), tuple(fields), help=info.description or "", entries=entries))

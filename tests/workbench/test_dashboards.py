@@ -76,12 +76,30 @@ def test_rl_dashboard_replays_a_recorded_run(tmp_path: Path) -> None:
             assert reward.drawn_points >= 30 * 4  # mean, 2 envs, the std band
             assert reward._labels.count("val_reward/mean") == 1  # eval points on the reward chart
             assert "policy/entropy" in text_of(screen, "#latest")
+            assert not screen.query_one("#chart-teacher-kl", MetricChart).display  # no opd loss, no teacher/kl
             assert any("checkpoint" in str(line.text) for line in screen.query_one("#run-log", RichLog).lines)
             # Smoothing by key: the header says it and the charts redraw with it.
             before = list(reward._datasets[2].y)
             await pilot.press("e")
             await until(pilot, lambda: list(reward._datasets[2].y) != before)
             assert "smoothing 0.6" in text_of(screen, "#dash-status")
+
+    asyncio.run(scenario())
+
+
+def test_an_opd_runs_teacher_kl_gets_a_chart_beside_the_rl_ones(tmp_path: Path) -> None:
+    run = recorded_run("rl-run")
+    with EventWriter(run.events_path, "trainer") as writer:  # what the trainer logs with loss = "opd"
+        for step in range(1, 31):
+            writer.metrics({"teacher/kl": 0.5 / step}, step)
+
+    async def scenario() -> None:
+        async with dashboard(tmp_path, "rl-run", rl_ready) as (pilot, screen):
+            chart = screen.query_one("#chart-teacher-kl", MetricChart)
+            await until(pilot, lambda: chart.display and chart.drawn_points == 30)
+            charts = [c.id for c in screen.query(MetricChart) if c.display]
+            assert charts.index("chart-teacher-kl") == charts.index("chart-kl") + 1  # next to the KL chart
+            assert "teacher/kl" in text_of(screen, "#latest")
 
     asyncio.run(scenario())
 

@@ -1,5 +1,7 @@
 """An RL run as its dashboard sees it, folded from events: bounded metric series, the latest merged metrics, recent
-samples, log lines, alerts (from the log, or raised here by `lab.alerts` for logs that carry none).
+samples, log lines, alerts (from the log, or raised here by `lab.alerts` for logs that carry none). `EventFold` (what
+every dashboard folds) and `MetricsFold` (the metrics of a training run, RL's or SFT's) are its parts the other
+dashboards' models share.
 
 A `restart` event at step k (the run resumed from the checkpoint of step k) rewinds what was folded for the steps
 after k, as `lab.events.final_timeline` does for the other readers: each step shows its latest attempt."""
@@ -95,17 +97,17 @@ class EventFold:
         self.version += 1
 
 
-class RLRunModel(EventFold):
+class MetricsFold(EventFold):
+    """A training run's metrics as charts draw them: bounded series per metric name, the merged metrics of the
+    latest steps, checkpoints and the log's alerts; a `restart` event rewinds them (the RL and SFT dashboards)."""
+
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         super().__init__()
         self.capacity = capacity
         self.series: dict[str, DownsampledSeries] = {}
-        self.recent: OrderedDict[int, dict[str, float]] = OrderedDict()  # step -> metrics of both sources
+        self.recent: OrderedDict[int, dict[str, float]] = OrderedDict()  # step -> metrics of every source
         self.latest_step: int | None = None
-        self.samples: deque[dict[str, Any]] = deque(maxlen=MAX_SAMPLES)
         self.log_alerts: deque[dict[str, Any]] = deque(maxlen=MAX_ALERTS)
-        self.local_alerts: deque[dict[str, Any]] = deque(maxlen=MAX_ALERTS)
-        self.monitor = AlertMonitor()
         self.checkpoints: list[int] = []
         self._points: dict[str, tuple[list[float], list[float]]] = {}  # per series, the points of the current feed
         self.series_version = 0  # bumped when a feed adds points (what the charts show; log lines do not count)
@@ -121,14 +123,13 @@ class RLRunModel(EventFold):
             self.series_version += 1
         self._points.clear()
 
-    def _rewind(self, step: int) -> None:
+    def rewind(self, step: int) -> None:
+        """Forget what was folded for the steps after `step` (the run resumed from its checkpoint)."""
         self._flush_points()  # what came before the restart event in this chunk
         for series in self.series.values():
             series.rewind(float(step))
         for later in [s for s in self.recent if s > step]:
             del self.recent[later]
-        self.samples = deque((s for s in self.samples if not (isinstance(s.get("step"), int) and s["step"] > step)),
-                             maxlen=MAX_SAMPLES)
         self.checkpoints = [c for c in self.checkpoints if c <= step]
         if self.latest_step is not None and self.latest_step > step:
             self.latest_step = step
@@ -136,22 +137,14 @@ class RLRunModel(EventFold):
 
     def fold(self, kind: str, step: Any, data: dict[str, Any], raw: RawEvent) -> None:
         step = step if isinstance(step, int) else None
-        alerts: list[dict[str, Any]] = []
         if kind == "metrics" and step is not None:
             self._metrics(step, data)
-            alerts = self.monitor.observe_metrics(data, step)
-        elif kind == "sample":
-            self.samples.append({**data, "step": step})
-            alerts = self.monitor.observe_sample(completion_text(data.get("completion")),
-                                                 str(data.get("example_id", "")), step)
         elif kind == "alert":
             self.log_alerts.append({**data, "step": step, "source": raw.get("source")})
         elif kind == "checkpoint" and step is not None:
             self.checkpoints.append(step)
         elif kind == RESTART and step is not None:
-            self._rewind(step)
-        for alert in alerts:
-            self.local_alerts.append({**alert, "step": step, "source": "lab"})
+            self.rewind(step)
 
     def _metrics(self, step: int, data: dict[str, Any]) -> None:
         merged = self.recent.get(step)
@@ -181,8 +174,8 @@ class RLRunModel(EventFold):
     # Views ------------------------------------------------------------------------------------------------
     @property
     def alerts(self) -> list[dict[str, Any]]:
-        """The log's alerts; for a log that has none (a run from before the monitor), the ones raised here."""
-        return list(self.log_alerts) if self.log_alerts else list(self.local_alerts)
+        """The log's alerts."""
+        return list(self.log_alerts)
 
     def latest(self) -> dict[str, float]:
         """The newest value of every metric (the latest step's first, then older steps' for keys it lacks)."""
@@ -192,9 +185,43 @@ class RLRunModel(EventFold):
                 merged.setdefault(key, value)
         return merged
 
+    def metric_keys(self) -> list[str]:
+        return sorted(self.series)
+
+
+class RLRunModel(MetricsFold):
+    """An RL run: the metrics, and recent samples, with alerts raised here (`lab.alerts`) for a log that has none."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        super().__init__(capacity)
+        self.samples: deque[dict[str, Any]] = deque(maxlen=MAX_SAMPLES)
+        self.local_alerts: deque[dict[str, Any]] = deque(maxlen=MAX_ALERTS)
+        self.monitor = AlertMonitor()
+
+    def rewind(self, step: int) -> None:
+        super().rewind(step)
+        self.samples = deque((s for s in self.samples if not (isinstance(s.get("step"), int) and s["step"] > step)),
+                             maxlen=MAX_SAMPLES)
+
+    def fold(self, kind: str, step: Any, data: dict[str, Any], raw: RawEvent) -> None:
+        super().fold(kind, step, data, raw)
+        step = step if isinstance(step, int) else None
+        alerts: list[dict[str, Any]] = []
+        if kind == "metrics" and step is not None:
+            alerts = self.monitor.observe_metrics(data, step)
+        elif kind == "sample":
+            self.samples.append({**data, "step": step})
+            alerts = self.monitor.observe_sample(completion_text(data.get("completion")),
+                                                 str(data.get("example_id", "")), step)
+        for alert in alerts:
+            self.local_alerts.append({**alert, "step": step, "source": "lab"})
+
+    # Views ------------------------------------------------------------------------------------------------
+    @property
+    def alerts(self) -> list[dict[str, Any]]:
+        """The log's alerts; for a log that has none (a run from before the monitor), the ones raised here."""
+        return list(self.log_alerts) if self.log_alerts else list(self.local_alerts)
+
     def sample_steps(self) -> set[int]:
         """Steps with sample events among those kept."""
         return {s["step"] for s in self.samples if isinstance(s.get("step"), int)}
-
-    def metric_keys(self) -> list[str]:
-        return sorted(self.series)

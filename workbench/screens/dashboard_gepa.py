@@ -17,7 +17,6 @@ from textual_plot import HiResMode, LegendLocation, PlotWidget
 
 from prime_lab.lab.events import BadLine
 from prime_lab.lab.runs import Run
-from prime_lab.workbench.dashboards.files import TextLogs
 from prime_lab.workbench.dashboards.gepa_model import CandidateInfo, GepaRunModel
 from prime_lab.workbench.dashboards.rl_model import RawEvent
 from prime_lab.workbench.screens.run import DashboardScreen
@@ -98,8 +97,7 @@ class GepaDashboard(DashboardScreen):
 
     def __init__(self, run: Run) -> None:
         super().__init__(run)
-        self.model = GepaRunModel()
-        self.text_logs = TextLogs(run.logs_dir)
+        self.model: GepaRunModel = GepaRunModel()
         self.selected: int | None = None
         self._tree_size = -1
         self._matrix_key: tuple[object, ...] | None = None
@@ -148,12 +146,6 @@ class GepaDashboard(DashboardScreen):
 
     def consume(self, items: list[RawEvent | BadLine]) -> None:
         self.model.feed(items)
-
-    def follow_files(self) -> None:
-        lines = self.text_logs.read()
-        with self.fold_lock:
-            for process, chunk in lines:
-                self.model.add_log_lines(process, chunk)
 
     # Drawing ------------------------------------------------------------------------------------------------
     def redraw(self) -> None:

@@ -1,145 +1,56 @@
-"""The RL run dashboard: a header (state, step/max, elapsed, ETA, tokens/s, progress), alerts, live charts with
-smoothing and series chosen by key, other runs overlaid for comparison, a samples browser and the logs."""
+"""The RL run dashboard: the training dashboard (workbench.screens.dashboard_charts: header, alerts, live charts with
+smoothing and series chosen by key, other RL runs overlaid for comparison, the logs) with RL's charts (a teacher/kl
+panel once an opd run logs it), the reward and tokens/s in its header, and a samples browser."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Footer, Header, ProgressBar, RichLog, Static, TabbedContent, TabPane
+from textual.widgets import TabbedContent, TabPane
 
-from prime_lab.lab.events import BadLine
-from prime_lab.lab.runs import FINAL_STATES, Run
-from prime_lab.workbench.dashboards.files import TextLogs, read_events
-from prime_lab.workbench.dashboards.follower import cyclic_gc_paused
-from prime_lab.workbench.dashboards.rl_model import RawEvent, RLRunModel
+from prime_lab.lab.runs import Run
+from prime_lab.workbench.dashboards.rl_model import RLRunModel
 from prime_lab.workbench.dashboards.samples import EnvParsers, rollout_steps
-from prime_lab.workbench.screens.pick_many import PickManyScreen
-from prime_lab.workbench.screens.run import LOG_LINES, DashboardScreen
-from prime_lab.workbench.widgets.alerts_pane import AlertsPane
-from prime_lab.workbench.widgets.charts import RL_CHARTS, SMOOTHING_STEPS, ChartSpec, MetricChart, custom_chart
-from prime_lab.workbench.widgets.logs_pane import LogsPane
+from prime_lab.workbench.screens.dashboard_charts import ChartsDashboard, dashboard_bindings
+from prime_lab.workbench.widgets.charts import RL_CHARTS
 from prime_lab.workbench.widgets.samples_browser import SamplesBrowser
 
-LATEST_KEYS = ("reward/mean", "reward/std", "val_reward/mean", "policy/entropy", "policy/kl", "policy/ref_kl", "loss",
-               "optim/lr", "optim/grad_norm", "rollout/mean_length", "rollout/truncated", "perf/tokens_per_s",
-               "time/step")
-CHART_EVERY = 0.25  # seconds between chart redraws while data flows
-CHART_WIDTH = 48  # columns per chart when the grid decides how many fit side by side
+LATEST_KEYS = ("reward/mean", "reward/std", "val_reward/mean", "policy/entropy", "policy/kl", "policy/ref_kl",
+               "teacher/kl", "loss", "optim/lr", "optim/grad_norm", "rollout/mean_length", "rollout/truncated",
+               "perf/tokens_per_s", "time/step")
 
 
-def duration(seconds: float | None) -> str:
-    if seconds is None or seconds < 0:
-        return "-"
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+class RLDashboard(ChartsDashboard[RLRunModel]):
+    CHARTS = RL_CHARTS
+    LATEST_KEYS = LATEST_KEYS
+    KIND, KIND_NAME = "rl", "RL"
+    TAB_ACTIONS = {**ChartsDashboard.TAB_ACTIONS, "samples": {"step"}}
 
-
-def human(value: float) -> str:
-    for unit, size in (("M", 1e6), ("k", 1e3)):
-        if abs(value) >= size:
-            return f"{value / size:.1f}{unit}"
-    return f"{value:.0f}"
-
-
-def covered(key: str) -> bool:
-    """Whether a standard chart draws this metric."""
-    return any(key in spec.keys() or key in spec.line_keys([key]) or key in spec.point_keys([key])
-               for spec in RL_CHARTS)
-
-
-class RLDashboard(DashboardScreen):
-    TAB_ACTIONS = {"charts": {"smoothing", "pick_series", "compare"}, "samples": {"step"},
-                   "logs": {"next_process", "next_level"}}
-
-    BINDINGS = [
-        Binding("1", "tab('charts')", "Charts", id="rl.tab_charts"),
-        Binding("2", "tab('samples')", "Samples", id="rl.tab_samples"),
-        Binding("3", "tab('logs')", "Logs", id="rl.tab_logs"),
-        Binding("e", "smoothing", "Smoothing", id="rl.smoothing"),
-        Binding("m", "pick_series", "Series", id="rl.series"),
-        Binding("c", "compare", "Compare", id="rl.compare"),
+    THROUGHPUT, HEADLINE = "perf/tokens_per_s", (("reward/mean", "reward {:.3f}"),)
+    BINDINGS = dashboard_bindings("rl", [("charts", "Charts"), ("samples", "Samples"), ("logs", "Logs")], (
         Binding("left_square_bracket", "step(-1)", "Prev step", id="rl.prev_step"),
         Binding("right_square_bracket", "step(1)", "Next step", id="rl.next_step"),
-        Binding("p", "next_process", "Process", id="rl.next_process"),
-        Binding("v", "next_level", "Level", id="rl.next_level"),
-    ]
+    ))
 
     def __init__(self, run: Run) -> None:
         super().__init__(run)
-        self.model = RLRunModel()
-        self.compared: dict[str, RLRunModel] = {}
-        self.smoothing = 0
-        self.specs: list[ChartSpec] = list(RL_CHARTS)
-        self.text_logs = TextLogs(run.logs_dir)
         self.steps: list[int] = []
         self.parsers = EnvParsers(self.status.get("envs") or [])
-        self._alerts_seen = 0  # alerts the page has drawn so far
-        self._alerts_replayed = 0  # alerts folded during the replay: shown in the pane, never as a pop-up
-        self._charts_drawn_at = 0.0
-        self._charts_key: tuple[object, ...] | None = None
-        self.charts: list[MetricChart] = []  # (a query per redraw costs more than drawing)
 
-    # Layout -------------------------------------------------------------------------------------------------
-    def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
-        with Vertical(id="dash"):
-            yield Static("", id="dash-status", markup=False)
-            yield ProgressBar(id="run-progress", show_eta=False)
-            yield AlertsPane(id="alerts")
-            with Horizontal(id="dash-row"):
-                with TabbedContent(initial="charts", id="dash-tabs"):
-                    with TabPane("Charts", id="charts"), VerticalScroll(id="charts-grid"):
-                        yield from self.new_charts(self.specs)
-                    with TabPane("Samples", id="samples"):
-                        yield SamplesBrowser(self.run.rollouts_dir, self.parsers, self._sample_events,
-                                             id="samples-browser")
-                    with TabPane("Logs", id="logs"):
-                        yield LogsPane(id="logs-pane")
-                with Vertical(id="dash-side"):  # beside every tab: the latest metrics and the event tail
-                    latest = Static("", id="latest", markup=False)
-                    latest.border_title = "Latest"
-                    yield latest
-                    log = RichLog(id="run-log", max_lines=LOG_LINES, wrap=False, markup=False, highlight=False)
-                    log.border_title = "Events"
-                    yield log
-        yield Footer()
+    def new_model(self) -> RLRunModel:
+        return RLRunModel()
 
-    def on_mount(self) -> None:
-        self.charts = list(self.query(MetricChart))
-
-    @staticmethod
-    def new_charts(specs: list[ChartSpec]) -> list[MetricChart]:
-        charts = [MetricChart(spec) for spec in specs]
-        for chart in charts:
-            chart.display = False  # until it has data (an empty plot costs a render)
-        return charts
-
-    def on_resize(self) -> None:
-        grid = self.query_one("#charts-grid")
-        grid.styles.grid_size_columns = max(1, grid.size.width // CHART_WIDTH)
+    def compose_tabs(self) -> ComposeResult:
+        with TabPane("Samples", id="samples"):
+            yield SamplesBrowser(self.run.rollouts_dir, self.parsers, self._sample_events, id="samples-browser")
 
     # Following ----------------------------------------------------------------------------------------------
-    def reset(self) -> None:
-        self.model = RLRunModel()
-        self._alerts_seen = self._alerts_replayed = 0
-
-    def consume(self, items: list[RawEvent | BadLine]) -> None:
-        self.model.feed(items)
-        if not self.live:
-            self._alerts_replayed = len(self.model.alerts)
-
     def follow_files(self) -> None:
-        lines = self.text_logs.read()
+        super().follow_files()
         steps = rollout_steps(self.run.rollouts_dir)
         with self.fold_lock:
-            for process, chunk in lines:
-                self.model.add_log_lines(process, chunk)
             self.steps = sorted(set(steps) | self.model.sample_steps())
             if not self.parsers.env_ids:
                 self.parsers.env_ids = list(self.status.get("envs") or [])
@@ -148,170 +59,11 @@ class RLDashboard(DashboardScreen):
         with self.fold_lock:
             return [dict(s) for s in self.model.samples if s.get("step") == step]
 
-    # Drawing ------------------------------------------------------------------------------------------------
-    def _refresh_if_changed(self) -> None:
-        super()._refresh_if_changed()
-        if not self.live:
-            return  # the charts are drawn once, when the replay caught up (CaughtUp)
-        now = time.monotonic()
-        if now - self._charts_drawn_at >= CHART_EVERY:  # a flood of events redraws the charts a few times a second
-            with self.fold_lock:
-                key = self.charts_key()
-                if key != self._charts_key:  # idle charts cost nothing
-                    self._charts_drawn_at = now
-                    self.draw_charts()
-                    self._charts_key = self.charts_key()
-
-    def charts_key(self) -> tuple[object, ...]:
-        """What the charts show depends on, compared before drawing: the runs' series versions (log lines and
-        samples leave them alone) and which charts were resized (keys that change what is shown go through
-        refresh_now)."""
-        return (self.model.series_version, *(model.series_version for model in self.compared.values()),
-                *(chart.needs_draw for chart in self.charts))
-
-    def refresh_now(self) -> None:
-        self._charts_drawn_at = 0.0  # a key changed what is shown: draw at once
-        self._charts_key = None
-        super().refresh_now()
-
+    # Drawing and keys ---------------------------------------------------------------------------------------
     def redraw(self) -> None:
-        model = self.model
-        self.query_one("#dash-status", Static).update(self.header_text())
-        if not self.live:
-            return  # replaying: the status line says how far; the rest is drawn once it caught up
-        self.update_progress(self.query_one(ProgressBar))
-        alerts = model.alerts
-        self.query_one(AlertsPane).show(alerts)
-        if len(alerts) > max(self._alerts_seen, self._alerts_replayed):  # a pop-up only for an alert raised live
-            newest = alerts[-1]
-            self.notify(str(newest.get("message", "")), title=f"Alert: {newest.get('name')}",
-                        severity="error" if newest.get("level") == "ERROR" else "warning", timeout=8)
-        self._alerts_seen = len(alerts)
-        latest = model.latest()
-        step = f"step {model.latest_step}" if model.latest_step is not None else "no metrics yet"
-        rows = [f"{key:<18}{latest[key]:>9.4g}" for key in LATEST_KEYS if key in latest]
-        self.query_one("#latest", Static).update("\n".join([step, *rows]))
-        self.write_tail(self.query_one("#run-log", RichLog))
-        active = self.query_one(TabbedContent).active
-        if active == "logs":
-            self.query_one(LogsPane).show(model.logs, total=model.log_total)
-        elif active == "samples":
+        super().redraw()
+        if self.live and self.query_one(TabbedContent).active == "samples":
             self.query_one(SamplesBrowser).set_steps(self.steps)
-
-    def header_text(self) -> str:
-        status, model = self.status, self.model
-        state = status.get("state") or model.state or "?"
-        step, max_steps = status.get("step") or model.latest_step or 0, status.get("max_steps")
-        now = self.lab.clock()
-        started = status.get("started_at") or status.get("created_at")
-        end = status.get("ended_at") if state in FINAL_STATES else None
-        elapsed = (end or now) - started if isinstance(started, (int, float)) else None
-        eta = None
-        if elapsed is not None and isinstance(max_steps, int) and step and state not in FINAL_STATES:
-            eta = elapsed / step * max(0, max_steps - step)
-        latest = model.latest()
-        parts = [self.run.id, str(state), f"step {step}/{max_steps or '?'}", f"elapsed {duration(elapsed)}"]
-        if eta is not None:
-            parts.append(f"ETA {duration(eta)}")
-        if "perf/tokens_per_s" in latest:
-            parts.append(f"{human(latest['perf/tokens_per_s'])} tok/s")
-        if "reward/mean" in latest:
-            parts.append(f"reward {latest['reward/mean']:.3f}")
-        second = [f"smoothing {SMOOTHING_STEPS[self.smoothing]:g} (e)"]
-        if note := self.replay_note():
-            second.append(note)
-        if self.compared:
-            second.append("comparing " + ", ".join(self.compared))
-        if status.get("reason"):
-            second.append(str(status["reason"]))
-        if self.bad_lines:
-            second.append(f"{self.bad_lines} corrupt line(s) skipped")
-        return " · ".join(parts) + "\n" + " · ".join(second)
-
-    def draw_charts(self) -> None:
-        if self.query_one(TabbedContent).active != "charts":
-            return
-        runs = [(self.run.id, self.model), *self.compared.items()]
-        available = set(self.model.series)
-        for other in self.compared.values():
-            available |= set(other.series)
-        smoothing = SMOOTHING_STEPS[self.smoothing]
-        for chart in self.charts:
-            has_data = bool(chart.spec.line_keys(sorted(available)) or chart.spec.point_keys(sorted(available)))
-            if chart.display != has_data:
-                chart.display = has_data
-            if has_data:  # (off screen too: drawing sets data, the compositor renders only what is visible)
-                chart.draw(runs, smoothing)
-
-    # Keys ---------------------------------------------------------------------------------------------------
-    def action_smoothing(self) -> None:
-        """Cycle the EMA smoothing of every chart."""
-        self.smoothing = (self.smoothing + 1) % len(SMOOTHING_STEPS)
-        self.refresh_now()
-
-    def action_pick_series(self) -> None:
-        """Choose the charts: the standard ones and any other metric of the run."""
-        shown = {spec.id for spec in self.specs}
-        with self.fold_lock:
-            keys = set(self.model.series)
-            for other in self.compared.values():
-                keys |= set(other.series)
-        options = [(spec.title, spec.id, spec.id in shown) for spec in RL_CHARTS]
-        for key in sorted(k for k in keys if not covered(k)):
-            spec = custom_chart(key)
-            options.append((key, spec.id, spec.id in shown))
-        by_id = {spec.id: spec for spec in RL_CHARTS} | {custom_chart(k).id: custom_chart(k) for k in keys}
-
-        def picked(ids: list[str] | None) -> None:
-            if ids is not None:
-                self.call_later(self.set_charts, [by_id[i] for i in [o[1] for o in options] if i in ids])
-
-        self.app.push_screen(PickManyScreen("Charts to show", options), picked)
-
-    async def set_charts(self, specs: list[ChartSpec]) -> None:
-        self.specs = specs
-        grid = self.query_one("#charts-grid")
-        await grid.remove_children()
-        self.charts = self.new_charts(specs)
-        await grid.mount_all(self.charts)
-        self.call_after_refresh(self.refresh_now)
-
-    def action_compare(self) -> None:
-        """Overlay other RL runs' curves on these charts."""
-        runs = [r for r in self.lab.registry.runs() if r.id != self.run.id]
-        options = []
-        for other in runs:
-            status = other.read_status()
-            if status.get("kind") == "rl":
-                label = f"{other.id}  {status.get('state', '?')}  step {status.get('step') or 0}  " \
-                        f"{status.get('name') or ''}"
-                options.append((label, other.id, other.id in self.compared))
-        if not options:
-            self.notify("No other RL runs to compare with.")
-            return
-
-        def picked(ids: list[str] | None) -> None:
-            if ids is not None:
-                self.run_worker(lambda: self._load_compared(ids), thread=True, exclusive=True, group="compare",
-                                exit_on_error=False)
-
-        self.app.push_screen(PickManyScreen("Runs to overlay", options), picked)
-
-    def _load_compared(self, ids: list[str]) -> None:
-        loaded: dict[str, RLRunModel] = {}
-        for run_id in ids:
-            model = RLRunModel()
-            path, offset = self.lab.registry.get(run_id).events_path, 0
-            with cyclic_gc_paused():  # (each chunk is freed by the next read)
-                while True:
-                    items, offset = read_events(path, offset)
-                    if not items:
-                        break
-                    model.feed(items)
-            loaded[run_id] = model
-        with self.fold_lock:
-            self.compared = loaded
-        self.app.call_from_thread(self.refresh_now)
 
     def action_step(self, delta: int) -> None:
         self.query_one(SamplesBrowser).move(delta)

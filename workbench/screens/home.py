@@ -140,9 +140,9 @@ class HomeScreen(Screen[None]):
                 raise LaunchError(f"{path.name} has {len(document.errors)} problem(s), first: {first.format()}; "
                                   "open it (enter) to fix")
             argv = config_argv(document.kind, path)
-            # RL always builds its model locally (the trainer needs it); eval and GEPA only without a base_url
-            self._launch(argv, document.get(("model",)),
-                         served_locally=document.kind == "rl" or not document.get(("base_url",)))
+            # RL and SFT always build their model locally (the trainer needs it); eval and GEPA only without a base_url
+            self._launch(argv, document.model_name(),
+                         served_locally=document.kind in ("rl", "sft") or not document.get(("base_url",)))
         except (LaunchError, OSError) as exc:
             self.lab.report(exc)
 
@@ -161,7 +161,7 @@ class HomeScreen(Screen[None]):
                 document = ConfigDocument.load(path)
                 envs = document.env_entries()
                 env_id = str(envs[0].get("id")) if envs else None
-                model = document.get(("model",))
+                model = document.model_name()
             except OSError:
                 pass
 

@@ -2,8 +2,8 @@
 (`workbench.dashboards.follower.RunFollower`) that reads the run's status and events.jsonl from a byte offset
 (replayed from zero on open), folds new events into the page's model under a lock, and marks it changed; a UI timer
 redraws what changed. Once the replay caught up the page is `live` and draws at once (`CaughtUp`). The evaluation page
-(`EvalRunScreen`) shows status, progress, the event tail and the results; RL and GEPA runs get their dashboards
-(workbench.screens.dashboard_rl / dashboard_gepa). `run_screen(run)` picks the page for a run.
+(`EvalRunScreen`) shows status, progress, the event tail and the results; RL, SFT and GEPA runs get their dashboards
+(workbench.screens.dashboard_rl / dashboard_sft / dashboard_gepa). `run_screen(run)` picks the page for a run.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from textual.worker import get_current_worker
 
 from prime_lab.lab.events import BadLine
 from prime_lab.lab.runs import ACTIVE_STATES, Run
-from prime_lab.workbench.dashboards.files import read_jsonl_from
+from prime_lab.workbench.dashboards.files import TextLogs, read_jsonl_from
 from prime_lab.workbench.dashboards.follower import RunFollower
-from prime_lab.workbench.dashboards.rl_model import RawEvent
+from prime_lab.workbench.dashboards.rl_model import EventFold, RawEvent
 from prime_lab.workbench.screens.confirm import ConfirmScreen
 from prime_lab.workbench.widgets.logs_pane import LogsPane
 from prime_lab.workbench.widgets.runs_table import ago, short_env
@@ -228,9 +228,21 @@ class RunScreen(Screen[None]):
 
 
 class DashboardScreen(RunScreen):
-    """A run page with tabs (`1`..`4`) whose keys are live only on their tab (`TAB_ACTIONS`), and a logs pane."""
+    """A run page with tabs (`1`..`4`) whose keys are live only on their tab (`TAB_ACTIONS`), and a logs pane that
+    shows the log events and the processes' text logs, both folded into the page's `model`."""
 
     TAB_ACTIONS: dict[str, set[str]] = {}
+    model: EventFold
+
+    def __init__(self, run: Run) -> None:
+        super().__init__(run)
+        self.text_logs = TextLogs(run.logs_dir)
+
+    def follow_files(self) -> None:
+        lines = self.text_logs.read()
+        with self.fold_lock:
+            for process, chunk in lines:
+                self.model.add_log_lines(process, chunk)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         for tab, actions in self.TAB_ACTIONS.items():
@@ -309,12 +321,16 @@ class EvalRunScreen(RunScreen):
 
 
 def run_screen(run: Run) -> RunScreen:
-    """The page for a run: the RL or GEPA dashboard, or the evaluation page."""
+    """The page for a run: the RL, SFT or GEPA dashboard, or the evaluation page."""
     kind = run.read_status().get("kind")
     if kind == "rl":
         from prime_lab.workbench.screens.dashboard_rl import RLDashboard
 
         return RLDashboard(run)
+    if kind == "sft":
+        from prime_lab.workbench.screens.dashboard_sft import SFTDashboard
+
+        return SFTDashboard(run)
     if kind == "gepa":
         from prime_lab.workbench.screens.dashboard_gepa import GepaDashboard
 

@@ -13,7 +13,7 @@ from textual.app import RenderResult
 from textual.css.query import NoMatches
 from textual_plot import HiResMode, LegendLocation, PlotWidget
 
-from prime_lab.workbench.dashboards.rl_model import RLRunModel
+from prime_lab.workbench.dashboards.rl_model import MetricsFold
 from prime_lab.workbench.dashboards.series import ema
 
 PALETTE = ("#4EBF71", "#0178D4", "#FFA62B", "#E06C75", "#C678DD", "#56B6C2", "#D19A66", "#98C379")
@@ -57,12 +57,23 @@ RL_CHARTS: tuple[ChartSpec, ...] = (
               points=("val_reward/mean",), point_patterns=(("eval/", "/reward"),), band=("reward/mean", "reward/std")),
     ChartSpec("entropy", "policy/entropy", ("policy/entropy",)),
     ChartSpec("kl", "KL: mismatch (policy/kl), reference (policy/ref_kl)", ("policy/kl", "policy/ref_kl")),
+    ChartSpec("teacher-kl", "teacher/kl (student to teacher, loss = \"opd\")", ("teacher/kl",)),
     ChartSpec("loss", "loss", ("loss",)),
     ChartSpec("lr", "optim/lr", ("optim/lr",)),
     ChartSpec("grad", "optim/grad_norm", ("optim/grad_norm",)),
     ChartSpec("length", "rollout/mean_length", ("rollout/mean_length",)),
     ChartSpec("truncated", "rollout/truncated", ("rollout/truncated",)),
     ChartSpec("throughput", "perf/tokens_per_s", ("perf/tokens_per_s",)),
+)
+
+SFT_CHARTS: tuple[ChartSpec, ...] = (
+    ChartSpec("loss", "loss (loss/mean; ● val/loss)", ("loss/mean",), points=("val/loss",)),
+    ChartSpec("perplexity", "loss/perplexity (● val/perplexity)", ("loss/perplexity",),
+              points=("val/perplexity",)),
+    ChartSpec("lr", "optim/lr", ("optim/lr",)),
+    ChartSpec("grad", "optim/grad_norm", ("optim/grad_norm",)),
+    ChartSpec("tokens", "progress/num_tokens", ("progress/num_tokens",)),
+    ChartSpec("throughput", "perf/throughput (tokens/s)", ("perf/throughput",)),
 )
 
 
@@ -109,7 +120,7 @@ class MetricChart(PlotWidget, can_focus=False):
         self.margin_bottom = 2
         self.margin_left = 8
 
-    def signature(self, runs: Sequence[tuple[str, RLRunModel]], smoothing: float) -> tuple[object, ...]:
+    def signature(self, runs: Sequence[tuple[str, MetricsFold]], smoothing: float) -> tuple[object, ...]:
         parts: list[object] = [smoothing]
         for label, model in runs:
             parts.append(label)
@@ -118,7 +129,7 @@ class MetricChart(PlotWidget, can_focus=False):
             parts.extend((k, model.series[k].version) for k in sorted(keys) if k in model.series)
         return tuple(parts)
 
-    def draw(self, runs: Sequence[tuple[str, RLRunModel]], smoothing: float) -> bool:
+    def draw(self, runs: Sequence[tuple[str, MetricsFold]], smoothing: float) -> bool:
         """Redraw from `runs` (this run first, then runs compared with it); False when nothing changed."""
         signature = self.signature(runs, smoothing)
         if signature == self._signature:
@@ -132,6 +143,7 @@ class MetricChart(PlotWidget, can_focus=False):
         for r, (label, model) in enumerate(runs):
             available = list(model.series)
             line_keys = self.spec.line_keys(available)
+            point_keys = self.spec.point_keys(available) if r == 0 else []
             if r > 0:  # a compared run: its main curves only, in its own colour
                 line_keys = [k for k in self.spec.lines if k in available]
             if r == 0 and self.spec.band and all(k in model.series for k in self.spec.band):
@@ -142,7 +154,7 @@ class MetricChart(PlotWidget, can_focus=False):
                     continue
                 color = PALETTE[(r if r > 0 else i) % len(PALETTE)]
                 name = f"{label} {key}" if labelled else key
-                with_label = labelled or len(line_keys) > 1
+                with_label = labelled or len(line_keys) > 1 or bool(point_keys)  # (points have a legend)
                 legend |= with_label
                 if len(xs) == 1:  # a line needs two points
                     self.scatter(xs, ys, marker="●", marker_style=color, label=name if with_label else None)
@@ -150,12 +162,11 @@ class MetricChart(PlotWidget, can_focus=False):
                     self.plot(xs, ema(ys, smoothing), line_style=color, hires_mode=HiResMode.BRAILLE,
                               label=name if with_label else None)
                 drawn += len(xs)
-            if r == 0:
-                for key in self.spec.point_keys(available):
-                    xs, ys = model.series[key].points()
-                    self.scatter(xs, ys, marker="●", marker_style=POINT_STYLE, label=key)
-                    drawn += len(xs)
-                    legend = True
+            for key in point_keys:  # (this run's only)
+                xs, ys = model.series[key].points()
+                self.scatter(xs, ys, marker="●", marker_style=POINT_STYLE, label=key)
+                drawn += len(xs)
+                legend = True
         self._pad_flat_axes()
         # A legend covers a narrow chart: there the title says what the lines are.
         self.show_legend(LegendLocation.BOTTOMRIGHT if self.spec.id == "reward" else LegendLocation.TOPRIGHT,
@@ -163,7 +174,7 @@ class MetricChart(PlotWidget, can_focus=False):
         self.drawn_points = drawn
         return True
 
-    def _band(self, model: RLRunModel, smoothing: float) -> int:
+    def _band(self, model: MetricsFold, smoothing: float) -> int:
         mean_key, std_key = self.spec.band or ("", "")
         xs, means = model.series[mean_key].points()
         sx, stds = model.series[std_key].points()
@@ -185,7 +196,7 @@ class MetricChart(PlotWidget, can_focus=False):
         else:
             self.set_xlimits(None, None)
         if ys and max(ys) - min(ys) < 1e-9:
-            pad = max(abs(ys[0]) * 0.1, 0.1)
+            pad = max(abs(ys[0]) * 0.1, min(abs(ys[0]), 0.1)) or 0.1  # (a learning rate of 1e-4: room of its size)
             self.set_ylimits(ys[0] - pad, ys[0] + pad)
         else:
             self.set_ylimits(None, None)
