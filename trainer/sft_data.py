@@ -8,7 +8,8 @@ column (OpenAI tool definitions) goes to the chat template.
 Tokens and mask: the chat is rendered with the tokenizer's chat template one message at a time; each message's
 tokens are the text it adds to the rendering so far, and they are trained on when its role is on in `[data]
 loss_mask` (the assistant's only, by default). An assistant message's header (`<|im_start|>assistant\\n`, what
-`add_generation_prompt` adds) is never trained on; its end-of-turn token is, so the model learns to stop. A chat whose
+`add_generation_prompt` adds) is never trained on, nor what the template writes after its end-of-turn token (the
+tokenizer's eos, e.g. `<|im_end|>`); the end-of-turn token is, so the model learns to stop. A chat whose
 template re-renders earlier messages differently as it grows cannot be split this way and is skipped, counted in
 the trainer's log.
 
@@ -111,8 +112,45 @@ def _read_folder(path: Path, splits: list[str]) -> list[dict[str, Any]]:
     return [row for p in chosen for row in _read_file(p)]
 
 
+def _hub_snapshot(repo_id: str) -> Path | None:
+    """The dataset repository's files as `hf download --repo-type dataset` left them in the Hub cache (no network)."""
+    import os
+
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        return None
+    try:
+        return Path(snapshot_download(repo_id, repo_type="dataset", local_files_only=True,
+                                      cache_dir=os.environ.get("HF_HUB_CACHE") or None))
+    except Exception:  # not in the cache (LocalEntryNotFoundError), or not a repository id
+        return None
+
+
+def _read_snapshot(folder: Path, source: DataSourceConfig) -> list[dict[str, Any]]:
+    """The rows of a dataset repository's data files: those of each split (`train.jsonl`, `data/train-0000.parquet`,
+    `train/...`), under each subset's folder when subsets are named."""
+    files = sorted(p for p in folder.rglob("*") if p.suffix in LOCAL_SUFFIXES and p.is_file()
+                   and not p.name.startswith("."))
+    if source.subsets:
+        files = [p for p in files if any(s in p.relative_to(folder).parts[:-1] for s in source.subsets)]
+    rows: list[dict[str, Any]] = []
+    for split in source.splits or ["train"]:
+        mine = [p for p in files if p.stem == split or p.stem.startswith((f"{split}-", f"{split}_"))
+                or split in p.relative_to(folder).parts[:-1]]
+        if not mine:
+            raise SFTDataError(f"dataset {source.dataset!r} (in the Hub cache, {folder}) has no data file for split "
+                               f"{split!r}: its files are {', '.join(str(p.relative_to(folder)) for p in files[:6])}")
+        rows += [row for p in mine for row in _read_file(p)]
+    return rows
+
+
 def _read_hub(source: DataSourceConfig) -> list[dict[str, Any]]:
     from prime_lab.lab.envs.hub import offline_unless_chosen
+
+    snapshot = _hub_snapshot(source.dataset)
+    if snapshot is not None:
+        return _read_snapshot(snapshot, source)
 
     try:
         import datasets
@@ -184,20 +222,31 @@ def chat_tokens(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
     mask: list[int] = []
     text = ""
 
-    def extend(upto: str, on: bool) -> None:
+    end_of_turn = tokenizer.eos_token if isinstance(tokenizer.eos_token, str) and tokenizer.eos_token else None
+
+    def extend(upto: str, on: bool, stop_at_end_of_turn: bool = False) -> None:
         nonlocal text
         if not upto.startswith(text):
             raise TemplateMismatch("the chat template renders the earlier messages differently once a later one "
                                    "is added, so the tokens of each message cannot be told apart")
-        new = tokenizer(upto[len(text):], add_special_tokens=False)["input_ids"]
-        ids.extend(new)
-        mask.extend([int(on)] * len(new))
+        new = upto[len(text):]
+        # an assistant turn is trained up to its end-of-turn token (the sampler stops there); what the template
+        # writes after it (a newline) is glue before the next message
+        cut = len(new)
+        if stop_at_end_of_turn and end_of_turn and end_of_turn in new:
+            cut = new.rindex(end_of_turn) + len(end_of_turn)
+        for part, part_on in ((new[:cut], on), (new[cut:], False)):
+            if part:
+                tokens = tokenizer(part, add_special_tokens=False)["input_ids"]
+                ids.extend(tokens)
+                mask.extend([int(part_on)] * len(tokens))
         text = upto
 
     for i, message in enumerate(messages):
-        if message["role"] == "assistant" and i > 0:
+        assistant = message["role"] == "assistant"
+        if assistant and i > 0:
             extend(render(i, True), False)  # the assistant header the sampler adds before generating
-        extend(render(i + 1, False), trained.get(message["role"], False))
+        extend(render(i + 1, False), trained.get(message["role"], False), stop_at_end_of_turn=assistant)
     return ids, mask
 
 
