@@ -68,6 +68,17 @@ def test_sft_trains_validates_and_its_model_starts_an_rl_run(tiny_model_dir: Pat
     assert table.returncode == 0 and "loss/mean" in table.stdout, table.stdout
     assert "model" in json.loads(prime("sft", "get", run.id, "-o", "json").stdout)["paths"]
 
+    # eval and GEPA take the SFT run's id as their model (a local sampler serves its model folder)
+    evaluated = prime("eval", "run", "tiny-chars", "-m", run.id, "-n", "2", "-r", "1", "-t", "4", "-o",
+                      str(tmp_path / "eval"))
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert str(run.model_dir.resolve()) in evaluated.stderr
+    assert json.loads((tmp_path / "eval" / "metadata.json").read_text())["model"] == run.id
+    optimized = prime("gepa", "run", "tiny-chars", "-m", run.id, "-B", "6", "-n", "2", "-N", "2", "-t", "4",
+                      "--minibatch-size", "1", "-o", str(tmp_path / "gepa"))
+    assert optimized.returncode == 0, optimized.stderr
+    assert (tmp_path / "gepa" / "gepa" / "best_prompt.txt").is_file()
+
     # SFT -> RL in one step: the RL config names the SFT run (by id here; by its --name works the same)
     for i, model in enumerate((run.id, "warm-up")):
         config = write_config(tmp_path / f"rl{i}.toml", tiny_model_dir, steps=2)

@@ -68,3 +68,38 @@ def test_materialise_builds_once_then_reuses(tmp_path: Path) -> None:
     second = materialise(tmp_path / "m", build)
     assert first == second == tmp_path / "m" and len(builds) == 1
     assert (first / "config.json").is_file()
+
+
+def _sft_run(name: str, *, state: str = "completed", with_model: bool = True, created_at: float = 0.0) -> Path:
+    from prime_lab.lab.runs import RunRegistry
+
+    run = RunRegistry().create("sft", config_text="", resolved={}, name=name, max_steps=1)
+    run.update_status(state=state, created_at=created_at)
+    if with_model:
+        run.model_dir.mkdir()
+        (run.model_dir / "config.json").write_text("{}")
+    return run.model_dir
+
+
+def test_a_completed_sft_run_is_a_model_by_its_id_and_its_name() -> None:
+    from prime_lab.lab.models.resolve import local_model_folder
+
+    older = _sft_run("warm-up", created_at=1.0)
+    newer = _sft_run("warm-up", created_at=2.0)
+    assert resolve_model(older.parent.name) == older.resolve()
+    assert resolve_model("warm-up") == newer.resolve()  # the newest run of that name
+    assert local_model_folder("warm-up") == newer.resolve()
+
+
+def test_a_run_without_a_model_says_why() -> None:
+    from prime_lab.lab.runs import RunRegistry
+
+    stopped = _sft_run("half", state="stopped", with_model=False)
+    with pytest.raises(ModelNotFoundError, match=f"SFT run {stopped.parent.name} has no model yet \\(stopped\\).*"
+                                                 "prime sft restart"):
+        resolve_model(stopped.parent.name)
+    rl = RunRegistry().create("rl", config_text="", resolved={}, max_steps=1)
+    with pytest.raises(ModelNotFoundError, match="is an rl run: only an SFT run's id names a model"):
+        resolve_model(rl.id)
+    with pytest.raises(ModelNotFoundError, match="a completed SFT run's id or --name"):
+        resolve_model("half")  # a name whose run has no model: not found, and the message says what works
