@@ -109,13 +109,14 @@ class StepAssembler:
     `logged` is the last step W&B holds, `restart_seq` the last restart event applied and `alert_seq` the last alert
     sent (all from `run.json`), so a replay from the start of the log produces only what W&B does not have yet."""
 
-    def __init__(self, logged: int = -1, restart_seq: int = 0, alert_seq: int = 0, max_async_level: int = 2) -> None:
+    def __init__(self, logged: int = -1, restart_seq: int = 0, alert_seq: int = 0, max_async_level: int = 2,
+                 sources: tuple[str, ...] = STEP_SOURCES) -> None:
         self.logged = logged
         self.restart_seq = restart_seq
         self.alert_seq = alert_seq
         self.window = max_async_level + 3
         self.pending: dict[int, StepRecord] = {}
-        self.progress = {source: -1 for source in STEP_SOURCES}
+        self.progress = {source: -1 for source in sources}  # an SFT run's steps come from the trainer alone
         self.late = 0  # events for a step already logged (a replay of the log counts those W&B has as well)
 
     def feed(self, event: Event) -> list[Action]:
@@ -242,7 +243,7 @@ class WandbRun:
         kwargs: dict[str, Any] = {
             "project": section.get("project") or "prime-lab", "entity": section.get("entity"),
             "name": section.get("name") or self.run.id, "id": self.state.id, "dir": str(self.home),
-            "config": self.resolved, "job_type": "rl",
+            "config": self.resolved, "job_type": str(self.run.read_status().get("kind") or "rl"),
         }
         if rewind_to is not None:
             kwargs["resume_from"] = f"{self.state.id}?_step={rewind_to}"
@@ -375,8 +376,10 @@ class Mirror:
         self.run = run
         state = MirrorState.load(run.dir / "wandb" / "run.json")
         level = resolved.get("max_async_level")
+        self.kind = str(run.read_status().get("kind") or "rl")
         self.steps = StepAssembler(state.logged, state.restart_seq, state.alert_seq,
-                                   level if isinstance(level, int) else 2)
+                                   level if isinstance(level, int) else 2,
+                                   sources=("trainer",) if self.kind == "sft" else STEP_SOURCES)
         self.wandb = WandbRun(run, state, resolved, mode, key)
         self.terminated = False  # stop now (SIGINT, or a second SIGTERM)
         self.stop_asked_at: float | None = None  # a SIGTERM: the run is being stopped, its last steps are coming

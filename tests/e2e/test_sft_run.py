@@ -26,11 +26,19 @@ def losses(run: Run) -> dict[int, float]:
     return {step: m["loss/mean"] for step, m in metrics(run, "trainer").items() if "loss/mean" in m}
 
 
-def test_sft_trains_validates_and_its_model_starts_an_rl_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_sft_trains_validates_and_its_model_starts_an_rl_run(tiny_model_dir: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
     data = write_dataset(tmp_path / "chats.jsonl")
-    run = start_sft(write_sft_config(tmp_path / "sft.toml", tiny_model_dir, data, steps=8), "--name", "warm-up")
+    config = write_sft_config(tmp_path / "sft.toml", tiny_model_dir, data, steps=8,
+                              extra='[wandb]\nproject = "sft-test"\n')
+    run = start_sft(config, "--name", "warm-up")
     status = wait_final(run)
     assert status["state"] == "completed", status.get("reason", "") + logs(run)
+    # the W&B mirror (offline) holds every step, released as the trainer moves on
+    mirrored = json.loads((run.dir / "wandb" / "run.json").read_text())
+    assert mirrored["logged"] == 8 and list((run.dir / "wandb").rglob("*.wandb")), logs(run)
 
     by_step = metrics(run, "trainer")
     loss = losses(run)

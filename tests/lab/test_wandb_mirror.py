@@ -145,6 +145,16 @@ def test_step_assembler_waits_for_both_sources_and_rewinds_once() -> None:
     assert again.feed(Event(seq=5, time=0.0, source="launcher", kind="restart", step=0)) == []
 
 
+def test_an_sft_runs_steps_wait_for_the_trainer_alone() -> None:
+    def metrics(step: int, seq: int, **values: float) -> Event:
+        return Event(seq=seq, time=0.0, source="trainer", kind="metrics", step=step, data=values)
+
+    steps = StepAssembler(sources=("trainer",))
+    assert steps.feed(metrics(1, 1, **{"loss/mean": 2.0})) == []
+    assert steps.feed(metrics(1, 2, **{"val/loss": 2.5})) == []  # validation comes after the step's metrics
+    assert steps.feed(metrics(2, 3, **{"loss/mean": 1.5})) == [StepRecord(1, {"loss/mean": 2.0, "val/loss": 2.5})]
+
+
 def test_importing_the_mirror_loads_no_wandb() -> None:
     """The launcher imports it to build the command; wandb (and torch, textual) load only in the mirror process."""
     code = ("import sys, prime_lab.lab.wandb_mirror; "
