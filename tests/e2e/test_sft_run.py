@@ -141,3 +141,20 @@ def test_two_trainer_processes_train_as_one(tiny_model_dir: Path, tmp_path: Path
         for key in ("loss/mean", "optim/grad_norm", "progress/num_tokens"):
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-4), (step, key)
     assert "2 ranks" in (two.logs_dir / "trainer.log").read_text() or "torchrun" in logs(two)
+
+
+def test_full_fine_tuning_writes_the_trained_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "chats.jsonl")
+    config = write_sft_config(tmp_path / "sft.toml", tiny_model_dir, data, steps=2, lr=1e-3)
+    config.write_text(config.read_text().replace("[lora]\n", "[lora]\nenabled = false\n"))
+    run = start_sft(config)
+    assert wait_final(run)["state"] == "completed", logs(run)
+    import torch
+    from safetensors.torch import load_file
+
+    trained = load_file(next(run.model_dir.glob("*.safetensors")))
+    base = load_file(next(tiny_model_dir.glob("*.safetensors")))
+    assert trained.keys() == base.keys()
+    moved = [k for k in base if not torch.equal(trained[k].to(base[k].dtype), base[k])]
+    assert len(moved) > len(base) // 2  # every weight trains, not an adapter
+    assert losses(run)[2] < losses(run)[1]
