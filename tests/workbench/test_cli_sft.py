@@ -58,3 +58,18 @@ def test_the_run_verbs_address_sft_runs(tmp_path: Path) -> None:
     sft.update_status(state="failed")
     refused = prime("sft", "restart", sft.id)
     assert refused.returncode == 1 and "no checkpoint yet" in refused.stderr and "prime sft run" in refused.stderr
+
+
+def test_progress_and_checkpoints_speak_of_sft() -> None:
+    run = RunRegistry().create("sft", config_text="", resolved={}, max_steps=4)
+    run.update_status(state="completed", step=2)
+    with run.writer("trainer") as trainer:
+        for step, loss in ((1, 2.5), (2, 2.25)):
+            trainer.metrics({"loss/mean": loss, "perf/throughput": 1000.0}, step)
+        trainer.metrics({"val/loss": 2.75}, 2)
+    shown = prime("sft", "progress", run.id)
+    assert shown.returncode == 0 and "loss 2.25  val loss 2.75  tokens/s 1000" in shown.stdout, shown.stdout
+    (run.checkpoints_dir / "step_2").mkdir()
+    (run.checkpoints_dir / "step_2" / "trainer_state.pt").write_bytes(b"x")
+    listed = prime("sft", "checkpoints", run.id)
+    assert f"`prime sft restart {run.id}` resumes after step 2" in listed.stderr

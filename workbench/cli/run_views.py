@@ -343,7 +343,8 @@ def checkpoints(run_id: str = RUN_ID, output: OutputFormat = OUTPUT_OPTION) -> N
                   str(Path(r["path"]).relative_to(run.dir)), note(r)) for r in rows],
                 justify={"STEP": "right", "SIZE": "right"})
     resume = next((r["step"] for r in rows if r.get("resume")), None)
-    err(f"`prime train restart {run.id}` resumes after step {resume}" if resume is not None else
+    group = "sft" if run.read_status().get("kind") == "sft" else "train"
+    err(f"`prime {group} restart {run.id}` resumes after step {resume}" if resume is not None else
         f"{run.id} has no complete checkpoint: a restart has nothing to resume from")
 
 
@@ -383,7 +384,9 @@ def run_progress(run: Run, now: float | None = None) -> dict[str, Any]:
             "elapsed_s": end - started if started else None, "seconds_per_step": per_step,
             "eta_s": per_step * remaining if per_step is not None and remaining is not None else None,
             "reward": _latest(rows, "reward/mean") if rows else status.get("reward"),
-            "tokens_per_s": _latest(rows, "perf/tokens_per_s")}
+            "tokens_per_s": _latest(rows, "perf/tokens_per_s") or _latest(rows, "perf/throughput"),
+            # an SFT run's (prime-rl's names)
+            "loss": _latest(rows, "loss/mean"), "val_loss": _latest(rows, "val/loss")}
 
 
 def _bar(fraction: float, width: int = 24) -> str:
@@ -392,7 +395,7 @@ def _bar(fraction: float, width: int = 24) -> str:
 
 
 def progress(run_id: str = RUN_ID, output: OutputFormat = OUTPUT_OPTION) -> None:
-    """Where a run stands: state, step, elapsed time, ETA, the latest reward and tokens/s."""
+    """Where a run stands: state, step, elapsed time, ETA, the latest reward (SFT: loss, val loss) and tokens/s."""
     facts = run_progress(_run(run_id))
     if output is OutputFormat.json:
         print_json(facts)
@@ -405,7 +408,8 @@ def progress(run_id: str = RUN_ID, output: OutputFormat = OUTPUT_OPTION) -> None
         timing += f"  {facts['seconds_per_step']:.1f} s/step"
     if facts["eta_s"] is not None:
         timing += f"  ETA {duration(facts['eta_s'])}"
-    numbers = [f"{label} {number(facts[key])}" for key, label in (("reward", "reward"),
+    numbers = [f"{label} {number(facts[key])}" for key, label in (("reward", "reward"), ("loss", "loss"),
+                                                                  ("val_loss", "val loss"),
                                                                   ("tokens_per_s", "tokens/s"))
                if facts[key] is not None]
     lines = [head, timing] + (["  ".join(numbers)] if numbers else [])
