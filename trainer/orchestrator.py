@@ -480,6 +480,7 @@ class Orchestrator:
                     counts = self.samplers.take_counts()
                     metrics["sampler/max_share"] = max(counts) / max(1, sum(counts))
                 self.events.metrics(metrics, step)
+                self.run.update_status(reward=metrics["reward/mean"])  # the runs list's REWARD column
                 self.emit_samples(step, samples)
                 print(f"[orchestrator] step {step}: reward {metrics['reward/mean']:.3f} "
                       f"(policy version {self.version}, {fill:.1f}s)", flush=True)

@@ -78,6 +78,9 @@ def test_reward_rises_over_20_steps(seed: int, learnable_model_dir: Path, tmp_pa
     # `prime rl logs` shows the run's events
     proc = prime("rl", "logs", run.id, "-c", "trainer", "-n", "3")
     assert proc.returncode == 0 and "loss" in proc.stdout
+    # `prime rl list` shows the latest reward
+    listed = json.loads(prime("rl", "list", "-o", "json").stdout)
+    assert [r["reward"] for r in listed if r["id"] == run.id] == [pytest.approx(curve[-1])]
 
 
 def test_vllm_backend_takes_the_trainers_adapters(learnable_model_dir: Path, tmp_path: Path) -> None:
