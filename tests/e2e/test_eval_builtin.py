@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from prime_lab.lab.runs import RunRegistry
+from tests.support import cli
 
-PRIME = str(Path(sys.executable).parent / "prime")
+prime = partial(cli.prime, timeout=600)
 ENVS = ["reverse-text", "alphabet-sort", "gsm8k", "wordle", "math-python"]
 # Multi-turn environments capped at two model turns in the SmolLM2 tests, to keep CI time down.
 SHORT_ARGS = {"alphabet-sort": '{"min_turns": 2, "max_turns": 2}', "wordle": '{"max_turns": 2}',
               "math-python": '{"max_turns": 2}'}
-
-
-def prime(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc
 
 
 def results(run_id: str) -> list[dict[str, Any]]:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
 from prime_lab.workbench.terminal import TmuxPane
+from tests.support.cli import PRIME
 
 REPO = Path(__file__).resolve().parents[2]
-PRIME = str(Path(sys.executable).parent / "prime")
 
 
 def test_prime_lab_opens_the_default_config_navigates_and_quits(lab_home: Path) -> None:

@@ -21,9 +21,9 @@ import pytest
 from prime_lab.lab.runs import RunRegistry
 from tests.gepa.reflection_standin import write_gepa_config
 from tests.lab.envs.scripted import scripted_endpoint
+from tests.support.cli import prime
 from tests.support.rl_runs import FIXTURE_ENVS, write_config
 
-PRIME = str(Path(sys.executable).parent / "prime")
 SHADOWING = ("lab", "environments", "trainer", "gepa", "workbench")
 pytestmark = pytest.mark.slow
 
@@ -39,9 +39,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
-def prime(*args: str, cwd: Path, timeout: int = 400) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
-    assert "Traceback" not in proc.stderr, proc.stderr
+def prime_in(project: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    """`prime ARGS` from the project folder; none of the project's own packages was imported."""
+    proc = prime(*args, cwd=project, timeout=timeout)
     assert "was imported" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     return proc
 
@@ -55,8 +55,8 @@ def test_the_project_folders_shadow_bare_names(project: Path) -> None:
 
 def test_eval_and_gepa_run_from_a_shadowing_project(project: Path, builtin_server: Any) -> None:
     out = project / "outputs"
-    proc = prime("eval", "run", "reverse-text", "-m", builtin_server.model_name, "-b", builtin_server.base_url,
-                 "-n", "2", "-r", "2", "-t", "8", cwd=project)
+    proc = prime_in(project, "eval", "run", "reverse-text", "-m", builtin_server.model_name, "-b",
+                    builtin_server.base_url, "-n", "2", "-r", "2", "-t", "8")
     assert proc.returncode == 0, proc.stderr
     results = list((out / "evals").rglob("results.jsonl"))
     assert len(results) == 1 and len(results[0].read_text().splitlines()) == 4
@@ -65,7 +65,7 @@ def test_eval_and_gepa_run_from_a_shadowing_project(project: Path, builtin_serve
     with scripted_endpoint(proposals) as reflection:
         config = write_gepa_config(project / "gepa.toml", builtin_server, reflection, "reverse-text", max_calls=12,
                                    num_train=4, num_val=2)
-        proc = prime("gepa", "run", f"@{config}", "-o", str(project / "gepa-run"), cwd=project)
+        proc = prime_in(project, "gepa", "run", f"@{config}", "-o", str(project / "gepa-run"))
     assert proc.returncode == 0, proc.stderr
     meta = json.loads((project / "gepa-run" / "gepa" / "metadata.json").read_text())
     assert 0 < meta["total_metric_calls"] <= 12
@@ -73,7 +73,7 @@ def test_eval_and_gepa_run_from_a_shadowing_project(project: Path, builtin_serve
 
 def test_rl_run_from_a_shadowing_project(project: Path, learnable_model_dir: Path) -> None:
     config = write_config(project / "rl.toml", learnable_model_dir, steps=2, checkpoint_interval=1)
-    proc = prime("rl", "run", f"@{config}", "--foreground", cwd=project, timeout=500)
+    proc = prime_in(project, "rl", "run", f"@{config}", "--foreground", timeout=500)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = [r for r in RunRegistry().runs() if (r.dir / "adapters").exists()]
     assert len(runs) == 1 and runs[0].status()["state"] == "completed"

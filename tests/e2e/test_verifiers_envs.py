@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,10 @@ import pytest
 from tests.gepa.reflection_standin import write_gepa_config
 from tests.lab.envs.scripted import scripted_endpoint
 from tests.lab.envs.verifiers_standins import completion, env_path, tool_calling_model
+from tests.support import cli
 from tests.support.rl_runs import logs, metrics, start, wait_final
 
-PRIME = str(Path(sys.executable).parent / "prime")
+prime = partial(cli.prime, timeout=600)
 OLDEST = "0.1.12"  # the oldest release of pyproject.toml's `verifiers` extra
 pytestmark = pytest.mark.slow
 
@@ -38,13 +40,6 @@ def verifiers_envs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [env_path(), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
-
-
-def prime(*args: str, cwd: Path, timeout: int = 600, env: dict[str, str] | None = None) -> \
-        subprocess.CompletedProcess[str]:
-    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc
 
 
 def eval_rows(cwd: Path) -> list[dict[str, Any]]:

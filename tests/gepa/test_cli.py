@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from prime_lab.gepa.config import validate_gepa_file
 from prime_lab.lab.envs import load_environment
+from tests.support import cli
 
-PRIME = str(Path(sys.executable).parent / "prime")
+prime = partial(cli.prime, timeout=120)
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "gepa").glob("*.toml"))
-
-
-def prime(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])

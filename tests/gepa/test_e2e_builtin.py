@@ -4,8 +4,7 @@ deterministic stand-in (the scripted endpoint) is the reflection model. The outp
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +12,11 @@ from prime_lab.lab.events import EventLog
 from prime_lab.lab.runs import Run
 from tests.gepa.reflection_standin import write_gepa_config
 from tests.lab.envs.scripted import scripted_endpoint
+from tests.support import cli
 
-PRIME = str(Path(sys.executable).parent / "prime")
+prime = partial(cli.prime, timeout=300)
 PROPOSALS = [f"```\nReverse the text character by character (attempt {i}). "
              "Answer inside <reversed_text> tags.\n```" for i in range(40)]
-
-
-def prime(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc
 
 
 def test_gepa_run_through_the_builtin_server(builtin_server: Any, tmp_path: Path) -> None:

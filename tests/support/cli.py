@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 PRIME = str(Path(sys.executable).parent / "prime")
 
 
-def prime(*args: str, cwd: Path | None = None, timeout: int = 60) -> subprocess.CompletedProcess[str]:
-    """`prime ARGS` in this test's environment; no traceback ever reaches its user."""
-    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=os.environ)
+def prime(*args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None,
+          timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`prime ARGS` from `cwd`, in `env` (None: this test's environment, os.environ, as monkeypatch left it), killed
+    after `timeout` seconds; no traceback ever reaches its user."""
+    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=os.environ if env is None else env)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,8 @@ from typing import Any
 import pytest
 
 from prime_lab.lab.runs import FINAL_STATES, Run, RunRegistry
+from tests.support import cli
 
-PRIME = str(Path(sys.executable).parent / "prime")
 FIXTURE_ENVS = Path(__file__).resolve().parents[1] / "fixtures" / "envs"
 @pytest.fixture(autouse=True)
 def fixture_envs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,10 +58,9 @@ interval = {checkpoint_interval}
     return path
 
 
-def prime(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=timeout)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc
+def prime(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`prime ARGS` (tests.support.cli's) with ten minutes to end: a run or restart in the foreground does."""
+    return cli.prime(*args, timeout=timeout)
 
 
 def start(config: Path) -> Run:

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +20,14 @@ import pytest
 
 from prime_lab.lab.runs import RunRegistry
 from tests.lab.envs.scripted import scripted_endpoint
+from tests.support import cli
 
-PRIME = str(Path(sys.executable).parent / "prime")
-
-
-def prime(*args: str, cwd: Path, env: dict[str, str] | None = None,
-          timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={**os.environ, **(env or {})})
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc
+prime = partial(cli.prime, timeout=300)  # pip installs and evals outlast the default minute
 
 
 def test_env_list_shows_installed_environments_and_what_each_id_loads(site: Path, tmp_path: Path) -> None:
     marks = tmp_path / "imported.txt"
-    env = {"PYTHONPATH": str(site), "IMPORT_MARKS": str(marks)}
+    env = {**os.environ, "PYTHONPATH": str(site), "IMPORT_MARKS": str(marks)}
     proc = prime("env", "list", "-o", "json", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     envs = {e["id"]: e for e in json.loads(proc.stdout)}
@@ -61,7 +55,7 @@ def test_an_id_loads_the_installed_environment_before_a_builtin(site: Path, tmp_
                                                                 system: str | None) -> None:
     with scripted_endpoint(["0"] * 4) as ep:
         proc = prime("eval", "run", env_id, "-b", ep.base_url, "-m", "m", "-n", "1", "-r", "1", cwd=tmp_path,
-                     env={"PYTHONPATH": str(site)})
+                     env={**os.environ, "PYTHONPATH": str(site)})
     assert proc.returncode == 0, proc.stderr
     first = ep.requests[0]["messages"][0]
     if system is None:  # the built-in wordle: an unrelated installed module does not hide it

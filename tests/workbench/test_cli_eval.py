@@ -6,20 +6,15 @@ The real model servers are exercised in tests/e2e/test_eval_builtin.py.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
+from functools import partial
 from pathlib import Path
 
 from prime_lab.lab.runs import RunRegistry
 from tests.lab.envs.scripted import scripted_endpoint
+from tests.support import cli
 
-PRIME = str(Path(sys.executable).parent / "prime")
-
-
-def prime(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc
+prime = partial(cli.prime, timeout=120)
 
 
 def test_eval_writes_results_metadata_events_and_a_report(tmp_path: Path, lab_home: Path) -> None:
@@ -107,15 +102,14 @@ def test_env_file_secrets_reach_the_environment_and_never_the_outputs(tmp_path: 
         "    return SingleTurnEnv(dataset=[{'question': 'token ' + key, 'answer': key}],\n"
         "                         rubric=Rubric([lambda completion, answer: 1.0]))\n")
     (tmp_path / "secrets.env").write_text("KEYED_ENV_API_KEY=sk-keyed-0123456789\n")
-    env = {**__import__("os").environ, "PYTHONPATH": str(pkg)}
+    env = {**os.environ, "PYTHONPATH": str(pkg)}
     env.pop("KEYED_ENV_API_KEY", None)
-    missing = subprocess.run([PRIME, "eval", "run", "me/keyed-env", "-b", "http://127.0.0.1:9/v1", "-m", "m"],
-                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
-    assert missing.returncode == 1 and "KEYED_ENV_API_KEY" in missing.stderr and "Traceback" not in missing.stderr
+    missing = prime("eval", "run", "me/keyed-env", "-b", "http://127.0.0.1:9/v1", "-m", "m", cwd=tmp_path, env=env,
+                    timeout=60)
+    assert missing.returncode == 1 and "KEYED_ENV_API_KEY" in missing.stderr
     with scripted_endpoint(["sure"] * 4) as ep:
-        proc = subprocess.run([PRIME, "eval", "run", "me/keyed-env", "-b", ep.base_url, "-m", "m", "-n", "1", "-r",
-                               "2", "--env-file", "secrets.env"], capture_output=True, text=True, cwd=tmp_path,
-                              env=env, timeout=60)
+        proc = prime("eval", "run", "me/keyed-env", "-b", ep.base_url, "-m", "m", "-n", "1", "-r", "2",
+                     "--env-file", "secrets.env", cwd=tmp_path, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert ep.requests[0]["messages"][-1]["content"] == "token sk-keyed-0123456789"  # the environment had it
     [run] = RunRegistry().runs()

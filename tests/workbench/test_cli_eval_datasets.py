@@ -10,18 +10,18 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from tests.lab.envs.scripted import scripted_endpoint
+from tests.support import cli
 
-PRIME = str(Path(sys.executable).parent / "prime")
+prime = partial(cli.prime, timeout=120)
 
 HUB_MODULE = '''\
 import datasets
@@ -92,12 +92,6 @@ def prime_env(site: Path, hub: SilentHub, tmp_path: Path, **extra: str) -> dict[
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
                                                              "TRANSFORMERS_OFFLINE")}
     return {**env, "PYTHONPATH": str(site), "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home"), **extra}
-
-
-def prime(*args: str, cwd: Path, env: dict[str, str], timeout: int = 120) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([PRIME, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc
 
 
 def test_a_hub_dataset_out_of_reach_is_one_line_at_once_and_names_the_fix(site: Path, hub: SilentHub,
