@@ -18,7 +18,7 @@ from typing import Any
 
 from prime_lab.gepa.adapter import Candidate, EvaluationBatch, ReflectiveDataset
 from prime_lab.gepa.reflection import parse_proposal, reflection_prompt
-from prime_lab.lab.envs import Environment, Rollout, SamplingArgs
+from prime_lab.lab.envs import Environment, Rollout, SamplingArgs, replace_system_prompt
 
 SYSTEM_PROMPT = "system_prompt"
 
@@ -35,16 +35,6 @@ class Endpoint:
     model: str
     api_key: str = "EMPTY"
     timeout: float = 600.0
-
-
-def with_system_prompt(row: dict[str, Any], system_prompt: str) -> dict[str, Any]:
-    """The row with its system message replaced by (or, without one, preceded by) `system_prompt`."""
-    prompt = [dict(m) for m in row["prompt"]]
-    if prompt and prompt[0].get("role") == "system":
-        prompt[0]["content"] = system_prompt
-    elif system_prompt:
-        prompt.insert(0, {"role": "system", "content": system_prompt})
-    return {**row, "prompt": prompt}
 
 
 def _text(messages: Any) -> str:
@@ -122,7 +112,7 @@ class EnvironmentAdapter:
     # Adapter interface --------------------------------------------------------------------------------------
     def evaluate(self, batch: Sequence[dict[str, Any]], candidate: Candidate,
                  capture_traces: bool) -> EvaluationBatch:
-        rows = [with_system_prompt(r, candidate[SYSTEM_PROMPT]) for r in batch]
+        rows = [replace_system_prompt(r, candidate[SYSTEM_PROMPT]) for r in batch]
         rollouts = self._run(self._rollouts(rows))
         return EvaluationBatch(scores=[r.reward for r in rollouts], outputs=rollouts,
                                trajectories=[self._trace(r) for r in rollouts] if capture_traces else None)

@@ -55,6 +55,9 @@ class EnvConfig(Section):
     name: str | None = Field(default=None, description="Display name for this environment in metrics.")
     weight: float | None = Field(default=None, ge=0.0,
                                  description="Sampling weight (prime-rl); alternative to [buffer].env_ratios.")
+    system_prompt: str | None = Field(
+        default=None, description="Replaces the system message of every prompt, as GEPA tries a candidate (prime-lab "
+        "only; an environment with a `system_prompt` argument takes it through args, which Hosted Training runs).")
 
     _id = field_validator("id")(_env_id)
 
@@ -568,6 +571,14 @@ def _check_lora_targets_in_model(ctx: CheckContext) -> None:
             ctx.problem(("lora",), f"{key} (default): {message}")
 
 
+def _check_env_system_prompt(ctx: CheckContext) -> None:
+    for i, env in enumerate(_envs(ctx)):
+        if isinstance(env, dict) and "system_prompt" in env:
+            ctx.problem(("env", i, "system_prompt"), "prime-lab only: the prompt replaces each row's system message "
+                        "here, as GEPA tried it; Hosted Training does not know this field (an environment with a "
+                        "`system_prompt` argument takes the prompt in args instead)", severity="note")
+
+
 def _check_teacher(ctx: CheckContext) -> None:
     loss = ctx.get(("loss",), "rl")
     if ctx.has(("teacher",)) and loss == "rl":
@@ -614,7 +625,8 @@ def _check_teacher_tokenizer(ctx: CheckContext) -> None:
 
 
 RL_CHECKS = (_check_group, _check_sampling, _check_env_ratios, _check_spellings, _check_ranges, _check_inference,
-             _check_full_finetuning, _hosted_notes, _check_distributed, _check_lora_dropout, _check_teacher)
+             _check_full_finetuning, _hosted_notes, _check_distributed, _check_lora_dropout, _check_teacher,
+             _check_env_system_prompt)
 MODEL_CHECKS = (_check_lora_targets_in_model, _check_teacher_tokenizer)
 
 

@@ -34,7 +34,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from prime_lab.lab.envs import Environment, Rollout, SamplingArgs, load_env_files, load_environment
+from prime_lab.lab.envs import (
+    Environment,
+    Rollout,
+    SamplingArgs,
+    load_env_files,
+    load_environment,
+    replace_system_prompt,
+)
 from prime_lab.lab.events import EventWriter
 from prime_lab.lab.inference.process import answers_health
 from prime_lab.lab.inference.vllm import AdapterLoadError, policy_cache_salt
@@ -136,8 +143,11 @@ class Orchestrator:
         self.names = env_names(config)
         self.envs: dict[str, Environment] = {
             name: load_environment(e.id, **e.args) for name, e in zip(self.names, config.env, strict=True)}
-        self.sampler = ExampleSampler({n: e.get_dataset() for n, e in self.envs.items()}, config.env_weights,
-                                      seed=config.buffer.seed)
+        # `[[env]] system_prompt` (a GEPA run's best, exported): each row's system message, as GEPA tried it
+        self.system_prompts = {name: e.system_prompt for name, e in zip(self.names, config.env, strict=True)
+                               if e.system_prompt is not None}
+        self.sampler = ExampleSampler({n: self.rows(n, e.get_dataset()) for n, e in self.envs.items()},
+                                      config.env_weights, seed=config.buffer.seed)
         self.filter = GroupFilter(config.buffer, config.difficulty_filter)
         self.sampling = sampling_args(config)
         # distillation (trainer/teacher.py): the teacher generates (loss = "sft") or scores (loss = "opd")
@@ -172,6 +182,11 @@ class Orchestrator:
 
     def log(self, message: str, level: str = "INFO", step: int | None = None) -> None:
         log_both(self.events, message, level, step)
+
+    def rows(self, env_name: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """An environment's rows with its configured system prompt, if any."""
+        prompt = self.system_prompts.get(env_name)
+        return rows if prompt is None else [replace_system_prompt(r, prompt) for r in rows]
 
     # Weights -----------------------------------------------------------------------------------------------
     def needs_published_version(self) -> bool:
@@ -400,6 +415,7 @@ class Orchestrator:
             return []
         if not ev.env:
             return [(name, env, ev.num_examples, ev.rollouts_per_example) for name, env in self.envs.items()]
+        # an [[eval.env]] is evaluated as it is (a run's own environments, above, with their system prompts)
         out = []
         for e in ev.env:
             env = load_environment(e.id, **e.args)
@@ -424,14 +440,16 @@ class Orchestrator:
         if val is None or not val.interval or step % val.interval:
             return
         per_env = val.num_examples if val.num_examples == -1 else max(1, val.num_examples // len(self.envs))
-        rewards = [await self.mean_reward(env, env.get_eval_dataset(per_env, seed=0), val.rollouts_per_example)
-                   for env in self.envs.values()]
+        rewards = [await self.mean_reward(env, self.rows(name, env.get_eval_dataset(per_env, seed=0)),
+                                          val.rollouts_per_example) for name, env in self.envs.items()]
         self.events.metrics({"val_reward/mean": sum(rewards) / len(rewards)}, step)
 
     async def evaluate(self, step: int, sets: list[tuple[str, Environment, int, int]]) -> None:
         metrics = {}
         for name, env, n, r in sets:
-            metrics[f"eval/{name}/reward"] = await self.mean_reward(env, env.get_eval_dataset(n, seed=0), r)
+            rows = env.get_eval_dataset(n, seed=0)
+            metrics[f"eval/{name}/reward"] = await self.mean_reward(
+                env, self.rows(name, rows) if self.envs.get(name) is env else rows, r)
         self.events.emit("eval", {"metrics": metrics, "policy_version": self.version}, step=step)
         self.events.metrics(metrics, step)
         self.log(f"eval at step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()), step=step)

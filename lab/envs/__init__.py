@@ -11,6 +11,7 @@ from prime_lab.lab.envs.environment import (
     SingleTurnEnv,
     State,
     Turn,
+    replace_system_prompt,
 )
 from prime_lab.lab.envs.group import EnvGroup
 from prime_lab.lab.envs.loader import EnvInfo, EnvironmentLoadError, builtin_environments, describe, load_environment
@@ -23,4 +24,5 @@ __all__ = [
     "EnvGroup", "EnvInfo", "Environment", "EnvironmentLoadError", "MissingKeyError", "MultiTurnEnv", "Parser",
     "Rollout", "Rubric", "SamplingArgs", "Score", "SingleTurnEnv", "State", "ThinkParser", "ToolEnv", "Turn",
     "XMLParser", "builtin_environments", "describe", "ensure_keys", "load_env_files", "load_environment", "redact",
+    "replace_system_prompt",
 ]

@@ -115,6 +115,18 @@ def normalize_rows(rows: Iterable[dict[str, Any]], system_prompt: str | None, ta
     return out
 
 
+def replace_system_prompt(row: dict[str, Any], system_prompt: str) -> dict[str, Any]:
+    """The row with its system message replaced by (or, without one, preceded by) `system_prompt`: how GEPA tries a
+    candidate prompt on any environment, and how an RL run (`[[env]] system_prompt`) or an evaluation
+    (`--system-prompt-file`) starts from one."""
+    prompt = [dict(m) for m in row["prompt"]]
+    if prompt and prompt[0].get("role") == "system":
+        prompt[0]["content"] = system_prompt
+    elif system_prompt:
+        prompt.insert(0, {"role": "system", "content": system_prompt})
+    return {**row, "prompt": prompt}
+
+
 def sample_rows(rows: list[dict[str, Any]], n: int = -1, seed: int | None = None) -> list[dict[str, Any]]:
     """`n` rows (all for -1), shuffled by `seed` when one is given."""
     chosen = list(rows)

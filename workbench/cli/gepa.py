@@ -111,4 +111,43 @@ def _search(run: Any, job: Any, backend: str) -> None:
 
 
 # After `run` in the help: the verbs on GEPA runs (an RL run's or an evaluation's id is an error naming its command).
+@gepa_app.command("export")
+def export(
+    run_id: str = typer.Argument(..., help="A GEPA run id (or a unique prefix)."),
+    rl: bool = typer.Option(False, "--rl", help="An RL config whose environment starts from the best prompt."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write it here (default: print it)."),
+    max_steps: int = typer.Option(30, "--max-steps", min=1, help="The RL run's steps."),
+    force: bool = typer.Option(False, "-f", "--force", help="Overwrite an existing file."),
+) -> None:
+    """A GEPA run's best prompt as the start of what comes next: `--rl`, an RL config (validated)."""
+    from prime_lab.gepa.export import ExportError, GepaResult, rl_config, takes_system_prompt
+    from prime_lab.lab.envs import EnvironmentLoadError
+    from prime_lab.lab.runs import RunRegistry
+    from prime_lab.trainer.config import validate_rl_config
+
+    if not rl:
+        fail("say what to export: --rl (an RL config starting from the best prompt)")
+    try:
+        result = GepaResult.of(RunRegistry().get(run_id))
+        through_args = takes_system_prompt(result.env_id)
+    except (ExportError, EnvironmentLoadError) as exc:
+        fail(str(exc))
+    text = rl_config(result, through_args=through_args, max_steps=max_steps)
+    checked = validate_rl_config(text, str(output or "<exported>"))
+    if not checked.ok:  # a bug of ours, or a model GEPA reached only through an endpoint
+        fail("the exported config does not validate:\n" + "\n".join(p.format() for p in checked.errors))
+    how = (f"its `{result.env_id}` takes system_prompt: the prompt is in [[env]].args (runs on Hosted Training too)"
+           if through_args else f"`{result.env_id}` takes no system_prompt argument: [[env]] system_prompt "
+           "replaces each row's system message, as GEPA did (prime-lab only)")
+    if output is None:
+        typer.echo(text, nl=False)
+        err(how)
+        return
+    if output.exists() and not force:
+        fail(f"{output} exists: pass -f/--force to overwrite it")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    err(f"Wrote {output}: {how}.\n  run:  prime rl run @{output}\n  edit: prime lab {output}")
+
+
 add_run_verbs(gepa_app, kind="gepa")

@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from prime_lab.gepa.env_adapter import with_system_prompt
-from prime_lab.lab.envs import EnvironmentLoadError, Rollout, SamplingArgs, load_environment
+from prime_lab.lab.envs import EnvironmentLoadError, Rollout, SamplingArgs, load_environment, replace_system_prompt
 from prime_lab.lab.envs import verifiers_adapter as adapter
 from prime_lab.lab.envs.verifiers_adapter import INPUT_KEY, VerifiersEnvironment, kept_signal_handlers
 from tests.lab.envs.verifiers_standins import env_folders, mock_client, tool_calling_model
@@ -157,7 +156,7 @@ def test_a_group_is_one_verifiers_group_in_order() -> None:
 
 def test_gepa_candidates_reach_the_model_as_the_system_prompt() -> None:
     env = load("vf-mastermind")
-    row = with_system_prompt(env.get_dataset(1)[0], "Guess 0000 first.")
+    row = replace_system_prompt(env.get_dataset(1)[0], "Guess 0000 first.")
     requests: list[dict[str, Any]] = []
     run(env, [row], answer_model("<guess>0000</guess>"), requests=requests)
     assert requests[0]["messages"][0] == {"role": "system", "content": "Guess 0000 first."}
