@@ -5,8 +5,9 @@ else an installed module `name` (`import name`, as verifiers does for Hub enviro
 (`prime_lab.environments.<name>`) is used when no installed environment has the name; an installed module that
 does not mention `load_environment` (some unrelated package with the same name) does not hide a built-in.
 `environments()` lists both, with what each id resolves to. Problems (no such environment, no `load_environment`,
-an argument it does not take, a Hub dataset out of reach) raise `EnvironmentLoadError` with a one-line message that
-names the id and what to do. Environments load with the Hub offline unless the user chose (`hub.py`).
+an argument it does not take, a Hub dataset out of reach, a key it needs that is not set) raise
+`EnvironmentLoadError` with a one-line message that names the id and what to do. Environments load with the Hub
+offline unless the user chose (`hub.py`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from prime_lab.lab.envs.installed import (
     module_name,
     read_signature,
 )
+from prime_lab.lab.envs.secrets import missing_key_message
 
 # The built-in environments' package (the `environments/` folder), found by name: lab sits below it in the layers.
 BUILTIN_PACKAGE = "prime_lab.environments"
@@ -83,7 +85,7 @@ def _find_module(env_id: str) -> tuple[ModuleType, str]:
     try:
         return importlib.import_module(where.module), where.function
     except Exception as exc:
-        message = hub.failure_message(exc, env_id, {})
+        message = hub.failure_message(exc, env_id, {}) or missing_key_message(exc, env_id)
         raise EnvironmentLoadError(message or f"environment '{env_id}': importing module '{where.module}' failed: "
                                               f"{type(exc).__name__}: {exc}") from exc
 
@@ -174,7 +176,7 @@ def _load(env_id: str, args: dict[str, Any]) -> Environment:
     except EnvironmentLoadError:
         raise
     except Exception as exc:
-        message = hub.failure_message(exc, env_id, _with_defaults(func, args))
+        message = hub.failure_message(exc, env_id, _with_defaults(func, args)) or missing_key_message(exc, env_id)
         raise EnvironmentLoadError(message or f"environment '{env_id}': load_environment({_fmt_args(args)}) raised "
                                               f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(env, Environment):

@@ -17,6 +17,7 @@ from prime_lab.workbench.cli.lab import lab as lab_command
 from prime_lab.workbench.cli.plain import PLAIN_OPTION, plain_help, split_plain
 from prime_lab.workbench.cli.render import set_plain
 from prime_lab.workbench.cli.rl import rl_app
+from prime_lab.workbench.cli.secret import secret_app
 from prime_lab.workbench.cli.serve import serve
 from prime_lab.workbench.cli.sft import sft_app
 
@@ -49,6 +50,7 @@ app.add_typer(sft_app, name="sft", help="Supervised fine-tuning: configs and run
 app.add_typer(eval_app, name="eval", help="Evaluate models on environments (vf-eval's flags).")
 app.add_typer(gepa_app, name="gepa", help="GEPA prompt optimization (headless; the same events as the TUI).")
 app.add_typer(env_app, name="env", help="Environments: list (installed and built-in), init, install.")
+app.add_typer(secret_app, name="secret", help="Secrets (API keys) environments get as variables, stored locally.")
 app.command("serve")(serve)
 app.command("lab")(lab_command)
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from prime_lab.workbench.cli import secret
 from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, err, fail, print_json
 from prime_lab.workbench.cli.render import print_table
 
@@ -89,3 +90,37 @@ def install(
             err(f"ready: prime eval run {env['id']}")
     if broken:
         fail("; ".join(str(f["error"]) for f in broken))
+
+
+# `prime env secret`: one environment's secrets, over the global ones (`prime secret`, cli/secret.py).
+env_secret_app = typer.Typer(help="One environment's secrets: variables its processes get (over global ones).",
+                             no_args_is_help=True)
+env_app.add_typer(env_secret_app, name="secret")
+ENV_ID_ARGUMENT = typer.Argument(..., metavar="ENV", help="The environment's id, as `prime env list` shows it.")
+NAME_ARGUMENT = typer.Argument(..., metavar="NAME", help="The secret's name.")
+
+
+@env_secret_app.command("list")
+def secret_list(env_id: str = ENV_ID_ARGUMENT, output: OutputFormat = OUTPUT_OPTION) -> None:
+    """ENV's own secrets: names, created and updated times, never values (global ones: `prime secret list`)."""
+    secret.list_secrets(env_id, output)
+
+
+@env_secret_app.command("create")
+def secret_create(env_id: str = ENV_ID_ARGUMENT, name: str = secret.NAME_OPTION,
+                  value: str | None = secret.VALUE_OPTION) -> None:
+    """Store a secret for ENV alone; its processes get it as an environment variable, over a global one."""
+    secret.create_secret(name, value, env_id)
+
+
+@env_secret_app.command("update")
+def secret_update(env_id: str = ENV_ID_ARGUMENT, name: str = NAME_ARGUMENT,
+                  value: str | None = secret.VALUE_OPTION) -> None:
+    """Change one of ENV's secrets."""
+    secret.update_secret(name, value, env_id)
+
+
+@env_secret_app.command("delete")
+def secret_delete(env_id: str = ENV_ID_ARGUMENT, name: str = NAME_ARGUMENT, yes: bool = secret.YES_OPTION) -> None:
+    """Delete one of ENV's secrets (asks first unless -y)."""
+    secret.delete_secret(name, env_id, yes)

@@ -66,6 +66,7 @@ def run(
 ) -> None:
     """Evaluate MODEL on ENV: results.jsonl, metadata.json, and a difficulty report for RL."""
     from prime_lab.lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
+    from prime_lab.workbench.cli.secret import inject_secrets
 
     settings: dict[str, Any] = {"env": env, "model": model, "num_examples": num_examples, "rollouts": rollouts,
                                 "env_args": _json_arg(env_args, "-a/--env-args"),
@@ -80,6 +81,7 @@ def run(
         fail("--backend must be builtin or vllm")
     try:
         load_env_files(env_file)
+        inject_secrets([env_id])  # `prime secret`: under the shell's variables and --env-file's
         environment = load_environment(env_id, **settings["env_args"])
     except (EnvironmentLoadError, MissingKeyError) as exc:
         fail(str(exc))

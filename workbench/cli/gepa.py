@@ -54,12 +54,14 @@ def run(
 ) -> None:
     """Optimize ENV's system prompt: best_prompt.txt, pareto_frontier.jsonl, metadata.json in the run."""
     from prime_lab.gepa import launcher
+    from prime_lab.workbench.cli.secret import inject_secrets
 
     try:
         if resume is not None:
             if env is not None:
                 fail("give either ENV/@CONFIG or --resume RUN_DIR, not both")
             target, job = launcher.open_run(resume)
+            inject_secrets([job.settings.env_id])  # `prime secret`: under the shell's variables
         elif env is None:
             fail("give an environment id or @config.toml (or --resume RUN_DIR)")
         else:
@@ -82,6 +84,7 @@ def run(
                                           if v is not None})
             job.base_url = base_url or job.base_url
             job.api_key_var = api_key_var or job.api_key_var
+            inject_secrets([job.settings.env_id])
             target = launcher.create_run(job, config_text=config_text, output_dir=output_dir)
         _search(target, job, backend)
     except launcher.GepaLaunchError as exc:

@@ -7,6 +7,7 @@ Ctrl-C stops the run (it checkpoints).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -32,9 +33,12 @@ PROGRESS_KEYS = (("reward/mean", "reward"), ("loss", "loss"), ("loss/mean", "los
 WANDB_KEY_HELP = "W&B API key for the run's W&B mirror (else WANDB_API_KEY; none: offline). Never written to disk."
 
 
-def _env_vars(pairs: list[str], files: list[Path], wandb_api_key: str | None = None) -> dict[str, str]:
+def _env_vars(pairs: list[str], files: list[Path], wandb_api_key: str | None = None,
+              resolved: dict[str, Any] | None = None) -> dict[str, str]:
     """The environment the run's processes get on top of this one's; it reaches them through the supervisor's
-    environment only (nothing of it is written to the run directory)."""
+    environment only (nothing of it is written to the run directory). With the `resolved` config of a run that
+    runs environments, the stored secrets for them (`prime secret`) too, under everything else: this shell's
+    variables, the config's env_file (which the orchestrator reads), --env-file and -e win."""
     from prime_lab.lab.envs import load_env_files
 
     out: dict[str, str] = {}
@@ -50,7 +54,21 @@ def _env_vars(pairs: list[str], files: list[Path], wandb_api_key: str | None = N
         out[key] = value
     if wandb_api_key:
         out["WANDB_API_KEY"] = wandb_api_key
+    if resolved and resolved.get("env"):
+        out = {**_stored_secrets(resolved, set_elsewhere=out), **out}
     return out
+
+
+def _stored_secrets(resolved: dict[str, Any], set_elsewhere: dict[str, str]) -> dict[str, str]:
+    from prime_lab.lab.envs.secrets import MissingKeyError, read_env_files
+    from prime_lab.workbench.cli.secret import stored_secrets
+
+    try:  # the config's env_file, relative to this folder as in the orchestrator (which reports a bad one)
+        in_env_files = read_env_files(resolved.get("env_file") or [], base=Path.cwd())
+    except MissingKeyError:
+        in_env_files = {}
+    shell = {k for k, v in os.environ.items() if v}
+    return stored_secrets([e["id"] for e in resolved["env"]], set_elsewhere={*shell, *in_env_files, *set_elsewhere})
 
 
 def run(
@@ -67,9 +85,9 @@ def run(
 
     path = config_path(config)
     cfg = valid_config(validate_rl_file(path), path, "rl")
-    envs = [e.name or e.id for e in cfg.env]
-    launch("rl", path, cfg.model, cfg.model_dump(mode="json"), envs=envs, max_steps=cfg.max_steps, name=name,
-           extra_env=_env_vars(env_var, env_file, wandb_api_key), foreground=foreground)
+    envs, resolved = [e.name or e.id for e in cfg.env], cfg.model_dump(mode="json")
+    launch("rl", path, cfg.model, resolved, envs=envs, max_steps=cfg.max_steps, name=name,
+           extra_env=_env_vars(env_var, env_file, wandb_api_key, resolved), foreground=foreground)
 
 
 def valid_config(result: Validation[M], path: Path, group: str) -> M:
@@ -116,11 +134,19 @@ def restart(
 
     run_ = RunRegistry().get(run_id)
     try:
-        step = restart_run(run_, env=_env_vars(env_var, env_file, wandb_api_key))
+        step = restart_run(run_, env=_env_vars(env_var, env_file, wandb_api_key, _resolved(run_)))
     except LaunchFailed as exc:
         fail(str(exc))
     err(f"Resuming {run_.id} from its checkpoint after step {step}.")
     _started(run_, foreground)
+
+
+def _resolved(run_: Any) -> dict[str, Any]:
+    try:
+        data = json.loads(run_.resolved_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _started(run_: Any, foreground: bool) -> None:
