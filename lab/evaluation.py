@@ -3,6 +3,10 @@
 Writes `results.jsonl` (one row per rollout, appended as each finishes, so nothing done is lost to a crash) and
 `metadata.json`, streams `eval` events into the run's event log, and ends with a difficulty report: the reference
 guide's pre-training check (baseline reward above 0 and below 0.8, rewards that vary within an example).
+
+A system prompt given for the evaluation (`--system-prompt-file`, a GEPA run's best prompt) replaces each row's
+system message (or opens a prompt that has none), as GEPA's environment adapter does with a candidate's: the
+environment's rollout reads the row's prompt, so it sees the prompt exactly as GEPA scored it.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from prime_lab.lab.envs import Environment, Rollout, SamplingArgs, load_environment, redact
+from prime_lab.lab.envs import Environment, Rollout, SamplingArgs, load_environment, redact, replace_system_prompt
 from prime_lab.lab.problems import Validation, validate_file
-from prime_lab.lab.runs import Run
+from prime_lab.lab.runs import Run, RunError, RunRegistry
 
 SAMPLE_EVENTS = 3  # rollouts sent whole as `sample` events (the rest are summarised)
 
@@ -41,6 +45,58 @@ class EvalSpec:
     api_key_var: str | None = None
     seed: int | None = None
     request_timeout: float = 600.0
+    system_prompt: str | None = None  # replaces every row's system message
+    metadata: dict[str, Any] = field(default_factory=dict)  # more for metadata.json: the policy, the prompt's source
+
+
+@dataclass(frozen=True)
+class SystemPrompt:
+    """A system prompt for an evaluation and where it came from."""
+
+    text: str
+    path: Path
+    gepa_run: str | None = None  # the GEPA run whose best prompt it is
+
+    def metadata(self) -> dict[str, Any]:
+        return {"text": self.text, "source": str(self.path), "gepa_run": self.gepa_run}
+
+
+class SystemPromptError(ValueError):
+    """`--system-prompt-file` names neither a readable file nor a GEPA run with a best prompt."""
+
+
+def read_system_prompt(spec: str, registry: RunRegistry | None = None) -> SystemPrompt:
+    """The prompt in the file `spec`, or the best prompt of the GEPA run `spec` (`gepa/best_prompt.txt`)."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        try:
+            return SystemPrompt(path.read_text(encoding="utf-8").strip(), path.resolve())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SystemPromptError(f"--system-prompt-file {spec}: cannot read it: {exc}") from None
+    if path.exists() or "/" in spec:
+        raise SystemPromptError(f"--system-prompt-file {spec}: not a file" if path.exists() else
+                                f"--system-prompt-file {spec}: no such file")
+    try:
+        run = (registry or RunRegistry()).get(spec)
+    except RunError:
+        raise SystemPromptError(f"--system-prompt-file {spec}: neither a file nor a GEPA run's id "
+                                "(`prime gepa list`)") from None
+    kind = run.read_status().get("kind")
+    if kind != "gepa":
+        raise SystemPromptError(f"--system-prompt-file {spec}: run {run.id} is a {kind} run, not a GEPA run: only a "
+                                "GEPA run has a best prompt")
+    best = run.gepa_dir / "best_prompt.txt"
+    if not best.is_file():
+        raise SystemPromptError(f"--system-prompt-file {spec}: GEPA run {run.id} has no best prompt yet ({best})")
+    return SystemPrompt(best.read_text(encoding="utf-8").strip(), best.resolve(), gepa_run=run.id)
+
+
+def with_system_prompt(rows: list[dict[str, Any]], system_prompt: str | None) -> list[dict[str, Any]]:
+    """The rows with their system message replaced by `system_prompt` as GEPA replaces it (None: the rows as
+    they are)."""
+    if system_prompt is None:
+        return rows
+    return [replace_system_prompt(row, system_prompt) for row in rows]
 
 
 @dataclass
@@ -127,7 +183,7 @@ def run_evaluation(
     from openai import AsyncOpenAI
 
     env = env or load_environment(spec.env_id, **spec.env_args)
-    rows = env.get_eval_dataset(spec.num_examples, seed=spec.seed)
+    rows = with_system_prompt(env.get_eval_dataset(spec.num_examples, seed=spec.seed), spec.system_prompt)
     total = len(rows) * spec.rollouts_per_example
     output_dir.mkdir(parents=True, exist_ok=True)
     results_path = output_dir / "results.jsonl"
@@ -185,7 +241,7 @@ def run_evaluation(
         "avg_metrics": {k: sum(r.metrics.get(k, 0.0) for r in rollouts) / len(rollouts) for k in metric_names}
         if rollouts else {},
         "difficulty": asdict(report), "errors": sum(r.stop_condition == "error" for r in rollouts),
-        "run_id": run.id if run is not None else None,
+        "run_id": run.id if run is not None else None, **spec.metadata,
     })
     (output_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str) + "\n")
     return EvalResult(rollouts, metadata, report, output_dir)
@@ -208,6 +264,8 @@ class EvalFileConfig(BaseModel):
     rollouts_per_example: int = Field(default=3, ge=1)
     sampling: dict[str, Any] = Field(default_factory=dict)
     base_url: str | None = None
+    adapter: str | None = None  # RUN[:STEP], as --adapter
+    system_prompt_file: str | None = None  # a file (relative to this config) or a GEPA run's id
 
     @field_validator("num_examples")
     @classmethod
