@@ -55,17 +55,7 @@ def write_package(raw_name: str, parent: Path, *, verifiers: bool = False, force
     """Write the package into `parent/<name>`; an existing file is overwritten only with `force`."""
     name, module = check_name(raw_name)
     folder = parent / name
-    contents = {
-        "pyproject.toml": _PYPROJECT.format(
-            name=name, module=module, group=ENTRY_POINT_GROUP,
-            dependencies=json.dumps([VERIFIERS_REQUIREMENT, "datasets"] if verifiers else ["prime-lab"])),
-        f"{module}.py": (_VERIFIERS_MODULE if verifiers else _PRIME_LAB_MODULE).replace("{name}", name),
-        "README.md": _README.format(name=name, module=module,
-                                    api=("verifiers' classic API (`import verifiers as vf`)" if verifiers
-                                         else "prime-lab's environment protocol (`prime_lab.lab.envs`)"),
-                                    data_arg=_README_DATA_ARG if verifiers else ""),
-        f"tests/test_{module}.py": (_VERIFIERS_TEST if verifiers else _PRIME_LAB_TEST).replace("{module}", module),
-    }
+    contents = package_contents(name, module, verifiers=verifiers)
     existing = [rel for rel in contents if (folder / rel).exists()]
     if existing and not force:
         raise ScaffoldError(f"{folder} already has {', '.join(existing)}; pass -f/--force to overwrite them")
@@ -76,6 +66,21 @@ def write_package(raw_name: str, parent: Path, *, verifiers: bool = False, force
         path.write_text(text, encoding="utf-8")
         written.append(path)
     return NewPackage(name, module, folder, tuple(written))
+
+
+def package_contents(name: str, module: str, *, verifiers: bool = False) -> dict[str, str]:
+    """The package's files (path relative to its folder -> text) for a checked `name` and its `module`."""
+    return {
+        "pyproject.toml": _PYPROJECT.format(
+            name=name, module=module, group=ENTRY_POINT_GROUP,
+            dependencies=json.dumps([VERIFIERS_REQUIREMENT, "datasets"] if verifiers else ["prime-lab"])),
+        f"{module}.py": (_VERIFIERS_MODULE if verifiers else _PRIME_LAB_MODULE).replace("{name}", name),
+        "README.md": _README.format(name=name, module=module,
+                                    api=("verifiers' classic API (`import verifiers as vf`)" if verifiers
+                                         else "prime-lab's environment protocol (`prime_lab.lab.envs`)"),
+                                    data_arg=_README_DATA_ARG if verifiers else ""),
+        f"tests/test_{module}.py": (_VERIFIERS_TEST if verifiers else _PRIME_LAB_TEST).replace("{module}", module),
+    }
 
 
 _PYPROJECT = """\

@@ -13,7 +13,7 @@ from prime_lab.workbench.cli.common import UserError, join_at_args
 from prime_lab.workbench.cli.env import env_app
 from prime_lab.workbench.cli.eval import eval_app
 from prime_lab.workbench.cli.gepa import gepa_app
-from prime_lab.workbench.cli.lab import lab as lab_command
+from prime_lab.workbench.cli.lab import lab_app
 from prime_lab.workbench.cli.plain import PLAIN_OPTION, plain_help, split_plain
 from prime_lab.workbench.cli.render import set_plain
 from prime_lab.workbench.cli.rl import rl_app
@@ -52,7 +52,7 @@ app.add_typer(gepa_app, name="gepa", help="GEPA prompt optimization (headless; t
 app.add_typer(env_app, name="env", help="Environments: list (installed and built-in), init, install.")
 app.add_typer(secret_app, name="secret", help="Secrets (API keys) environments get as variables, stored locally.")
 app.command("serve")(serve)
-app.command("lab")(lab_command)
+app.add_typer(lab_app, name="lab", help="The Textual workbench (prime lab [PATH]), and a workspace: setup, doctor.")
 
 
 def main(argv: list[str] | None = None) -> None:
