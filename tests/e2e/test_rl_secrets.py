@@ -1,5 +1,6 @@
 """An RL run's orchestrator runs its environment with the stored secrets in its environment (the environment's own
-over the global one), and the values are in no file of the run, nor anywhere under PRIME_LAB_HOME but the store."""
+over the global one), and the values are in no file of the run (its W&B mirror's offline run included), nor
+anywhere under PRIME_LAB_HOME but the store."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from prime_lab.lab.envs.secrets import SECRET_NAMES_VARIABLE
+from tests.lab.test_wandb_mirror import offline_files
 from tests.support.rl_runs import fixture_envs, logs, prime, rewards, start, wait_final
 
 pytestmark = pytest.mark.slow
@@ -22,6 +24,7 @@ def test_rl_run_environment_gets_its_secret_and_no_file_holds_it(tiny_model_dir:
     for name in (KEY, SECRET_NAMES_VARIABLE):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the W&B mirror's offline run is among the files searched
     global_value, env_value = "sk-rl-global-0d41c7", "sk-rl-env-93be2f"
     assert prime("secret", "create", "-n", KEY, "-v", global_value).returncode == 0
     assert prime("env", "secret", "create", "needs-key", "-n", KEY, "-v", env_value).returncode == 0
@@ -42,11 +45,15 @@ args = {{ sha256 = "{hashlib.sha256(env_value.encode()).hexdigest()}" }}
 [lora]
 r = 4
 alpha = 8
+
+[wandb]
+project = "prime-lab-tests"
 """)
     run = start(config)
     status = wait_final(run)
     assert status["state"] == "completed", logs(run)
     assert rewards(run) == [1.0]  # every rollout was scored where the variable held the environment's value
+    assert offline_files(run)  # W&B's own files are there to search
     for value in (global_value, env_value):
         held = sorted({p for p in lab_home.rglob("*") if p.is_file() and value.encode() in p.read_bytes()})
         assert held == [lab_home / "secrets" / "secrets.json"], value
