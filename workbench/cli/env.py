@@ -13,8 +13,20 @@ from prime_lab.workbench.cli.render import print_table
 env_app = typer.Typer(help="Environments: list, create and install them.", no_args_is_help=True)
 
 
+DESCRIPTION_CHARS = 72  # a failing import's message is long: one line in the table, all of it with -v or -o json
+
+
+def short_description(text: str, limit: int = DESCRIPTION_CHARS) -> str:
+    """The first line of `text`, cut to `limit` characters (an ellipsis says it was cut)."""
+    line = (text.strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[:limit - 1].rstrip() + "…"
+
+
 @env_app.command("list")
-def list_envs(output: OutputFormat = OUTPUT_OPTION) -> None:
+def list_envs(
+    output: OutputFormat = OUTPUT_OPTION,
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Whole descriptions (a failing import's message)."),
+) -> None:
     """Installed and built-in environments, each with its load_environment() arguments and defaults.
 
     An installed environment takes precedence over a built-in of the same name: the built-in's row says so."""
@@ -30,7 +42,8 @@ def list_envs(output: OutputFormat = OUTPUT_OPTION) -> None:
                                "annotation": a.annotation} for a in i.args]}
                     for i in infos])
         return
-    rows = [(info.id, info.where(), info.doc.split(": ", 1)[-1],
+    rows = [(info.id, info.where(),
+             info.doc.split(": ", 1)[-1] if verbose else short_description(info.doc.split(": ", 1)[-1]),
              ", ".join(a.name if a.required else f"{a.name}={a.default!r}" for a in info.args
                        if a.name != "system_prompt")) for info in infos]
     print_table((Column("ID", no_wrap=True), "SOURCE", Column("DESCRIPTION", ratio=1), Column("ARGS", ratio=1)),
