@@ -17,9 +17,12 @@ DESCRIPTION_CHARS = 72  # a failing import's message is long: one line in the ta
 
 
 def short_description(text: str, limit: int = DESCRIPTION_CHARS) -> str:
-    """The first line of `text`, cut to `limit` characters (an ellipsis says it was cut)."""
-    line = (text.strip().splitlines() or [""])[0]
-    return line if len(line) <= limit else line[:limit - 1].rstrip() + "…"
+    """The first line of `text`, cut to `limit` characters (an ellipsis says something was left out)."""
+    lines = text.strip().splitlines() or [""]
+    line = lines[0]
+    if len(line) > limit:
+        return line[:limit - 1].rstrip() + "…"
+    return line + ("…" if len(lines) > 1 else "")
 
 
 @env_app.command("list")
