@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("path", sorted((REPO / "configs").rglob("*.toml")), ids=lambda p: p.name)
 def test_every_shipped_config_opens_without_errors(path: Path) -> None:
     document = ConfigDocument.load(path)
-    assert document.kind == next((kind for kind in ("gepa", "sft") if kind in path.parts), "rl")
+    assert document.kind == next((kind for kind in ("gepa", "sft", "eval") if kind in path.parts), "rl")
     assert document.errors == []
 
 
