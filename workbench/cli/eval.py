@@ -246,8 +246,9 @@ def _summarise(result: Any) -> None:
 
 @eval_app.command("compare")
 def compare(
-    evaluations: list[str] = typer.Argument(..., metavar="A B [C ...]",
-                                            help="Evaluations: run ids (or unique prefixes) or output folders."),
+    evaluations: list[str] = typer.Argument(..., metavar="EVALUATION",
+                                            help="Two or more (A B [C ...]): run ids (or unique prefixes) or output "
+                                                 "folders."),
     output: OutputFormat = OUTPUT_OPTION,
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap's resampling."),
     resamples: int = typer.Option(10_000, "--resamples", min=100, help="Bootstrap resamples."),
