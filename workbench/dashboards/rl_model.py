@@ -24,6 +24,7 @@ MAX_LOG_LINES = 5000
 MAX_ALERTS = 200
 RECENT_STEPS = 8
 
+_EVAL_REWARD_RE = re.compile(r"eval/(.+)/reward")
 _LEVEL_RE = re.compile(r"\b(DEBUG|INFO|SUCCESS|WARNING|WARN|ERROR|CRITICAL|Traceback)\b")
 
 
@@ -189,19 +190,31 @@ class MetricsFold(EventFold):
         return sorted(self.series)
 
 
+class EvalRewards(NamedTuple):
+    """One environment's `[eval]` reward: the base model's (step 0) and the newest policy's after it."""
+
+    env: str
+    base: float | None
+    latest: float | None
+    latest_step: int | None
+
+
 class RLRunModel(MetricsFold):
-    """An RL run: the metrics, and recent samples, with alerts raised here (`lab.alerts`) for a log that has none."""
+    """An RL run: the metrics, recent samples and the `[eval]` evaluations' rewards, with alerts raised here
+    (`lab.alerts`) for a log that has none."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         super().__init__(capacity)
         self.samples: deque[dict[str, Any]] = deque(maxlen=MAX_SAMPLES)
         self.local_alerts: deque[dict[str, Any]] = deque(maxlen=MAX_ALERTS)
         self.monitor = AlertMonitor()
+        self.evals: dict[int, dict[str, float]] = {}  # step -> env -> reward, from the orchestrator's `eval` events
 
     def rewind(self, step: int) -> None:
         super().rewind(step)
         self.samples = deque((s for s in self.samples if not (isinstance(s.get("step"), int) and s["step"] > step)),
                              maxlen=MAX_SAMPLES)
+        self.evals = {s: rewards for s, rewards in self.evals.items() if s <= step}
 
     def fold(self, kind: str, step: Any, data: dict[str, Any], raw: RawEvent) -> None:
         super().fold(kind, step, data, raw)
@@ -209,6 +222,8 @@ class RLRunModel(MetricsFold):
         alerts: list[dict[str, Any]] = []
         if kind == "metrics" and step is not None:
             alerts = self.monitor.observe_metrics(data, step)
+        elif kind == "eval" and step is not None:
+            self._eval(step, data.get("metrics"))
         elif kind == "sample":
             self.samples.append({**data, "step": step})
             alerts = self.monitor.observe_sample(completion_text(data.get("completion")),
@@ -216,7 +231,28 @@ class RLRunModel(MetricsFold):
         for alert in alerts:
             self.local_alerts.append({**alert, "step": step, "source": "lab"})
 
+    def _eval(self, step: int, metrics: Any) -> None:
+        """An `[eval]` evaluation at `step` (0: the base model): its `eval/<env>/reward` metrics."""
+        if not isinstance(metrics, dict):
+            return
+        for key, value in metrics.items():
+            match = _EVAL_REWARD_RE.fullmatch(str(key))
+            if match and is_number(value):
+                self.evals.setdefault(step, {})[match.group(1)] = float(value)
+
     # Views ------------------------------------------------------------------------------------------------
+    def eval_rewards(self) -> list[EvalRewards]:
+        """Per environment the run evaluated: the base model's reward (step 0, with `eval_base_model`) and the
+        newest evaluation's after it (the final one once the run ends), as the run measured them."""
+        envs = sorted({env for rewards in self.evals.values() for env in rewards})
+        later = sorted((s for s in self.evals if s > 0), reverse=True)
+        pairs = []
+        for env in envs:
+            step = next((s for s in later if env in self.evals[s]), None)
+            pairs.append(EvalRewards(env, self.evals.get(0, {}).get(env),
+                                     self.evals[step][env] if step is not None else None, step))
+        return pairs
+
     @property
     def alerts(self) -> list[dict[str, Any]]:
         """The log's alerts; for a log that has none (a run from before the monitor), the ones raised here."""

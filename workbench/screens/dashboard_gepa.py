@@ -1,10 +1,11 @@
 """The GEPA run dashboard: budget bar, best validation score over calls, the last iterations' verdicts, the Pareto
 frontier (candidates by validation score against calls spent, the front highlighted), the instance x candidate
-matrix, the candidate tree, and a candidate's prompt with its diffs against its parent and the seed."""
+matrix, the candidate tree, and a candidate's prompt with its diffs against its parent and the seed; `e` exports the
+RL config that starts from the best prompt (as `prime gepa export --rl` does) and opens it in the editor."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.text import Text
@@ -21,6 +22,10 @@ from prime_lab.workbench.dashboards.gepa_model import CandidateInfo, GepaRunMode
 from prime_lab.workbench.dashboards.rl_model import RawEvent
 from prime_lab.workbench.screens.run import DashboardScreen
 from prime_lab.workbench.widgets.logs_pane import LogsPane
+
+if TYPE_CHECKING:
+    from prime_lab.workbench.app import LabApp
+    from prime_lab.workbench.dashboards.gepa_export import ExportedConfig
 
 VERDICT_ROWS = 50
 NARROW = 110  # columns below which the overview stacks its chart above the verdicts
@@ -93,6 +98,7 @@ class GepaDashboard(DashboardScreen):
         Binding("4", "tab('logs')", "Logs", id="gepa.tab_logs"),
         Binding("p", "next_process", "Process", id="gepa.next_process"),
         Binding("v", "next_level", "Level", id="gepa.next_level"),
+        Binding("e", "export_rl", "RL config", id="gepa.export_rl"),
     ]
 
     def __init__(self, run: Run) -> None:
@@ -146,6 +152,30 @@ class GepaDashboard(DashboardScreen):
 
     def consume(self, items: list[RawEvent | BadLine]) -> None:
         self.model.feed(items)
+
+    # GEPA -> RL ---------------------------------------------------------------------------------------------
+    def action_export_rl(self) -> None:
+        """Write the RL config that starts from the best prompt beside the workspace and open it in the editor."""
+        app = self.lab  # (taken here: a worker thread cannot reach the app through a page closed meanwhile)
+        self.run_worker(lambda: self._export_rl(app), thread=True, exclusive=True, group="export",
+                        exit_on_error=False)
+
+    def _export_rl(self, app: LabApp) -> None:
+        from prime_lab.workbench.dashboards.gepa_export import export_rl
+
+        try:
+            exported = export_rl(self.run, app.settings.root)
+        except Exception as exc:  # (no best prompt yet, an environment that does not load, ...): shown, never raised
+            app.call_from_thread(app.report, exc)
+            return
+        app.call_from_thread(self._exported, app, exported)
+
+    @staticmethod
+    def _exported(app: LabApp, exported: ExportedConfig) -> None:
+        shown = exported.path.relative_to(app.settings.root) if exported.path.is_relative_to(app.settings.root) \
+            else exported.path
+        app.notify(f"Wrote {shown}: {exported.how()}.", title="RL config", timeout=12)
+        app.open_config(exported.path)
 
     # Drawing ------------------------------------------------------------------------------------------------
     def redraw(self) -> None:

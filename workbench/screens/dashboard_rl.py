@@ -1,6 +1,7 @@
 """The RL run dashboard: the training dashboard (workbench.screens.dashboard_charts: header, alerts, live charts with
 smoothing and series chosen by key, other RL runs overlaid for comparison, the logs) with RL's charts (a teacher/kl
-panel once an opd run logs it), the reward and tokens/s in its header, and a samples browser."""
+panel once an opd run logs it), the reward and tokens/s in its header, a samples browser, and in its Latest panel
+the `[eval]` reward of the base model (step 0) beside the final policy's, as the run measured them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from textual.binding import Binding
 from textual.widgets import TabbedContent, TabPane
 
 from prime_lab.lab.runs import Run
-from prime_lab.workbench.dashboards.rl_model import RLRunModel
+from prime_lab.workbench.dashboards.rl_model import EvalRewards, RLRunModel
 from prime_lab.workbench.dashboards.samples import EnvParsers, rollout_steps
 from prime_lab.workbench.screens.dashboard_charts import ChartsDashboard, dashboard_bindings
 from prime_lab.workbench.widgets.charts import RL_CHARTS
@@ -20,6 +21,19 @@ from prime_lab.workbench.widgets.samples_browser import SamplesBrowser
 LATEST_KEYS = ("reward/mean", "reward/std", "val_reward/mean", "policy/entropy", "policy/kl", "policy/ref_kl",
                "teacher/kl", "loss", "optim/lr", "optim/grad_norm", "rollout/mean_length", "rollout/truncated",
                "perf/tokens_per_s", "time/step")
+
+
+def eval_lines(rewards: list[EvalRewards], max_steps: object) -> list[str]:
+    """Per evaluated environment: `eval <env> <difference>` over `base <reward> -> final <reward>` (the newest
+    evaluation is named by its step until it is the last step's)."""
+    lines = []
+    for env, base, latest, step in rewards:
+        name = "final" if step == max_steps else f"step {step}"
+        moved = f" {latest - base:+.3f}" if base is not None and latest is not None else ""
+        parts = ([f"base {base:.3f}"] if base is not None else []) + \
+                ([f"{name} {latest:.3f}"] if latest is not None else [])
+        lines += [f"eval {env.split('/')[-1]}{moved}", "  " + " -> ".join(parts)]
+    return lines
 
 
 class RLDashboard(ChartsDashboard[RLRunModel]):
@@ -41,6 +55,9 @@ class RLDashboard(ChartsDashboard[RLRunModel]):
 
     def new_model(self) -> RLRunModel:
         return RLRunModel()
+
+    def latest_notes(self) -> list[str]:
+        return eval_lines(self.model.eval_rewards(), self.status.get("max_steps"))
 
     def compose_tabs(self) -> ComposeResult:
         with TabPane("Samples", id="samples"):

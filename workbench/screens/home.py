@@ -1,5 +1,5 @@
 """Home: the configs found here and the runs in the registry, with keys to open, edit, duplicate, launch, stop,
-delete and open a run."""
+delete and open a run, and to mark evaluations and compare them (workbench.screens.compare)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from prime_lab.workbench.launch import EvalRequest
 
 CONFIG_ACTIONS = {"open", "edit", "duplicate", "launch"}
-RUN_ACTIONS = {"open", "stop", "delete"}
+RUN_ACTIONS = {"open", "stop", "delete", "mark"}
 
 
 def duplicate_path(path: Path) -> Path:
@@ -51,6 +51,8 @@ class HomeScreen(Screen[None]):
         Binding("s", "stop", "Stop", id="home.stop"),
         Binding("x,delete", "delete", "Delete", id="home.delete"),
         Binding("r", "refresh", "Refresh", id="home.refresh"),
+        Binding("space", "mark", "Mark", id="home.mark"),
+        Binding("c", "compare", "Compare", id="home.compare"),
     ]
 
     @property
@@ -91,6 +93,8 @@ class HomeScreen(Screen[None]):
         return "runs" if isinstance(focused, RunsTable) else "configs"
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "compare":  # on the runs, or wherever once evaluations are marked
+            return self._pane() == "runs" or bool(self.query_one(RunsTable).marked)
         if action not in CONFIG_ACTIONS | RUN_ACTIONS:
             return True
         if self._pane() == "runs":
@@ -204,6 +208,31 @@ class HomeScreen(Screen[None]):
         self.lab.registry.delete(run_id, force=force)
         self.app.call_from_thread(self.notify, f"Deleted {run_id}")
         self.app.call_from_thread(self.action_refresh)
+
+    def action_mark(self) -> None:
+        """Mark the evaluation under the cursor for comparison (again: unmark it)."""
+        run_id = self._run_id()
+        if run_id is None:
+            return
+        table = self.query_one(RunsTable)
+        kind = self.lab.registry.get(run_id).read_status().get("kind")
+        if kind != "eval" and run_id not in table.marked:
+            hint = f": evaluate its policy with `prime eval run ENV --adapter {run_id}`" if kind in ("rl", "sft") \
+                else ""
+            self.notify(f"{run_id} is a {kind} run; only evaluations are compared{hint}", severity="warning")
+            return
+        table.toggle_mark(run_id)
+        self.refresh_bindings()
+
+    def action_compare(self) -> None:
+        """Compare the marked evaluations against the first marked."""
+        from prime_lab.workbench.screens.compare import CompareScreen
+
+        marked = list(self.query_one(RunsTable).marked)
+        if len(marked) < 2:
+            self.notify("Mark two evaluations or more (space on the runs), then compare (c)")
+            return
+        self.app.push_screen(CompareScreen(marked))
 
     def action_refresh(self) -> None:
         self.query_one(ConfigList).refresh_configs()

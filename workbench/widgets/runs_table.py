@@ -1,4 +1,5 @@
-"""The run registry as a table: id, kind, state, model, environments, step / max, reward, started."""
+"""The run registry as a table: id, kind, state, model, environments, step / max, reward, started; evaluations
+marked for comparison carry their letter (`[A] id`: A is the one the others are compared against)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rich.markup import escape
 from textual.widgets import DataTable
 
 from prime_lab.lab.runs import RunRegistry
@@ -35,8 +37,14 @@ def run_row(status: dict[str, Any], now: float) -> tuple[str, ...]:
             ago(status.get("started_at") or status.get("created_at"), now))
 
 
+def mark_letter(index: int) -> str:
+    """The letter of the `index`th marked evaluation, as the comparison names it."""
+    return chr(ord("A") + index) if index < 26 else f"E{index + 1}"
+
+
 class RunsTable(DataTable[str]):
-    """Every run, newest first; `refresh_runs` keeps the cursor on the same run."""
+    """Every run, newest first; `refresh_runs` keeps the cursor on the same run. `marked`: the evaluations marked
+for comparison, in the order they were marked."""
 
     COLUMNS = ("run", "kind", "state", "model", "envs", "step", "reward", "started")
 
@@ -44,6 +52,7 @@ class RunsTable(DataTable[str]):
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
         self.registry = registry
         self.clock = clock
+        self.marked: list[str] = []
 
     def on_mount(self) -> None:
         self.add_columns(*self.COLUMNS)
@@ -53,11 +62,23 @@ class RunsTable(DataTable[str]):
         selected = self.selected_run()
         self.clear()
         now = self.clock()
-        for run in self.registry.runs():
-            status = run.read_status()
-            self.add_row(*run_row(status, now), key=run.id)
+        runs = self.registry.runs()
+        self.marked = [run_id for run_id in self.marked if run_id in {run.id for run in runs}]
+        for run in runs:
+            row = run_row(run.read_status(), now)
+            if run.id in self.marked:
+                row = (escape(f"[{mark_letter(self.marked.index(run.id))}] ") + row[0], *row[1:])
+            self.add_row(*row, key=run.id)
         if selected is not None and selected in self.rows:
             self.move_cursor(row=self.get_row_index(selected))
+
+    def toggle_mark(self, run_id: str) -> None:
+        """Mark the run for comparison, or unmark it (the letters of those marked after it move up)."""
+        if run_id in self.marked:
+            self.marked.remove(run_id)
+        else:
+            self.marked.append(run_id)
+        self.refresh_runs()
 
     def selected_run(self) -> str | None:
         if not self.row_count:
