@@ -75,6 +75,14 @@ def takes_system_prompt(env_id: str) -> bool:
     return any(arg.name == SYSTEM_PROMPT_ARG for arg in describe(env_id).args)
 
 
+def prompt_route(env_id: str, through_args: bool) -> str:
+    """Where the exported config puts the prompt, in words (the CLI and the workbench say it)."""
+    if through_args:
+        return f"{env_id} takes system_prompt: the best prompt is in [[env]].args (runs on Hosted Training too)"
+    return (f"{env_id} takes no system_prompt argument: [[env]] system_prompt replaces each row's system message, "
+            "as GEPA did (prime-lab only)")
+
+
 def rl_config(result: GepaResult, *, through_args: bool, max_steps: int = 30) -> str:
     """The RL config's text (tomlkit, with comments saying where the prompt came from)."""
     doc = tomlkit.document()

@@ -123,7 +123,7 @@ def export(
     force: bool = typer.Option(False, "-f", "--force", help="Overwrite an existing file."),
 ) -> None:
     """A GEPA run's best prompt as the start of what comes next: `--rl`, an RL config (validated)."""
-    from prime_lab.gepa.export import ExportError, GepaResult, rl_config, takes_system_prompt
+    from prime_lab.gepa.export import ExportError, GepaResult, prompt_route, rl_config, takes_system_prompt
     from prime_lab.lab.envs import EnvironmentLoadError
     from prime_lab.lab.runs import RunRegistry
     from prime_lab.trainer.config import validate_rl_config
@@ -139,9 +139,7 @@ def export(
     checked = validate_rl_config(text, str(output or "<exported>"))
     if not checked.ok:  # a bug of ours, or a model GEPA reached only through an endpoint
         fail("the exported config does not validate:\n" + "\n".join(p.format() for p in checked.errors))
-    how = (f"its `{result.env_id}` takes system_prompt: the prompt is in [[env]].args (runs on Hosted Training too)"
-           if through_args else f"`{result.env_id}` takes no system_prompt argument: [[env]] system_prompt "
-           "replaces each row's system message, as GEPA did (prime-lab only)")
+    how = prompt_route(result.env_id, through_args)
     if output is None:
         typer.echo(text, nl=False)
         err(how)

@@ -19,11 +19,9 @@ class ExportedConfig:
     through_args: bool  # the prompt is in [[env]].args (the environment takes system_prompt), else in system_prompt
 
     def how(self) -> str:
-        if self.through_args:
-            return (f"{self.env_id} takes system_prompt: the best prompt is in [[env]].args (runs on Hosted Training "
-                    "too)")
-        return (f"{self.env_id} takes no system_prompt argument: [[env]] system_prompt replaces each row's system "
-                "message, as GEPA did (prime-lab only)")
+        from prime_lab.gepa.export import prompt_route
+
+        return prompt_route(self.env_id, self.through_args)
 
 
 def new_config_path(folder: Path, stem: str) -> Path:
