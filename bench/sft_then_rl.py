@@ -10,11 +10,11 @@ reward ~0.05 before, ~0.8 after both). Here, as a user runs it:
       generated in code (`sft_rows`, through scripts/reverse_text_sft_data.py) into a temp folder; then
       `prime eval run ... -m <SFT run id>` as in (a);
   (c) RL: `prime rl run` on a temp copy of configs/rl/reverse-text-after-sft.toml with `model = <SFT run id>`,
-      `max_steps = --rl-steps` and an `[eval]` section. `prime eval run` takes no RL adapter (no `--adapter` flag),
-      so (c) uses the RL run's own evaluation: it evaluates its base model (the SFT model) at step 0 and the final
-      policy at the last step (trainer/orchestrator.py `evaluate`), as `eval/reverse-text/reward` in its events.
-The RL lift is the run's last eval minus its step-0 eval (one sampler, one path); the step-0 eval is also a second
-reading of the after-SFT reward. Every eval scores the same examples the same way: the environment's eval split
+      `max_steps = --rl-steps` and an `[eval]` section; then `prime eval run ... --adapter <RL run id>` (its final
+      adapter on the SFT model) as in (a). The RL run's own `[eval]` (the SFT model at step 0, the final policy at
+      the last step: `eval/reverse-text/reward` in its events) is printed beside it as a second reading.
+The RL lift is (c) minus (b): the same command, the same examples. Every eval scores the same examples the same way:
+the environment's eval split
 (disjoint from the SFT data), its first N rows after a shuffle with seed 0 (`--seed 0`; the orchestrator's eval uses
 seed 0), R rollouts each, the RL config's [sampling] (max_tokens, temperature). The runs stay in the registry
 (`prime sft list`, `prime rl list`).
@@ -122,30 +122,33 @@ def bench(args: argparse.Namespace, tmp: Path) -> int:
     rewards = metric_by_step(rl_id, "reward/mean")
     print(f"    RL run {rl_id}: {rl_steps} steps; reward/mean "
           + " ".join(f"{rewards[k]:.2f}" for k in sorted(rewards)) + f"  ({rl_wall:.0f} s, its two evals included)")
-    print(f"    RL step-0 eval (the SFT model again): reward {evals[0]:.3f}")
-    after_rl = evals[rl_steps]
-    print(f"(c) after RL:  reward {after_rl:.3f}", flush=True)
+    print(f"    the RL run's own [eval]: step 0 (the SFT model) {evals[0]:.3f}, step {rl_steps} {evals[rl_steps]:.3f}")
+    after_rl, rl_eval_wall = evaluate(None, [*eval_flags, "--adapter", rl_id], tmp / "eval-rl")
+    print(f"(c) after RL:  reward {after_rl:.3f}  ({rl_eval_wall:.0f} s)", flush=True)
 
     print(f"\nreverse-text, {Path(base_model).name if args.tiny else base_model}, eval {args.eval_n} x {args.eval_r}:")
     print(f"  base reward      {base:.3f}")
     print(f"  after-SFT reward {after_sft:.3f}")
     print(f"  after-RL reward  {after_rl:.3f}")
     print(f"  SFT lift {after_sft - base:+.3f} (after SFT - base)")
-    print(f"  RL lift  {after_rl - evals[0]:+.3f} (the RL run's last eval - its step-0 eval {evals[0]:.3f})")
+    print(f"  RL lift  {after_rl - after_sft:+.3f} (after RL - after SFT; the RL run's own evals: "
+          f"{evals[rl_steps] - evals[0]:+.3f})")
     print(f"  wall: base eval {base_wall:.0f} s, SFT {sft_wall:.0f} s ({sft_steps} steps), SFT eval "
-          f"{sft_eval_wall:.0f} s, RL {rl_wall:.0f} s ({rl_steps} steps + 2 evals); total "
-          f"{base_wall + sft_wall + sft_eval_wall + rl_wall:.0f} s")
+          f"{sft_eval_wall:.0f} s, RL {rl_wall:.0f} s ({rl_steps} steps + 2 evals), RL eval {rl_eval_wall:.0f} s; "
+          f"total {base_wall + sft_wall + sft_eval_wall + rl_wall + rl_eval_wall:.0f} s")
     return 0
 
 
-def evaluate(model: str, flags: list[str], out: Path) -> tuple[float, float]:
-    """`prime eval run` of `model` on reverse-text: (mean reward from its metadata.json, wall seconds)."""
+def evaluate(model: str | None, flags: list[str], out: Path) -> tuple[float, float]:
+    """`prime eval run` of `model` (None: the one `--adapter` in `flags` was trained on) on reverse-text: (mean
+    reward from its metadata.json, wall seconds)."""
     t0 = time.monotonic()
-    done = subprocess.run([PRIME, "eval", "run", ENV_ID, "-m", model, *flags, "-o", str(out)],
+    done = subprocess.run([PRIME, "eval", "run", ENV_ID, *(["-m", model] if model else []), *flags, "-o", str(out)],
                           capture_output=True, text=True)
     wall = time.monotonic() - t0
     if done.returncode != 0:
-        raise SystemExit(f"prime eval run -m {model} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        raise SystemExit(f"prime eval run {' '.join(flags)} failed (exit {done.returncode}):\n"
+                         f"{done.stderr[-3000:]}")
     return float(json.loads((out / "metadata.json").read_text())["avg_reward"]), wall
 
 
