@@ -1,6 +1,6 @@
 """bench/sft_then_rl.py end to end on a tiny random model (`--tiny`): the base eval, an SFT run and its eval, an RL run
-from the SFT model (its adapter evaluated with `prime eval run --adapter`), and the summary with the three rewards and the two lifts (on a
-random model the lifts mean nothing, so only their arithmetic is checked)."""
+from the SFT model (its adapter evaluated with `prime eval run --adapter`), and the summary with the three rewards and
+the two lifts (on a random model the lifts mean nothing, so only their arithmetic is checked)."""
 
 from __future__ import annotations
 
