@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -122,3 +123,20 @@ def test_validation_refuses_a_teacher_with_another_tokenizer(tmp_path: Path, smo
     assert str(smollm2_dir) in proc.stdout and str(tiny_model_dir) in proc.stdout
     refused = prime("rl", "run", f"@{config}")
     assert refused.returncode == 1 and "different tokenizers" in refused.stderr
+
+
+def test_a_teacher_at_an_endpoint_scores_like_the_trainer(tiny_model_dir: Path, builtin_server: Any,
+                                                          tmp_path: Path) -> None:
+    """[teacher.client]: a running OpenAI-compatible server (the session's built-in server on the tiny model itself).
+    Teacher and student are then the same model at step 1, so the server's prompt logprobs and the trainer's must
+    agree token for token: teacher/kl is 0 there."""
+    config = distill_config(tmp_path / "opd.toml", tiny_model_dir, tiny_model_dir, "opd", steps=1)
+    text = config.read_text().replace(f'[teacher]\nmodel = "{tiny_model_dir}"\n',
+                                      f'[teacher]\nmodel = "{builtin_server.model_name}"\n\n[teacher.client]\n'
+                                      f'base_url = "{builtin_server.base_url}"\n')
+    config.write_text(text.replace("seed = 0\n", "seed = 0\ntemperature = 1.0\n", 1))
+    run = start(config)
+    status = wait_final(run)
+    assert status["state"] == "completed", status.get("reason", "") + logs(run)
+    assert not (run.logs_dir / "teacher.log").exists()  # no local teacher was started
+    assert metrics(run, "trainer")[1]["teacher/kl"] == pytest.approx(0.0, abs=1e-3)
