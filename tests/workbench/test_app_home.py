@@ -82,3 +82,30 @@ def test_launch_eval_from_home_opens_its_run_page_with_results(tmp_path: Path, b
             assert screen.run.id in app.screen.query_one(RunsTable).rows
 
     asyncio.run(scenario())
+
+
+def test_a_failing_worker_of_a_page_reaches_the_user(tmp_path: Path) -> None:
+    """A screen's worker posts its state to the screen only (the message does not bubble): the page hands the error
+    to the app, which shows it."""
+    from tests.workbench.lab_fixtures import record_notifications
+
+    root = lab_folder(tmp_path)
+    fixed_run("rl-done")
+
+    def fails() -> None:
+        raise ValueError("the registry is on a read-only disk")
+
+    async def scenario() -> None:
+        app = make_app(root)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            messages = record_notifications(app)
+            assert isinstance(app.screen, HomeScreen)
+            app.screen.run_worker(fails, thread=True, exit_on_error=False)
+            await until(pilot, lambda: any("read-only disk" in m for m in messages))
+            await pilot.press("tab", "enter")
+            await until(pilot, lambda: isinstance(app.screen, RunScreen))
+            app.screen.run_worker(fails, thread=True, exit_on_error=False)
+            await until(pilot, lambda: sum("read-only disk" in m for m in messages) == 2)
+
+    asyncio.run(scenario())

@@ -11,7 +11,6 @@ from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header
 
 from prime_lab.lab.runs import ACTIVE_STATES
@@ -19,6 +18,7 @@ from prime_lab.workbench.config_document import ConfigDocument
 from prime_lab.workbench.launch import LaunchError, config_argv, first_use_note
 from prime_lab.workbench.screens.confirm import ConfirmScreen
 from prime_lab.workbench.screens.launch_eval import LaunchEvalScreen
+from prime_lab.workbench.screens.reporting import ReportingScreen
 from prime_lab.workbench.widgets.config_list import ConfigList
 from prime_lab.workbench.widgets.runs_table import RunsTable
 
@@ -41,7 +41,7 @@ def duplicate_path(path: Path) -> Path:
     return candidate
 
 
-class HomeScreen(Screen[None]):
+class HomeScreen(ReportingScreen):
     BINDINGS = [
         Binding("enter", "open", "Open", id="home.open", priority=True),
         Binding("e", "edit", "Edit", id="home.edit"),

@@ -18,7 +18,6 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.message import Message
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, ProgressBar, RichLog, Static, TabbedContent
 from textual.worker import get_current_worker
 
@@ -28,6 +27,7 @@ from prime_lab.workbench.dashboards.files import TextLogs, read_jsonl_from
 from prime_lab.workbench.dashboards.follower import RunFollower
 from prime_lab.workbench.dashboards.rl_model import EventFold, RawEvent
 from prime_lab.workbench.screens.confirm import ConfirmScreen
+from prime_lab.workbench.screens.reporting import ReportingScreen
 from prime_lab.workbench.widgets.logs_pane import LogsPane
 from prime_lab.workbench.widgets.runs_table import ago, short_env
 
@@ -54,7 +54,7 @@ def status_line(run: Run, status: dict[str, Any], now: float) -> str:
             f" · {envs} · started {started}")
 
 
-class RunScreen(Screen[None]):
+class RunScreen(ReportingScreen):
     """The keys and the follower every run page shares. Subclasses fold events in `consume` (follower thread, under
     `self.fold_lock`) and redraw in `redraw` (UI thread, under the same lock, only after a change)."""
 
