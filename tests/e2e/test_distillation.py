@@ -56,8 +56,11 @@ def scored_tokens(batch: list[dict], model_dir: Path, adapter: Path | None) -> t
     return total / count, count
 
 
-def test_on_policy_distillation_moves_the_student_toward_the_teacher(tiny_model_dir: Path, teacher_dir: Path,
+def test_on_policy_distillation_moves_the_student_toward_the_teacher(learnable_model_dir: Path, teacher_dir: Path,
                                                                       tmp_path: Path) -> None:
+    """The student is the tiny model whose logits a LoRA adapter can move (tests/plugins/models.py); the random
+    tiny model's near-uniform ones barely move in a few steps, whatever the loss."""
+    tiny_model_dir = learnable_model_dir
     run = start(distill_config(tmp_path / "opd.toml", tiny_model_dir, teacher_dir, "opd", steps=3))
     status = wait_final(run)
     assert status["state"] == "completed", status.get("reason", "") + logs(run)
@@ -72,7 +75,7 @@ def test_on_policy_distillation_moves_the_student_toward_the_teacher(tiny_model_
     # the trainer's teacher/kl of step 1 is this mean, taken with the sampling policy (the base model)
     assert trainer[1]["teacher/kl"] == pytest.approx(before, abs=2e-3)
     after, _ = scored_tokens(batch, tiny_model_dir, run.adapters_dir / "step_3")
-    assert n > 50 and after < before - 0.05, (before, after)
+    assert n > 50 and after < before - 0.5, (before, after)  # measured: 2.14 -> -0.88
 
 
 def test_sft_loss_trains_on_the_teachers_rollouts(tiny_model_dir: Path, teacher_dir: Path, tmp_path: Path) -> None:
