@@ -23,10 +23,12 @@ def _run(kind: str = "rl", max_steps: int = 5, checkpoints: tuple[int, ...] = ()
 
 
 @pytest.mark.parametrize(("kind", "state", "checkpoints", "says"), [
-    ("eval", "failed", (1,), "only RL runs restart"),
+    ("eval", "failed", (1,), "only RL and SFT runs restart"),
     ("rl", "running", (1,), "stop it first"),
     ("rl", "failed", (), "no checkpoint yet"),
     ("rl", "failed", (5,), "already trained all 5 steps"),
+    ("sft", "running", (1,), "stop it first \\(`prime sft stop"),
+    ("sft", "failed", (), "no checkpoint yet.*prime sft run"),
 ])
 def test_what_cannot_restart_is_refused_with_what_to_do(kind: str, state: str, checkpoints: tuple[int, ...],
                                                         says: str) -> None:
