@@ -44,3 +44,16 @@ def test_import_linter_contracts_hold() -> None:
     out = subprocess.run([str(lint)], capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_verifiers_adapter_needs_nothing_from_the_loader() -> None:
+    """review.md item 3: the loader decides and hands a verifiers environment to the adapter; the two share
+    lab/envs/arguments.py, so no import goes in a circle."""
+    import ast
+    from pathlib import Path
+
+    import prime_lab.lab.envs.verifiers_adapter as adapter
+
+    tree = ast.parse(Path(adapter.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert "prime_lab.lab.envs.loader" not in imported, imported

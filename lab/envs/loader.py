@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from prime_lab.lab.envs import hub
+from prime_lab.lab.envs.arguments import EnvArg, EnvironmentLoadError, env_args
 from prime_lab.lab.envs.environment import Environment
 from prime_lab.lab.envs.installed import (
     ENTRY_POINT_GROUP,
@@ -35,10 +36,6 @@ from prime_lab.lab.envs.secrets import missing_key_message
 
 # The built-in environments' package (the `environments/` folder), found by name: lab sits below it in the layers.
 BUILTIN_PACKAGE = "prime_lab.environments"
-
-
-class EnvironmentLoadError(Exception):
-    """The environment id cannot be loaded; the message says why and what to do."""
 
 
 INSTALLED, BUILTIN = "installed", "built-in"
@@ -91,14 +88,6 @@ def _find_module(env_id: str) -> tuple[ModuleType, str]:
 
 
 @dataclass(frozen=True)
-class EnvArg:
-    name: str
-    default: Any
-    required: bool
-    annotation: str
-
-
-@dataclass(frozen=True)
 class EnvInfo:
     id: str
     module: str
@@ -116,17 +105,6 @@ class EnvInfo:
         if self.shadowed_by:
             return f"built-in, shadowed: its ids load installed {self.shadowed_by}"
         return "built-in"
-
-
-def env_args(func: Any) -> tuple[EnvArg, ...]:
-    out: list[EnvArg] = []
-    for p in inspect.signature(func).parameters.values():
-        if p.kind in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL):
-            continue
-        annotation = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
-        out.append(EnvArg(p.name, None if p.default is inspect.Parameter.empty else p.default,
-                          p.default is inspect.Parameter.empty, str(annotation)))
-    return tuple(out)
 
 
 def _entry_point(env_id: str) -> tuple[ModuleType, Any]:
@@ -183,7 +161,8 @@ def _load(env_id: str, args: dict[str, Any]) -> Environment:
         if not verifiers_adapter.is_verifiers_environment(env):
             raise EnvironmentLoadError(f"environment '{env_id}': load_environment() returned {type(env).__name__}, "
                                        "not an Environment (prime-lab's or a verifiers one)")
-        env = verifiers_adapter.wrap(env, env_id=env_id, load=func, load_args=args)
+        env = verifiers_adapter.wrap(env, env_id=env_id, load=func, load_args=args,
+                                     reload=lambda **again: load_environment(env_id, **again))
     env.env_id = env_id
     return env
 

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from prime_lab.lab.envs import hub
+from prime_lab.lab.envs.arguments import EnvironmentLoadError, env_args
 from prime_lab.lab.envs.environment import Environment, Rollout, SamplingArgs, Turn, sample_rows
-from prime_lab.lab.envs.loader import EnvironmentLoadError, env_args
 from prime_lab.lab.envs.parsers import Messages, Parser
 from prime_lab.lab.envs.rubric import Rubric
 
@@ -148,9 +148,12 @@ def kept_signal_handlers() -> Iterator[None]:
 # Loading -----------------------------------------------------------------------------------------------------------
 
 def wrap(env: Any, *, env_id: str, load: Callable[..., Any] | None = None,
-         load_args: Mapping[str, Any] | None = None) -> VerifiersEnvironment:
+         load_args: Mapping[str, Any] | None = None,
+         reload: Callable[..., Environment] | None = None) -> VerifiersEnvironment:
     """Our protocol over a verifiers environment that `load(**load_args)` built (raises EnvironmentLoadError when
-    the installed release is outside the supported range or the environment is of a kind we cannot run)."""
+    the installed release is outside the supported range or the environment is of a kind we cannot run). `reload(
+    **args)` builds it again the loader's way (offline Hub, its messages): `with_system_prompt` does, when `load`
+    takes a system prompt."""
     module = getattr(load, "__module__", "") or ""
     installed = installed_release()
     if installed is None or not is_supported(installed):
@@ -161,7 +164,7 @@ def wrap(env: Any, *, env_id: str, load: Callable[..., Any] | None = None,
     if message_type != "chat":
         raise EnvironmentLoadError(f"environment '{env_id}': message_type={message_type!r} (completion-style "
                                    "prompts) is not supported; prime-lab runs chat environments")
-    wrapped = VerifiersEnvironment(env, env_id=env_id, load=load, load_args=load_args)
+    wrapped = VerifiersEnvironment(env, env_id=env_id, load=load, load_args=load_args, reload=reload)
     try:  # now, inside the loader's offline-Hub block: verifiers builds a dataset given as a function lazily
         wrapped.get_dataset()
     except Exception as exc:
@@ -385,9 +388,11 @@ class VerifiersEnvironment(Environment):
     """
 
     def __init__(self, env: Any, *, env_id: str = "", load: Callable[..., Any] | None = None,
-                 load_args: Mapping[str, Any] | None = None) -> None:
+                 load_args: Mapping[str, Any] | None = None,
+                 reload: Callable[..., Environment] | None = None) -> None:
         self.env_id = env_id
         self.load = load
+        self.reload = reload
         self.module = getattr(load, "__module__", "") or type(env).__module__
         self._adopt(env, dict(load_args or {}))
 
@@ -435,12 +440,10 @@ class VerifiersEnvironment(Environment):
         return sample_rows(evaluation if evaluation is not None else train, n, seed)
 
     def with_system_prompt(self, system_prompt: str | None) -> Environment:
-        if takes_system_prompt(self.load):
-            from prime_lab.lab.envs.loader import load_environment
-
+        if takes_system_prompt(self.load) and self.reload is not None:
             args = {**self.load_args, "system_prompt": system_prompt}
             with kept_signal_handlers():
-                rebuilt = load_environment(self.env_id, **args)  # the loader's way: offline Hub, its messages
+                rebuilt = self.reload(**args)  # the loader's way: offline Hub, its messages
             assert isinstance(rebuilt, VerifiersEnvironment)
             self._adopt(rebuilt.env, args)
         else:
