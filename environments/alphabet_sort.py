@@ -10,7 +10,7 @@ import random
 from typing import Any
 
 from prime_lab.environments._common import NAMES, lcs_ratio, limit, split_rows
-from prime_lab.lab.envs import MultiTurnEnv, Rubric, XMLParser
+from prime_lab.envs import MultiTurnEnv, Rubric, XMLParser
 from prime_lab.lab.envs.environment import State
 from prime_lab.lab.envs.parsers import Messages
 

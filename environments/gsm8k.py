@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prime_lab.environments._common import NAMES, correct_answer, limit, pick_split, split_rows
-from prime_lab.lab.envs import Rubric, SingleTurnEnv, ThinkParser, XMLParser
+from prime_lab.envs import Rubric, SingleTurnEnv, ThinkParser, XMLParser
 
 SYSTEM_PROMPT = ("Solve the math problem. Think step by step, then give the final number inside "
                  "<answer> tags, e.g. <answer>42</answer>.")

@@ -12,7 +12,7 @@ import random
 from typing import Any
 
 from prime_lab.environments._common import correct_answer, limit, pick_split, split_rows
-from prime_lab.lab.envs import Rubric, ThinkParser, ToolEnv, XMLParser
+from prime_lab.envs import Rubric, ThinkParser, ToolEnv, XMLParser
 
 SYSTEM_PROMPT = ("Compute the answer to the arithmetic question. Use the calculate tool for the arithmetic, then "
                  "give the final number inside <answer> tags.")

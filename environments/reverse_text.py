@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 from prime_lab.environments._common import WORDS, lcs_ratio, limit, split_rows
-from prime_lab.lab.envs import Rubric, SingleTurnEnv, XMLParser
+from prime_lab.envs import Rubric, SingleTurnEnv, XMLParser
 from prime_lab.lab.envs.parsers import last_assistant_text
 
 SYSTEM_PROMPT = ("Reverse the text you are given, character by character. "

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from prime_lab.environments._common import limit, split_rows
-from prime_lab.lab.envs import MultiTurnEnv, Rubric, XMLParser
+from prime_lab.envs import MultiTurnEnv, Rubric, XMLParser
 from prime_lab.lab.envs.environment import State
 from prime_lab.lab.envs.parsers import Messages
 

@@ -118,7 +118,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from prime_lab.lab.envs import Rubric, SingleTurnEnv, XMLParser
+from prime_lab.envs import Rubric, SingleTurnEnv, XMLParser
 
 SYSTEM_PROMPT = "Add the two numbers. Give only the sum, inside <answer></answer> tags."
 

@@ -62,7 +62,7 @@ def test_setup_in_an_empty_folder_writes_a_workspace_whose_configs_all_validate(
     assert (folder / "configs" / "gepa" / "reverse-text.toml").is_file()
     package = folder / "environments" / EXAMPLE_ENVIRONMENT
     assert {p.name for p in package.iterdir()} >= {"pyproject.toml", "my_env.py", "README.md", "tests"}
-    assert "from prime_lab.lab.envs import" in (package / "my_env.py").read_text()
+    assert "from prime_lab.envs import" in (package / "my_env.py").read_text()
     gitignore = (folder / ".gitignore").read_text().splitlines()
     assert {".env", "/outputs/", "__pycache__/", "*.egg-info/"} <= set(gitignore)
 

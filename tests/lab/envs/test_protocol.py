@@ -199,3 +199,15 @@ def test_env_files_ensure_keys_and_redaction(tmp_path: Path, monkeypatch: pytest
         assert redact({"log": ["called with sk-very-secret-123"]}) == {"log": ["called with ***"]}
     finally:
         os.environ.pop("JUDGE_API_KEY", None)
+
+
+def test_the_public_face_is_the_same_api() -> None:
+    """`prime_lab.envs`, what users and `prime env init` import, is `prime_lab.lab.envs` object for object."""
+    import prime_lab.envs as public
+    import prime_lab.lab.envs as implementation
+
+    assert public.__all__ == implementation.__all__
+    assert all(getattr(public, name) is getattr(implementation, name) for name in implementation.__all__)
+    from prime_lab.lab.envs.scaffold import package_contents
+
+    assert any("from prime_lab.envs import" in text for text in package_contents("my-env", "my_env").values())
