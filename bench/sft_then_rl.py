@@ -1,6 +1,7 @@
 """reverse-text in prime-rl's two steps, SmolLM2 on this CPU: the reward before, after an SFT warm-up, after RL.
 
-    .venv/bin/python bench/sft_then_rl.py [--sft-steps 80] [--rl-steps 30] [--eval-n 100] [--eval-r 1] [--tiny]
+    .venv/bin/python bench/sft_then_rl.py [--sft-steps 80] [--rl-steps 30] [--rl-lr 3e-4] [--eval-n 100]
+                                          [--eval-r 1] [--tiny]
 
 prime-rl's reverse-text example fine-tunes a model on worked answers, then runs RL from the result (Qwen3-0.6B:
 reward ~0.05 before, ~0.8 after both). Here, as a user runs it:
@@ -55,6 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: the config's max_steps).")
     parser.add_argument("--rl-steps", type=int, default=None, help="RL steps (default: the config's max_steps).")
+    parser.add_argument("--rl-lr", type=float, default=None, help="RL learning_rate (default: the config's).")
     parser.add_argument("--eval-n", type=int, default=100, help="Eval examples (the eval split has 100).")
     parser.add_argument("--eval-r", type=int, default=1, help="Rollouts per eval example.")
     parser.add_argument("--sft-rows", type=int, default=400, help="SFT training rows generated (at most 1,000).")
@@ -111,6 +113,8 @@ def bench(args: argparse.Namespace, tmp: Path) -> int:
     rl_doc["model"] = sft_id
     if args.rl_steps is not None:
         rl_doc["max_steps"] = args.rl_steps
+    if args.rl_lr is not None:
+        rl_doc["learning_rate"] = args.rl_lr
     rl_steps = int(rl_doc["max_steps"])  # type: ignore[arg-type]
     rl_doc["eval"] = {"interval": 0, "num_examples": args.eval_n, "rollouts_per_example": args.eval_r,
                       "eval_base_model": True}
@@ -120,7 +124,7 @@ def bench(args: argparse.Namespace, tmp: Path) -> int:
         print(f"RL run {rl_id} has no {EVAL_METRIC} at steps 0 and {rl_steps} (it has {sorted(evals)})")
         return 1
     rewards = metric_by_step(rl_id, "reward/mean")
-    print(f"    RL run {rl_id}: {rl_steps} steps; reward/mean "
+    print(f"    RL run {rl_id}: {rl_steps} steps, lr {float(rl_doc['learning_rate']):g}; reward/mean "  # type: ignore[arg-type]
           + " ".join(f"{rewards[k]:.2f}" for k in sorted(rewards)) + f"  ({rl_wall:.0f} s, its two evals included)")
     print(f"    the RL run's own [eval]: step 0 (the SFT model) {evals[0]:.3f}, step {rl_steps} {evals[rl_steps]:.3f}")
     after_rl, rl_eval_wall = evaluate(None, [*eval_flags, "--adapter", rl_id], tmp / "eval-rl")
