@@ -70,3 +70,11 @@ def print_json(data: Any) -> None:
 
 def err(message: str) -> None:
     typer.echo(message, err=True)
+
+
+def write_new_file(text: str, path: Path, force: bool) -> None:
+    """Write `text` to `path` (its folder made), refusing to replace an existing file without -f/--force."""
+    if path.exists() and not force:
+        fail(f"{path} exists: pass -f/--force to overwrite it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

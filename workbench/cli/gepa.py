@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from prime_lab.gepa.config import DEFAULT_MODEL, GepaSearchSection
-from prime_lab.workbench.cli.common import config_path, err, fail
+from prime_lab.workbench.cli.common import config_path, err, fail, write_new_file
 from prime_lab.workbench.cli.eval import _json_arg
 from prime_lab.workbench.cli.render import live_output
 from prime_lab.workbench.cli.run_verbs import add_run_verbs
@@ -144,10 +144,7 @@ def export(
         typer.echo(text, nl=False)
         err(how)
         return
-    if output.exists() and not force:
-        fail(f"{output} exists: pass -f/--force to overwrite it")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text)
+    write_new_file(text, output, force)
     err(f"Wrote {output}: {how}.\n  run:  prime rl run @{output}\n  edit: prime lab {output}")
 
 

@@ -14,8 +14,8 @@ from prime_lab.workbench.cli.common import (
     OutputFormat,
     config_path,
     err,
-    fail,
     print_json,
+    write_new_file,
 )
 from prime_lab.workbench.cli.models import models
 from prime_lab.workbench.cli.rl_run import restart, run
@@ -48,10 +48,7 @@ def write_template(text: str, path: Path | None, force: bool, group: str) -> Non
     if path is None:
         sys.stdout.write(text)
         return
-    if path.exists() and not force:
-        fail(f"{path} exists: pass -f/--force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_new_file(text, path, force)
     err(f"Wrote {path}. Check it with `prime {group} validate @{path}`.")
 
 

@@ -31,6 +31,13 @@ PROGRESS_KEYS = (("reward/mean", "reward"), ("loss", "loss"), ("loss/mean", "los
 
 
 WANDB_KEY_HELP = "W&B API key for the run's W&B mirror (else WANDB_API_KEY; none: offline). Never written to disk."
+# The options `prime rl run`, `prime sft run` and `restart` share
+FOREGROUND_OPTION = typer.Option(False, "--foreground", help="Stay attached with a live progress line.")
+YES_OPTION = typer.Option(False, "-y", "--yes", help="Start without asking (runs never ask locally).")
+ENV_VAR_OPTION = typer.Option([], "-e", "--env-var", help="KEY=VALUE for the run's processes (repeat).")
+ENV_FILE_OPTION = typer.Option([], "--env-file", help=".env file(s) for the run's processes.")
+NAME_OPTION = typer.Option(None, "--name", help="A display name for the run.")
+WANDB_KEY_OPTION = typer.Option(None, "--wandb-api-key", help=WANDB_KEY_HELP)
 
 
 def _env_vars(pairs: list[str], files: list[Path], wandb_api_key: str | None = None,
@@ -73,12 +80,12 @@ def _stored_secrets(resolved: dict[str, Any], set_elsewhere: dict[str, str]) -> 
 
 def run(
     config: str = typer.Argument(..., help="The RL config (@file, @ file or a path).", metavar="CONFIG"),
-    foreground: bool = typer.Option(False, "--foreground", help="Stay attached with a live progress line."),
-    yes: bool = typer.Option(False, "-y", "--yes", help="Start without asking (runs never ask locally)."),
-    env_var: list[str] = typer.Option([], "-e", "--env-var", help="KEY=VALUE for the run's processes (repeat)."),
-    env_file: list[Path] = typer.Option([], "--env-file", help=".env file(s) for the run's processes."),
-    name: str | None = typer.Option(None, "--name", help="A display name for the run."),
-    wandb_api_key: str | None = typer.Option(None, "--wandb-api-key", help=WANDB_KEY_HELP),
+    foreground: bool = FOREGROUND_OPTION,
+    yes: bool = YES_OPTION,
+    env_var: list[str] = ENV_VAR_OPTION,
+    env_file: list[Path] = ENV_FILE_OPTION,
+    name: str | None = NAME_OPTION,
+    wandb_api_key: str | None = WANDB_KEY_OPTION,
 ) -> None:
     """Validate a config and start a local RL run: sampler, orchestrator and trainer. Prints the run id."""
     from prime_lab.trainer.config import validate_rl_file
@@ -122,10 +129,10 @@ def launch(kind: str, path: Path, model: str, resolved: dict[str, Any], *, envs:
 
 def restart(
     run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
-    foreground: bool = typer.Option(False, "--foreground", help="Stay attached with a live progress line."),
-    env_var: list[str] = typer.Option([], "-e", "--env-var", help="KEY=VALUE for the run's processes (repeat)."),
-    env_file: list[Path] = typer.Option([], "--env-file", help=".env file(s) for the run's processes."),
-    wandb_api_key: str | None = typer.Option(None, "--wandb-api-key", help=WANDB_KEY_HELP),
+    foreground: bool = FOREGROUND_OPTION,
+    env_var: list[str] = ENV_VAR_OPTION,
+    env_file: list[Path] = ENV_FILE_OPTION,
+    wandb_api_key: str | None = WANDB_KEY_OPTION,
 ) -> None:
     """Resume a stopped or failed RL or SFT run from its latest checkpoint (the same W&B run, rewound to it)."""
     from prime_lab.lab.runs import RunRegistry

@@ -15,7 +15,18 @@ import typer
 from prime_lab.workbench.cli import run_views
 from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, config_path, fail
 from prime_lab.workbench.cli.rl import CONFIGS_ARGUMENT, report_validations, write_template
-from prime_lab.workbench.cli.rl_run import WANDB_KEY_HELP, _env_vars, launch, restart, valid_config
+from prime_lab.workbench.cli.rl_run import (
+    ENV_FILE_OPTION,
+    ENV_VAR_OPTION,
+    FOREGROUND_OPTION,
+    NAME_OPTION,
+    WANDB_KEY_OPTION,
+    YES_OPTION,
+    _env_vars,
+    launch,
+    restart,
+    valid_config,
+)
 from prime_lab.workbench.cli.run_verbs import add_run_verbs
 
 sft_app = typer.Typer(
@@ -46,12 +57,12 @@ def validate(configs: list[str] = CONFIGS_ARGUMENT, output: OutputFormat = OUTPU
 @sft_app.command("run")
 def run(
     config: str = typer.Argument(..., help="The SFT config (@file, @ file or a path).", metavar="CONFIG"),
-    foreground: bool = typer.Option(False, "--foreground", help="Stay attached with a live progress line."),
-    yes: bool = typer.Option(False, "-y", "--yes", help="Start without asking (runs never ask locally)."),
-    env_var: list[str] = typer.Option([], "-e", "--env-var", help="KEY=VALUE for the run's processes (repeat)."),
-    env_file: list[Path] = typer.Option([], "--env-file", help=".env file(s) for the run's processes."),
-    name: str | None = typer.Option(None, "--name", help="A display name for the run."),
-    wandb_api_key: str | None = typer.Option(None, "--wandb-api-key", help=WANDB_KEY_HELP),
+    foreground: bool = FOREGROUND_OPTION,
+    yes: bool = YES_OPTION,
+    env_var: list[str] = ENV_VAR_OPTION,
+    env_file: list[Path] = ENV_FILE_OPTION,
+    name: str | None = NAME_OPTION,
+    wandb_api_key: str | None = WANDB_KEY_OPTION,
 ) -> None:
     """Validate an SFT config and start a local SFT run. Prints the run id."""
     from prime_lab.trainer.sft_config import validate_sft_file
