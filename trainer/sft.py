@@ -17,9 +17,7 @@ adapter merged into the base weights, with the tokenizer, so RL, eval and GEPA t
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
 import shutil
 import sys
 import time
@@ -29,13 +27,12 @@ from typing import Any
 from prime_lab.lab.runs import Run
 from prime_lab.trainer.attention import packs_prefixes, row_inputs
 from prime_lab.trainer.batch import Sample
-from prime_lab.trainer.distributed import exit_rank
 from prime_lab.trainer.model import accumulate_batch_gradients, peak_memory_gib, score_row
 from prime_lab.trainer.packing import pack
-from prime_lab.trainer.runtime import guarded_main, load_sft_config, publish_dir, staging_dir
+from prime_lab.trainer.runtime import load_sft_config, publish_dir, staging_dir
 from prime_lab.trainer.sft_config import SFTConfig
 from prime_lab.trainer.sft_data import SFTDataError, SFTExamples, SFTStream, read_source, to_sample
-from prime_lab.trainer.train import Trainer
+from prime_lab.trainer.train import Trainer, trainer_main
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model", "generation_config.json")
@@ -79,7 +76,7 @@ class SFTTrainer(Trainer):
         if val.num_examples is not None:
             rows = rows[:val.num_examples]
         examples = SFTExamples(rows, self.tokenizer, self.config.data.loss_mask, self.config.data.seq_len)
-        return [to_sample(e) for e in SFTStream(examples, shuffle=False, seed=0)]
+        return [to_sample(e) for e in examples.usable()]
 
     def extra_state(self) -> dict[str, Any]:
         return {"data_position": list(self.stream.position), "num_tokens": self.num_tokens,
@@ -201,26 +198,15 @@ class SFTTrainer(Trainer):
         return final
 
 
+def build(run: Run, model_path: Path, resume: bool) -> SFTTrainer:
+    try:
+        return SFTTrainer(run, load_sft_config(run), model_path, resume=resume)
+    except SFTDataError as exc:
+        raise SFTDataError(f"[data]: {exc}") from exc
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prime_lab.trainer.sft")
-    parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--model-path", type=Path, required=True)
-    parser.add_argument("--resume", action="store_true")
-    args = parser.parse_args(argv)
-    run = Run(args.run_dir)
-    torchrun = "LOCAL_RANK" in os.environ
-
-    def body() -> int:
-        try:
-            trainer = SFTTrainer(run, load_sft_config(run), args.model_path, resume=args.resume)
-        except SFTDataError as exc:
-            raise SFTDataError(f"[data]: {exc}") from exc
-        return trainer.train()
-
-    code = guarded_main(run, "trainer", body, who=f"trainer rank {os.environ.get('RANK')}" if torchrun else None)
-    if torchrun:
-        exit_rank(code)
-    return code
+    return trainer_main("prime_lab.trainer.sft", build, argv)
 
 
 if __name__ == "__main__":

@@ -276,6 +276,13 @@ class SFTExamples:
             self.cache[i] = self._tokenize(i)
         return self.cache[i]
 
+    def usable(self) -> Iterator[Example]:
+        """The examples that can be trained on, in the dataset's order (validation)."""
+        for i in range(len(self.rows)):
+            example = self.example(i)
+            if example is not None:
+                yield example
+
     def _tokenize(self, i: int) -> Example | None:
         try:
             messages, tools = row_chat(self.rows[i])
@@ -354,10 +361,3 @@ class SFTStream:
                 slot = len(free) - 1
             free[slot] -= n
             out.append(to_sample(self.take()))
-
-    def __iter__(self) -> Iterator[Example]:
-        """One pass over the usable examples from the start (validation), without moving this stream."""
-        for i in range(len(self.examples)):
-            example = self.examples.example(i)
-            if example is not None:
-                yield example

@@ -29,7 +29,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -431,20 +431,28 @@ class Trainer:
             shutil.rmtree(self.run.checkpoints_dir / f"step_{k}", ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prime_lab.trainer.train")
+def trainer_main(module: str, build: Callable[[Run, Path, bool], Trainer], argv: list[str] | None = None) -> int:
+    """A trainer process (`python -m MODULE RUN_DIR --model-path PATH [--resume]`): `build(run, model_path,
+    resume)` makes the trainer, which trains; an error becomes the run's reason (guarded_main), naming the rank
+    under torchrun, whose ranks exit through exit_rank."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--model-path", type=Path, required=True)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
     run = Run(args.run_dir)
     torchrun = "LOCAL_RANK" in os.environ
-    code = guarded_main(run, "trainer",
-                        lambda: Trainer(run, load_config(run), args.model_path, resume=args.resume).train(),
+    code = guarded_main(run, "trainer", lambda: build(run, args.model_path, args.resume).train(),
                         who=f"trainer rank {os.environ.get('RANK')}" if torchrun else None)  # say which rank failed
     if torchrun:
         exit_rank(code)
     return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    return trainer_main("prime_lab.trainer.train",
+                        lambda run, model_path, resume: Trainer(run, load_config(run), model_path, resume=resume),
+                        argv)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from pathlib import Path
 
@@ -70,17 +69,14 @@ def run_model_folder(spec: str) -> Path | None:
     if not spec or "/" in spec or spec.startswith((".", "~")):
         return None
     from prime_lab.lab.paths import runs_dir
+    from prime_lab.lab.runs import Run
 
-    run_dir = runs_dir() / spec
-    if not (run_dir / "status.json").is_file():
+    run = Run(runs_dir() / spec)
+    if not run.status_path.is_file():
         return None
-    folder = run_dir / "model"
-    if is_model_folder(folder):
-        return folder.resolve()
-    try:
-        status = json.loads((run_dir / "status.json").read_text())
-    except (OSError, ValueError):
-        status = {}
+    if is_model_folder(run.model_dir):
+        return run.model_dir.resolve()
+    status = run.read_status()
     kind, state = status.get("kind"), status.get("state")
     if kind != "sft":
         raise ModelNotFoundError(f"{spec!r} is {'an' if kind == 'rl' else 'a'} {kind} run: only an SFT run's id "
@@ -96,18 +92,15 @@ def named_run_model_folder(name: str) -> Path | None:
     builds on before its id exists: `prime sft run @sft.toml --name reverse-text-sft`, then `model =
     "reverse-text-sft"`)."""
     from prime_lab.lab.paths import runs_dir
+    from prime_lab.lab.runs import Run
 
     if not name or "/" in name or not runs_dir().is_dir():
         return None
     found: list[tuple[float, Path]] = []
-    for status_path in runs_dir().glob("*/status.json"):
-        try:
-            status = json.loads(status_path.read_text())
-        except (OSError, ValueError):
-            continue
-        folder = status_path.parent / "model"
-        if status.get("kind") == "sft" and status.get("name") == name and is_model_folder(folder):
-            found.append((float(status.get("created_at") or 0.0), folder.resolve()))
+    for run in (Run(status.parent) for status in runs_dir().glob("*/status.json")):
+        status = run.read_status()
+        if status.get("kind") == "sft" and status.get("name") == name and is_model_folder(run.model_dir):
+            found.append((float(status.get("created_at") or 0.0), run.model_dir.resolve()))
     return max(found)[1] if found else None
 
 
