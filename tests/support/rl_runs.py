@@ -63,11 +63,12 @@ def prime(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return cli.prime(*args, timeout=timeout)
 
 
-def start(config: Path) -> Run:
-    proc = prime("rl", "run", f"@{config}")
+def start(config: Path, *extra: str, kind: str = "rl") -> Run:
+    """`prime KIND run @config [EXTRA...]` as a user runs it: the run id on stdout, how to follow it on stderr."""
+    proc = prime(kind, "run", f"@{config}", *extra)
     assert proc.returncode == 0, proc.stderr
     run_id = proc.stdout.strip()
-    assert f"prime rl logs {run_id} -f" in proc.stderr
+    assert f"prime {kind} logs {run_id} -f" in proc.stderr
     return RunRegistry().get(run_id)
 
 

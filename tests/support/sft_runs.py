@@ -7,8 +7,8 @@ import json
 import random
 from pathlib import Path
 
-from prime_lab.lab.runs import Run, RunRegistry
-from tests.support.rl_runs import prime
+from prime_lab.lab.runs import Run
+from tests.support.rl_runs import start
 
 LETTERS = "abcdefgh"
 
@@ -55,8 +55,4 @@ interval = {checkpoint_interval}
 
 
 def start_sft(config: Path, *extra: str) -> Run:
-    proc = prime("sft", "run", f"@{config}", *extra)
-    assert proc.returncode == 0, proc.stderr
-    run_id = proc.stdout.strip()
-    assert f"prime sft logs {run_id} -f" in proc.stderr
-    return RunRegistry().get(run_id)
+    return start(config, *extra, kind="sft")
