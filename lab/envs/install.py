@@ -17,6 +17,7 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
@@ -147,3 +148,152 @@ def environments_of(project: str) -> list[dict[str, object]]:
         raise InstallError(f"checking the installed package failed: {out.stderr.strip().splitlines()[-1:]}")
     found: list[dict[str, object]] = json.loads(out.stdout.strip().splitlines()[-1])
     return found
+
+
+# At the environment's own verifiers release ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReleaseChoice:
+    """Where an environment goes: beside prime-lab (`release` is None), or into `release`'s environment, in order
+    of preference (`candidates`), with the reasons each release above them was ruled out."""
+
+    release: str | None
+    candidates: tuple[str, ...]
+    reason: str
+    ruled_out: tuple[str, ...] = ()
+
+
+MAX_TRIES = 3  # releases tried (each installed into) before giving up
+
+
+def choose_release(target: Path, requested: str | None = None, isolate: bool = False) -> ReleaseChoice:
+    """The release an environment package needs: `requested`, else what it declares narrowed by what it imports
+    (newest first); beside prime-lab when the release installed there will do and isolation was not asked for."""
+    from packaging.version import InvalidVersion, Version
+
+    from prime_lab.lab.envs import releases
+    from prime_lab.lab.envs.verifiers_adapter import installed_release
+
+    beside = installed_release()
+    declared = releases.declared_specifier(target)
+    if requested is not None:
+        try:
+            version = Version(requested)
+        except InvalidVersion:
+            raise InstallError(f"--verifiers {requested}: not a release (e.g. 0.1.12; `pip index versions "
+                               "verifiers` lists them)") from None
+        if not releases.drivable(version):
+            raise InstallError(f"verifiers {requested} cannot be driven: prime-lab drives the classic API of releases "
+                               f"{releases.DRIVABLE_FROM} to before {releases.FIRST_UNDRIVABLE}")
+        if not isolate and beside is not None and Version(beside) == version:
+            return ReleaseChoice(None, (), f"verifiers {beside}, asked for, is the release beside prime-lab")
+        return ReleaseChoice(str(version), (str(version),), f"verifiers {version}, asked for with --verifiers")
+    if declared is None and not isolate:
+        return ReleaseChoice(None, (), "it does not depend on verifiers")
+    spec = declared or ""
+    said = f"verifiers{spec}" if spec else "verifiers (any release)"
+    found = releases.candidates(spec, releases.available_releases())
+    if not found:
+        raise InstallError(f"{target} declares {said}, and no release it accepts can be driven (prime-lab drives "
+                           f"{releases.DRIVABLE_FROM} to before {releases.FIRST_UNDRIVABLE}); install one with "
+                           "--verifiers VERSION")
+    wanted = [i for i in releases.verifiers_imports(target) if i.module != "verifiers" or i.names]
+    passing: list[str] = []
+    ruled_out: list[str] = []
+    for version in found:
+        lacking = None
+        if wanted:
+            contents = releases.release_contents(version)
+            lacking = next(((i, why) for i in wanted if (why := contents.lacks(i)) is not None), None)
+        if lacking is None:
+            passing.append(str(version))
+        else:
+            ruled_out.append(f"{version} ({lacking[1]}; imported at {lacking[0].where})")
+        if len(passing) >= MAX_TRIES:
+            break
+    if not passing:
+        raise InstallError(f"{target} declares {said}, but every release it accepts lacks something it imports: "
+                           + "; ".join(ruled_out))
+    why = f"the newest release that satisfies {said} (declared)" + (
+        f" and has what it imports (ruled out: {', '.join(r.split(' ')[0] for r in ruled_out)})" if ruled_out else "")
+    if not isolate and beside is not None and beside in passing:
+        return ReleaseChoice(None, (), f"verifiers {beside}, beside prime-lab, satisfies {said} and has what it "
+                                       "imports", tuple(ruled_out))
+    return ReleaseChoice(passing[0], tuple(passing), why, tuple(ruled_out))
+
+
+def _site_packages(folder: Path) -> list[str]:
+    return [str(p) for p in folder.glob("lib/python*/site-packages")]
+
+
+def _environment_names(project: str, folder: Path) -> list[tuple[str, str]]:
+    """(name, module) of each environment the distribution `project` installed into a release's environment
+    provides: its `prime_lab.environments` entry points, else the module named like the distribution."""
+    from prime_lab.lab.envs.installed import ENTRY_POINT_GROUP, canonical, module_name
+
+    for dist in importlib.metadata.distributions(path=_site_packages(folder)):
+        if canonical(dist.metadata["Name"] or "") == canonical(project):
+            entries = [(canonical(ep.name), ep.value.partition(":")[0].strip()) for ep in dist.entry_points
+                       if ep.group == ENTRY_POINT_GROUP]
+            return entries or [(canonical(project), module_name(project))]
+    return [(canonical(project), module_name(project))]
+
+
+def install_isolated(target: Path, choice: ReleaseChoice, say: Any = None) -> list[Any]:
+    """Install `target` into the environment of the first of `choice.candidates` it imports under (stepping down
+    on an import failure) and record it; the records. Raises InstallError naming every release tried and what
+    failed."""
+    from prime_lab.lab.envs import isolated, releases
+    from prime_lab.lab.envs.env_server import run_driver
+
+    how = plan(target)
+    if not how.project:
+        raise InstallError(f"{how.target}: its distribution name cannot be read (a folder with a pyproject.toml "
+                           "[project] name, or a wheel)")
+    tried: list[str] = []
+    for release in choice.candidates:
+        env = releases.ReleaseEnv(release)
+        try:
+            env.ensure(say)
+        except releases.ReleaseError as exc:
+            raise InstallError(str(exc)) from None
+        done = env.pip("install", "-q", *(["-e"] if how.editable else []), str(how.target))
+        if done.returncode != 0:
+            raise InstallError(f"pip could not install {how.target} into verifiers {release}'s environment "
+                               f"({env.folder}):\n{releases._last_lines(done.stderr or done.stdout)}")
+        found = []
+        failure = None
+        for name, module in _environment_names(how.project, env.folder):
+            checked = run_driver(env.python, "check", module, timeout=300)
+            if not checked.get("ok"):
+                failure = (module, checked)
+                break
+            found.append(isolated.IsolatedRecord(
+                name=name, module=module, distribution=how.project, version=_version_in(how.project, env.folder),
+                release=release, python=str(env.python), target=str(how.target),
+                reason=f"verifiers {release}: " + (choice.reason if release == choice.candidates[0] else
+                                                  f"{choice.reason}; the newer ones failed to import it ("
+                                                  + "; ".join(tried) + ")"),
+                summary=str(checked.get("doc") or ""),
+                args=tuple(tuple(a) for a in checked.get("args") or ())))
+        if failure is None:
+            for record in found:
+                isolated.save_record(record)
+            return found
+        module, checked = failure
+        where = f" at {checked['where']}" if checked.get("where") else ""
+        tried.append(f"{release}: {checked.get('error')}{where}")
+        env.pip("uninstall", "-q", "-y", how.project)
+        if not checked.get("import_error"):
+            break
+    raise InstallError(f"{how.project} cannot import under any release it was tried with: " + "; ".join(tried)
+                       + (f" (ruled out before trying, by what it imports: {'; '.join(choice.ruled_out)})"
+                          if choice.ruled_out else "")
+                       + ". Install it at another release with --verifiers VERSION")
+
+
+def _version_in(project: str, folder: Path) -> str:
+    for dist in importlib.metadata.distributions(path=_site_packages(folder)):
+        if (dist.metadata["Name"] or "").lower().replace("_", "-") == project.lower().replace("_", "-"):
+            return dist.version or ""
+    return ""

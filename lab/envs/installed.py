@@ -93,6 +93,16 @@ def _framework_dependent(dist: importlib.metadata.Distribution) -> bool:
     return False
 
 
+def depends_on_verifiers(distribution: str) -> bool:
+    """Whether an installed distribution requires verifiers (it runs on the release installed beside prime-lab)."""
+    try:
+        requires = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return any((m := _REQUIREMENT_NAME.match(r)) is not None and canonical(m.group(1)) == "verifiers"
+               for r in requires)
+
+
 def installed_environments() -> list[InstalledEnvironment]:
     """Every installed environment (entry points first, then verifiers' convention), sorted by name."""
     found: dict[str, InstalledEnvironment] = {}

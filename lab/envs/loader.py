@@ -16,16 +16,18 @@ import importlib
 import importlib.util
 import inspect
 import pkgutil
+import sys
 from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
-from prime_lab.lab.envs import hub
+from prime_lab.lab.envs import hub, isolated
 from prime_lab.lab.envs.arguments import EnvArg, EnvironmentLoadError, env_args
 from prime_lab.lab.envs.environment import Environment
 from prime_lab.lab.envs.installed import (
     ENTRY_POINT_GROUP,
     LOAD_FUNCTION,
+    depends_on_verifiers,
     entry_point_for,
     installed_environments,
     looks_like_environment,
@@ -33,12 +35,13 @@ from prime_lab.lab.envs.installed import (
     read_signature,
 )
 from prime_lab.lab.envs.secrets import missing_key_message
+from prime_lab.lab.envs.verifiers_adapter import installed_release as verifiers_release
 
 # The built-in environments' package (the `environments/` folder), found by name: lab sits below it in the layers.
 BUILTIN_PACKAGE = "prime_lab.environments"
 
 
-INSTALLED, BUILTIN = "installed", "built-in"
+INSTALLED, BUILTIN, ISOLATED = "installed", "built-in", "isolated"
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,9 @@ def _importable(module: str) -> bool:
 def resolve(env_id: str) -> Resolution:
     """The module `env_id` loads (nothing is imported; the order is the module docstring's)."""
     name = module_name(env_id)
+    record = isolated.record_for(env_id)
+    if record is not None:
+        return Resolution(record.module, LOAD_FUNCTION, ISOLATED)
     target = entry_point_for(env_id)
     if target is not None:
         return Resolution(target[0], target[1], INSTALLED)
@@ -97,11 +103,14 @@ class EnvInfo:
     distribution: str = ""  # an installed environment's distribution and version
     version: str = ""
     shadowed_by: str = ""  # a built-in whose ids load this installed environment instead
+    release: str = ""  # the verifiers release it runs on ('' for prime-lab's own protocol)
+    interpreter: str = ""  # the Python that runs it
 
     def where(self) -> str:
-        """Where it comes from, in words: `installed: DIST VERSION`, `built-in`, or a shadowed built-in."""
-        if self.source == INSTALLED:
-            return f"installed: {self.distribution} {self.version}".rstrip()
+        """Where it comes from, in words: `installed: DIST VERSION`, `isolated: ...`, `built-in`, or a shadowed
+        built-in."""
+        if self.source in (INSTALLED, ISOLATED):
+            return f"{self.source}: {self.distribution} {self.version}".rstrip()
         if self.shadowed_by:
             return f"built-in, shadowed: its ids load installed {self.shadowed_by}"
         return "built-in"
@@ -117,8 +126,17 @@ def _entry_point(env_id: str) -> tuple[ModuleType, Any]:
     return module, func
 
 
+def isolated_info(record: isolated.IsolatedRecord, env_id: str | None = None) -> EnvInfo:
+    """An isolated environment as its install recorded it (nothing is imported here)."""
+    return EnvInfo(env_id or record.name, record.module, record.summary, tuple(EnvArg(*a) for a in record.args),
+                   ISOLATED, record.distribution, record.version, release=record.release, interpreter=record.python)
+
+
 def describe(env_id: str) -> EnvInfo:
     """The environment `env_id` loads, imported, with its arguments."""
+    record = isolated.record_for(env_id)
+    if record is not None:
+        return isolated_info(record, env_id)
     module, func = _entry_point(env_id)
     return EnvInfo(env_id, module.__name__, _first_paragraph(inspect.getdoc(module)), env_args(func),
                    source=resolve(env_id).source)
@@ -136,6 +154,15 @@ def load_environment(env_id: str, **args: Any) -> Environment:
 
 
 def _load(env_id: str, args: dict[str, Any]) -> Environment:
+    record = isolated.record_for(env_id)
+    if record is not None:  # in its own interpreter, at its own verifiers release
+        known = {a[0] for a in record.args}
+        unknown = sorted(set(args) - known)
+        if unknown and record.args and "kwargs" not in known:
+            valid = ", ".join(a[0] if a[2] else f"{a[0]}={a[1]!r}" for a in record.args)
+            raise EnvironmentLoadError(f"environment '{env_id}' does not take argument(s) {', '.join(unknown)}; "
+                                       f"its arguments are: {valid}")
+        return isolated.IsolatedEnvironment(record, env_id, args)
     _, func = _entry_point(env_id)
     params = inspect.signature(func).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
@@ -194,10 +221,15 @@ def builtin_environments() -> list[EnvInfo]:
 
 
 def installed_environment_infos() -> list[EnvInfo]:
-    """The installed environments (see installed.py), described from their source without importing them (a
-    package that re-exports `load_environment` from elsewhere is imported to read it)."""
-    infos: list[EnvInfo] = []
+    """The installed environments: those at their own verifiers release (isolated.py), then those beside prime-lab
+    (installed.py), described from their source without importing them (a package that re-exports
+    `load_environment` from elsewhere is imported to read it)."""
+    own = isolated.records()
+    infos: list[EnvInfo] = [isolated_info(r) for r in own.values()]
+    beside = verifiers_release() or ""
     for env in installed_environments():
+        if env.name in own:
+            continue
         signature = read_signature(env.module, env.function)
         if signature is not None:
             doc = signature.doc or env.summary
@@ -208,7 +240,9 @@ def installed_environment_infos() -> list[EnvInfo]:
                 doc, args = described.doc or env.summary, described.args
             except Exception as exc:  # a broken package is listed with its problem, not left out
                 doc, args = f"cannot be read: {type(exc).__name__}: {exc}", ()
-        infos.append(EnvInfo(env.name, env.module, doc, args, INSTALLED, env.distribution, env.version))
+        infos.append(EnvInfo(env.name, env.module, doc, args, INSTALLED, env.distribution, env.version,
+                             release=beside if depends_on_verifiers(env.distribution) else "",
+                             interpreter=sys.executable))
     return infos
 
 
@@ -219,7 +253,7 @@ def environments() -> list[EnvInfo]:
     infos = list(installed)
     for info in builtin_environments():
         where = resolve(info.id)
-        if where.source == INSTALLED:
+        if where.source in (INSTALLED, ISOLATED):
             by = next((i.id for i in installed if i.module == where.module), where.module)
             info = replace(info, shadowed_by=by)
         infos.append(info)

@@ -376,47 +376,27 @@ def rubric_view(rubric: Any, parser: Parser) -> Rubric:
 
 # The environment -----------------------------------------------------------------------------------------------
 
-class VerifiersEnvironment(Environment):
-    """A verifiers environment behind our protocol; `env` is the verifiers environment itself.
+class GroupEnvironment(Environment):
+    """What a verifiers environment is behind our protocol wherever it runs (in this process, or in its own
+    interpreter: isolated.py): rows in verifiers' format, converted (`to_row`), and rollouts run a group at a time
+    by verifiers itself and already scored (`run_group`). GEPA's candidates replace the rows' first system message,
+    which is where verifiers puts `system_prompt` when it formats a dataset."""
 
-    System prompt (GEPA): verifiers puts `system_prompt` into every row's prompt when it formats a dataset, and its
-    rollout reads only the row's prompt. So GEPA's candidates, which replace the rows' first system message, reach
-    the environment exactly as its own system prompt would. `with_system_prompt` (a whole environment with another
-    prompt) builds the environment again with `load_environment(system_prompt=...)` when that function takes it
-    (so a prompt the environment uses elsewhere changes too), and otherwise rewrites the rows' first system
-    message.
-    """
+    env_id: str
+    sampling_args: dict[str, Any]
 
-    def __init__(self, env: Any, *, env_id: str = "", load: Callable[..., Any] | None = None,
-                 load_args: Mapping[str, Any] | None = None,
-                 reload: Callable[..., Environment] | None = None) -> None:
-        self.env_id = env_id
-        self.load = load
-        self.reload = reload
-        self.module = getattr(load, "__module__", "") or type(env).__module__
-        self._adopt(env, dict(load_args or {}))
-
-    def _adopt(self, env: Any, load_args: dict[str, Any]) -> None:
-        self.env = env
-        self.load_args = load_args
-        self.system_prompt = getattr(env, "system_prompt", None)
-        self.few_shot = getattr(env, "few_shot", None)
-        self.parser = ParserView(env.parser)
-        self.rubric = rubric_view(env.rubric, self.parser)
-        self.sampling_args = dict(getattr(env, "sampling_args", None) or {})
+    def _reset_rows(self) -> None:
         self._prompt_override = False
         self._train: list[dict[str, Any]] | None = None
         self._eval: list[dict[str, Any]] | None = None
 
-    # Data ------------------------------------------------------------------------------------------------------
+    def _split(self, split: str) -> list[dict[str, Any]] | None:
+        """The split's verifiers rows (`dataset` or `eval_dataset`), None when the environment has no such split."""
+        raise NotImplementedError
+
     def _build(self, split: str) -> list[dict[str, Any]] | None:
-        """The split's rows (`dataset` or `eval_dataset`), None when the environment has no such split (verifiers'
-        own getter would fall back to the other one)."""
-        if getattr(self.env, split, None) is None and getattr(self.env, f"{split}_source", None) is None:
-            return None
-        dataset = getattr(self.env, f"get_{split}")()
-        rows = dataset.to_list() if hasattr(dataset, "to_list") else list(dataset)
-        return [self._view(to_row(r, self.task)) for r in rows]
+        rows = self._split(split)
+        return None if rows is None else [self._view(to_row(r, self.task)) for r in rows]
 
     def _view(self, row: dict[str, Any]) -> dict[str, Any]:
         if self._prompt_override:
@@ -439,37 +419,18 @@ class VerifiersEnvironment(Environment):
         train, evaluation = self._datasets()
         return sample_rows(evaluation if evaluation is not None else train, n, seed)
 
-    def with_system_prompt(self, system_prompt: str | None) -> Environment:
-        if takes_system_prompt(self.load) and self.reload is not None:
-            args = {**self.load_args, "system_prompt": system_prompt}
-            with kept_signal_handlers():
-                rebuilt = self.reload(**args)  # the loader's way: offline Hub, its messages
-            assert isinstance(rebuilt, VerifiersEnvironment)
-            self._adopt(rebuilt.env, args)
-        else:
-            self.system_prompt = system_prompt
-            self._prompt_override = True
-            self._train = self._eval = None
+    def override_system_prompt(self, system_prompt: str | None) -> Environment:
+        """Every row's first system message becomes `system_prompt` (added where a row has none)."""
+        self.system_prompt = system_prompt
+        self._prompt_override = True
+        self._train = self._eval = None
         return self
 
     # Rollouts --------------------------------------------------------------------------------------------------
     async def run_group(self, client: Any, model: str, rows: Sequence[dict[str, Any]],
                         sampling: SamplingArgs) -> list[Rollout]:
         """The rows' rollouts as one verifiers group (its rubric scores them together), converted."""
-        import verifiers as vf
-
-        started = time.perf_counter()
-        inputs = [to_input(r) for r in rows]
-        try:
-            outputs = await self.env.run_group(inputs, vf.clients.OpenAIChatCompletionsClient(client), model,
-                                               request_args(self.sampling_args, sampling),
-                                               state_columns=["trajectory"])
-        except Exception as exc:  # the environment's own code failed: say which release runs it
-            elapsed = (time.perf_counter() - started) * 1000
-            message = f"{type(exc).__name__}: {exc}{_where(exc, self.module)} ({release_note(self.module)})"
-            return [failed_rollout(r, message, elapsed) for r in rows]
-        elapsed = (time.perf_counter() - started) * 1000
-        return [to_rollout(o, r, elapsed) for o, r in zip(outputs, rows, strict=True)]
+        raise NotImplementedError
 
     async def rollout(self, client: Any, model: str, row: dict[str, Any], sampling: SamplingArgs) -> Rollout:
         """One rollout, already scored by the environment's rubric (`score` has nothing left to do)."""
@@ -506,6 +467,70 @@ class VerifiersEnvironment(Environment):
 
         groups = await asyncio.gather(*(group(row) for row in rows))
         return [r for g in groups for r in g]
+
+
+class VerifiersEnvironment(GroupEnvironment):
+    """A verifiers environment in this process, behind our protocol; `env` is the verifiers environment itself.
+
+    System prompt (GEPA): verifiers puts `system_prompt` into every row's prompt when it formats a dataset, and its
+    rollout reads only the row's prompt. So GEPA's candidates, which replace the rows' first system message, reach
+    the environment exactly as its own system prompt would. `with_system_prompt` (a whole environment with another
+    prompt) builds the environment again with `load_environment(system_prompt=...)` when that function takes it
+    (so a prompt the environment uses elsewhere changes too), and otherwise rewrites the rows' first system
+    message.
+    """
+
+    def __init__(self, env: Any, *, env_id: str = "", load: Callable[..., Any] | None = None,
+                 load_args: Mapping[str, Any] | None = None,
+                 reload: Callable[..., Environment] | None = None) -> None:
+        self.env_id = env_id
+        self.load = load
+        self.reload = reload
+        self.module = getattr(load, "__module__", "") or type(env).__module__
+        self._adopt(env, dict(load_args or {}))
+
+    def _adopt(self, env: Any, load_args: dict[str, Any]) -> None:
+        self.env = env
+        self.load_args = load_args
+        self.system_prompt = getattr(env, "system_prompt", None)
+        self.few_shot = getattr(env, "few_shot", None)
+        self.parser = ParserView(env.parser)
+        self.rubric = rubric_view(env.rubric, self.parser)
+        self.sampling_args = dict(getattr(env, "sampling_args", None) or {})
+        self._reset_rows()
+
+    def _split(self, split: str) -> list[dict[str, Any]] | None:
+        if getattr(self.env, split, None) is None and getattr(self.env, f"{split}_source", None) is None:
+            return None
+        dataset = getattr(self.env, f"get_{split}")()
+        return dataset.to_list() if hasattr(dataset, "to_list") else list(dataset)
+
+    def with_system_prompt(self, system_prompt: str | None) -> Environment:
+        if not (takes_system_prompt(self.load) and self.reload is not None):
+            return self.override_system_prompt(system_prompt)
+        args = {**self.load_args, "system_prompt": system_prompt}
+        with kept_signal_handlers():
+            rebuilt = self.reload(**args)  # the loader's way: offline Hub, its messages
+        assert isinstance(rebuilt, VerifiersEnvironment)
+        self._adopt(rebuilt.env, args)
+        return self
+
+    async def run_group(self, client: Any, model: str, rows: Sequence[dict[str, Any]],
+                        sampling: SamplingArgs) -> list[Rollout]:
+        import verifiers as vf
+
+        started = time.perf_counter()
+        inputs = [to_input(r) for r in rows]
+        try:
+            outputs = await self.env.run_group(inputs, vf.clients.OpenAIChatCompletionsClient(client), model,
+                                               request_args(self.sampling_args, sampling),
+                                               state_columns=["trajectory"])
+        except Exception as exc:  # the environment's own code failed: say which release runs it
+            elapsed = (time.perf_counter() - started) * 1000
+            message = f"{type(exc).__name__}: {exc}{_where(exc, self.module)} ({release_note(self.module)})"
+            return [failed_rollout(r, message, elapsed) for r in rows]
+        elapsed = (time.perf_counter() - started) * 1000
+        return [to_rollout(o, r, elapsed) for o, r in zip(outputs, rows, strict=True)]
 
 
 def _where(exc: BaseException, module_name: str) -> str:

@@ -40,17 +40,30 @@ def list_envs(
     infos = environments()
     if output is OutputFormat.json:
         print_json([{"id": i.id, "source": i.source, "module": i.module, "distribution": i.distribution or None,
-                     "version": i.version or None, "shadowed_by": i.shadowed_by or None, "description": i.doc,
+                     "version": i.version or None, "shadowed_by": i.shadowed_by or None,
+                     "verifiers": i.release or None, "interpreter": i.interpreter or None, "description": i.doc,
                      "args": [{"name": a.name, "default": a.default, "required": a.required,
                                "annotation": a.annotation} for a in i.args]}
                     for i in infos])
         return
-    rows = [(info.id, info.where(),
+    rows = [(info.id, info.where(), runs_on(info.release, info.interpreter, verbose),
              info.doc.split(": ", 1)[-1] if verbose else short_description(info.doc.split(": ", 1)[-1]),
              ", ".join(a.name if a.required else f"{a.name}={a.default!r}" for a in info.args
                        if a.name != "system_prompt")) for info in infos]
-    print_table((Column("ID", no_wrap=True), "SOURCE", Column("DESCRIPTION", ratio=1), Column("ARGS", ratio=1)),
-                rows, styles=["dim" if info.shadowed_by else None for info in infos])
+    print_table((Column("ID", no_wrap=True), "SOURCE", "RUNS ON", Column("DESCRIPTION", ratio=1),
+                 Column("ARGS", ratio=1)), rows, styles=["dim" if info.shadowed_by else None for info in infos])
+
+
+def runs_on(release: str, interpreter: str, verbose: bool = False) -> str:
+    """`verifiers 0.1.12 (own: ~/.prime-lab/verifiers/0.1.12)`, `verifiers 0.3.1`, or `prime-lab`."""
+    import sys
+
+    if not release:
+        return "prime-lab"
+    if not interpreter or interpreter == sys.executable:
+        return f"verifiers {release}"
+    own = interpreter if verbose else str(Path(interpreter).parents[1]).replace(str(Path.home()), "~", 1)
+    return f"verifiers {release} (own: {own})"
 
 
 @env_app.command("init")
@@ -82,19 +95,45 @@ def init(
 @env_app.command("install")
 def install(
     target: Path = typer.Argument(..., help="A package folder (installed editable), or a wheel or sdist file."),
+    verifiers: str | None = typer.Option(None, "--verifiers", metavar="VERSION",
+                                         help="Run it at this verifiers release, in that release's own virtual "
+                                              "environment (default: what the package declares and imports)."),
+    isolate: bool = typer.Option(False, "--isolate",
+                                 help="Its own virtual environment even when the release beside prime-lab would do."),
 ) -> None:
-    """pip-install an environment package into prime-lab's environment; its id works right after."""
-    from prime_lab.lab.envs.install import InstallError, environments_of
+    """pip-install an environment package; its id works right after.
+
+    An environment that needs a verifiers release other than the one beside prime-lab (what its metadata declares,
+    narrowed by what it imports; or --verifiers) goes into that release's own virtual environment, created once per
+    release with pip, and runs there as a server of the run."""
+    from prime_lab.lab.envs.install import InstallError, choose_release, environments_of, install_isolated
     from prime_lab.lab.envs.install import install as pip_install
+    from prime_lab.lab.envs.releases import ReleaseError
 
     try:
+        choice = choose_release(target.expanduser().resolve(), verifiers, isolate)
+        if choice.release is not None:
+            for ruled in choice.ruled_out:
+                err(f"not verifiers {ruled}")
+            err(f"verifiers {choice.release}: {choice.reason}")
+            records = install_isolated(target.expanduser().resolve(), choice, say=err)
+            for record in records:
+                err(f"installed {record.distribution} {record.version} into verifiers {record.release}'s own "
+                    f"environment ({record.python})")
+                typer.echo(f"{record.name}\t{record.module}")
+                err(f"ready: prime eval run {record.name}")
+            return
         done = pip_install(target)
+        if done.project:  # beside prime-lab now: an earlier install at its own release no longer applies
+            from prime_lab.lab.envs.isolated import remove_record
+
+            remove_record(done.project)
         found = environments_of(done.project) if done.project else []
-    except InstallError as exc:
+    except (InstallError, ReleaseError) as exc:
         fail(str(exc))
     how = "editable" if done.editable else "from a file"
     err(f"installed {done.project or done.target} ({how}"
-        + (f", constraints {done.constraints}" if done.constraints else "") + ")")
+        + (f", constraints {done.constraints}" if done.constraints else "") + f"; {choice.reason})")
     if done.project and not found:
         fail(f"{done.project} is installed but provides no environment prime-lab can find: declare an entry point "
              "in [project.entry-points.\"prime_lab.environments\"] (NAME = \"module\"), or name its module like the "

@@ -1,0 +1,312 @@
+"""The driver of an isolated environment: runs inside the environment's own interpreter, at its own verifiers release.
+
+It imports only the standard library, verifiers (with what verifiers itself imports: openai, pydantic) and the
+transport (pyzmq, msgpack; installed into every release's virtual environment), never prime-lab: it is run by
+path, isolated from the caller's `PYTHONPATH` and from this folder's modules (`RELEASE_PYTHON -I .../driver.py COMMAND
+...`). Three commands:
+
+- `check MODULE`: import the environment's module; print what failed (the missing module or name) if it does not.
+- `describe MODULE ARGS_JSON OUT`: build the environment as the release builds it and write, as JSON, its dataset
+  rows (after its own formatting), system prompt, sampling arguments, message type, parser format and rubric
+  (reward function names and weights): what prime-lab's side needs besides rollouts.
+- `serve MODULE ARGS_JSON ADDRESS LOG_DIR`: serve rollouts over ZMQ + msgpack in verifiers' environment-server
+  protocol (`run_group` / `run_rollout` requests carrying the inputs, a `client_config` the server builds its own
+  OpenAI client from, the model, sampling args and state columns; `b"ping"` for health). Releases that ship a
+  server (`ZMQEnvServer`, 0.1.10 on) run their own; older ones (0.1.8, 0.1.9) run ours, which speaks the same
+  protocol, so prime-lab's client is one whatever the release.
+
+The server process leads its own process group; when the process that started it dies it ends that whole group
+(verifiers' servers fork workers), so nothing outlives the run, the evaluation or the GEPA run it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+SERVER_MODULES = (  # where each release keeps its classic environment server
+    "verifiers.serve.server.zmq_env_server",  # 0.1.12 - 0.3.0
+    "verifiers.legacy.serve.server.zmq_env_server",  # 0.3.1
+    "verifiers.workers.server.zmq_env_server",  # 0.1.10, 0.1.11
+)
+
+
+def release() -> str:
+    from importlib.metadata import version
+
+    return version("verifiers")
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain data for JSON and msgpack: pydantic models dumped, tuples as lists, the rest as text."""
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):
+        return jsonable(dump())
+    if isinstance(obj, BaseException):
+        return f"{type(obj).__name__}: {obj}"
+    item = getattr(obj, "item", None)  # numpy scalars
+    if callable(item):
+        with contextlib.suppress(Exception):
+            return jsonable(item())
+    return str(obj)
+
+
+# check -------------------------------------------------------------------------------------------------------------
+
+def check(module: str) -> dict[str, Any]:
+    try:
+        importlib.import_module(module)
+    except BaseException as exc:  # noqa: BLE001 - any failure to import is the answer
+        missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+        return {"ok": False, "release": release(), "error": f"{type(exc).__name__}: {exc}",
+                "import_error": isinstance(exc, ImportError | AttributeError), "missing": missing,
+                "where": _where(exc, module)}
+    load_fn = getattr(sys.modules[module], "load_environment", None)
+    if not callable(load_fn):
+        return {"ok": False, "release": release(), "import_error": False, "missing": None, "where": "",
+                "error": f"module '{module}' has no load_environment() function"}
+    doc = " ".join((inspect.getdoc(sys.modules[module]) or "").split("\n\n")[0].split())
+    return {"ok": True, "release": release(), "doc": doc, "file": getattr(sys.modules[module], "__file__", None),
+            "args": [[p.name, None if p.default is inspect.Parameter.empty else jsonable(p.default),
+                      p.default is inspect.Parameter.empty,
+                      p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")]
+                     for p in inspect.signature(load_fn).parameters.values()
+                     if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]}
+
+
+def _where(exc: BaseException, module: str) -> str:
+    """`file:line` of the environment's own frame that failed (else the innermost)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if os.path.basename(f.filename).startswith(module.split(".")[0])]
+    chosen = own or list(frames)
+    return f"{os.path.basename(chosen[-1].filename)}:{chosen[-1].lineno}" if chosen else ""
+
+
+# describe ----------------------------------------------------------------------------------------------------------
+
+def load(module: str, args: dict[str, Any]) -> Any:
+    import verifiers as vf
+
+    loader: Any = getattr(vf, "load_environment", None)
+    if loader is None:
+        loader = importlib.import_module("verifiers.utils.env_utils").load_environment
+    return loader(module, **args)
+
+
+def split_rows(env: Any, split: str) -> list[dict[str, Any]] | None:
+    """A split's rows as the release formats them (None when the environment has no such split)."""
+    if getattr(env, split, None) is None and getattr(env, f"{split}_source", None) is None:
+        return None
+    dataset = getattr(env, f"get_{split}")()
+    rows = dataset.to_list() if hasattr(dataset, "to_list") else list(dataset)
+    return [jsonable(r) for r in rows]
+
+
+def rubric_of(env: Any) -> dict[str, Any]:
+    rubric = env.rubric
+    try:
+        funcs, weights = list(rubric._get_reward_funcs()), list(rubric._get_reward_weights())
+    except Exception:  # a rubric of another shape
+        funcs, weights = list(getattr(rubric, "reward_funcs", []) or []), []
+    names = [getattr(f, "__name__", type(f).__name__) for f in funcs]
+    return {"names": names, "weights": [float(w) for w in weights] if len(weights) == len(names) else None}
+
+
+def describe(module: str, args: dict[str, Any]) -> dict[str, Any]:
+    env = load(module, args)
+    load_fn = getattr(sys.modules.get(module), "load_environment", None)
+    takes_prompt = False
+    with contextlib.suppress(TypeError, ValueError):
+        takes_prompt = load_fn is not None and "system_prompt" in inspect.signature(load_fn).parameters
+    parser = getattr(env, "parser", None)
+    fmt = getattr(parser, "get_format_str", None)
+    return {"release": release(), "system_prompt": getattr(env, "system_prompt", None),
+            "sampling_args": jsonable(dict(getattr(env, "sampling_args", None) or {})),
+            "message_type": getattr(env, "message_type", "chat"), "takes_system_prompt": takes_prompt,
+            "parser": {"format": str(fmt()) if callable(fmt) else ""}, "rubric": rubric_of(env),
+            "dataset": split_rows(env, "dataset"), "eval_dataset": split_rows(env, "eval_dataset")}
+
+
+# serve -------------------------------------------------------------------------------------------------------------
+
+def end_group_with_parent() -> None:
+    """When the process that started this one dies, end this process group (workers included)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        with contextlib.suppress(OSError):
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def verifiers_server() -> Any:
+    """This release's own ZMQEnvServer class, or None before 0.1.10."""
+    for name in SERVER_MODULES:
+        try:
+            return importlib.import_module(name).ZMQEnvServer
+        except ImportError:
+            continue
+    return None
+
+
+def run_verifiers_server(cls: Any, module: str, args: dict[str, Any], address: str, log_dir: str) -> None:
+    accepted: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            accepted |= set(inspect.signature(init).parameters)
+    options: dict[str, Any] = {"env_id": module, "env_args": args, "address": address}
+    if "log_dir" in accepted:
+        options["log_dir"] = log_dir
+    if "log_file" in accepted:  # 0.1.10 writes logs/<env>.log under the working folder otherwise
+        options["log_file"] = os.path.join(log_dir, "env_server.log")
+    print(f"driver: verifiers {release()} serving {module} with its own {cls.__module__}.ZMQEnvServer on {address}",
+          flush=True)
+    cls.run_server(**options)
+
+
+def state_output(state: Any, columns: list[str]) -> dict[str, Any]:
+    """A finished state of a release without `state_to_output` (0.1.8, 0.1.9) as a RolloutOutput-shaped dict."""
+    keys = ("example_id", "prompt", "completion", "answer", "task", "info", "reward", "metrics", "is_truncated",
+            "stop_condition", "timing", "error")
+    out = {k: jsonable(state.get(k)) for k in keys}
+    for column in columns:
+        out[column] = jsonable(state.get(column))
+    return out
+
+
+class Driver:
+    """Our server for releases without one: verifiers' request and response shapes over a ZMQ ROUTER socket."""
+
+    def __init__(self, module: str, args: dict[str, Any], address: str) -> None:
+        self.env = load(module, args)
+        self.address = address
+        self.clients: dict[tuple[str, str], Any] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def client(self, config: dict[str, Any]) -> Any:
+        from openai import AsyncOpenAI
+
+        key = (str(config.get("api_base_url")), str(config.get("api_key_var") or ""))
+        if key not in self.clients:
+            self.clients[key] = AsyncOpenAI(base_url=key[0], api_key=os.environ.get(key[1]) or "EMPTY",
+                                            timeout=float(config.get("timeout") or 3600.0), max_retries=0)
+        return self.clients[key]
+
+    async def run_group(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        inputs = request.get("group_inputs") or [request["input"]]
+        columns = list(request.get("state_columns") or [])
+        client = self.client(request.get("client_config") or {})
+        run_group = self.env.run_group
+        if "gen_sem" in inspect.signature(run_group).parameters:  # 0.1.8, 0.1.9: semaphores, states back
+            free = contextlib.AsyncExitStack()
+            states = await run_group(inputs, client, request["model"], request.get("sampling_args") or {}, free,
+                                     free)
+            return [state_output(s, columns) for s in states]
+        outputs = await run_group(inputs, client, request["model"], request.get("sampling_args") or {},
+                                  state_columns=columns)
+        return [jsonable(o) for o in outputs]
+
+    async def answer(self, socket: Any, client_id: bytes, request_id: bytes, payload: bytes) -> None:
+        import msgpack
+
+        try:
+            request = msgpack.unpackb(payload, raw=False)
+            kind = request.get("request_type")
+            if kind not in ("run_group", "run_rollout"):
+                raise ValueError(f"unknown request type {kind!r}")
+            outputs = await self.run_group(request)
+            response: dict[str, Any] = {"success": True, "error": None}
+            response.update({"outputs": outputs} if kind == "run_group" else {"output": outputs[0]})
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:  # the environment's own failure: the client fails these rollouts with it
+            response = {"success": False, "error": f"{type(exc).__name__}: {exc} (verifiers {release()})"}
+            traceback.print_exc()
+        await socket.send_multipart([client_id, request_id, msgpack.packb(response, use_bin_type=True)])
+
+    async def serve(self) -> None:
+        import msgpack
+        import zmq
+        import zmq.asyncio
+
+        context = zmq.asyncio.Context()
+        socket = context.socket(zmq.ROUTER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.bind(self.address)
+        print(f"driver: verifiers {release()} serving with prime-lab's driver on {self.address}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        health = msgpack.packb({"success": True, "error": None}, use_bin_type=True)
+        while not stop.is_set():
+            if not await socket.poll(100):
+                continue
+            frames = await socket.recv_multipart()
+            if len(frames) != 3:
+                continue
+            client_id, request_id, payload = frames
+            if payload == b"ping":
+                await socket.send_multipart([client_id, request_id, health])
+            elif payload:
+                task = asyncio.create_task(self.answer(socket, client_id, request_id, payload))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+        socket.close()
+        context.term()
+
+
+def serve(module: str, args: dict[str, Any], address: str, log_dir: str) -> None:
+    end_group_with_parent()
+    cls = verifiers_server()
+    if cls is not None:
+        run_verifiers_server(cls, module, args, address, log_dir)
+    else:
+        asyncio.run(Driver(module, args, address).serve())
+
+
+def main(argv: list[str]) -> int:
+    command, module, *rest = argv
+    if command == "check":
+        print(json.dumps(check(module)), flush=True)
+        return 0
+    if command == "describe":
+        args_json, out = rest
+        try:
+            result = describe(module, json.loads(args_json))
+        except BaseException as exc:  # noqa: BLE001 - reported to prime-lab, which says what to do
+            result = {"error": f"{type(exc).__name__}: {exc}", "where": _where(exc, module), "release": release(),
+                      "missing": getattr(exc, "name", None) if isinstance(exc, ImportError) else None}
+        with open(out, "w", encoding="utf-8") as handle:
+            json.dump(result, handle)
+        return 0
+    if command == "serve":
+        args_json, address, log_dir = rest
+        serve(module, json.loads(args_json), address, log_dir)
+        return 0
+    print(f"driver: unknown command {command!r}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
