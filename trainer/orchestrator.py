@@ -38,6 +38,7 @@ from prime_lab.lab.envs import (
     Environment,
     Rollout,
     SamplingArgs,
+    isolated,
     load_env_files,
     load_environment,
     replace_system_prompt,
@@ -141,6 +142,9 @@ class Orchestrator:
         if config.env_file:
             load_env_files(config.env_file, base=Path.cwd())
         self.names = env_names(config)
+        # an environment at its own verifiers release runs as a server of this run: logged beside the run's other
+        # processes, registered so that the reaper ends it with the run
+        isolated.serve_into(run.dir / "logs", lambda role, pid: run.register_process(role, pid))
         self.envs: dict[str, Environment] = {
             name: load_environment(e.id, **e.args) for name, e in zip(self.names, config.env, strict=True)}
         # `[[env]] system_prompt` (a GEPA run's best, exported): each row's system message, as GEPA tried it
@@ -178,6 +182,7 @@ class Orchestrator:
         self.closing = False  # every batch is written (or the run stops): start no more groups
         self.ready: list[Group] = []  # finished, not yet looked at
         self.deferred: list[Group] = []  # finished, fresh enough for the next batch, kept for it
+        self.reported: set[str] = set()  # rollout failures logged whole already
         self.rollouts_started = self.start_step * 100_000  # per-rollout seeds differ after a resume too
 
     def log(self, message: str, level: str = "INFO", step: int | None = None) -> None:
@@ -354,7 +359,10 @@ class Orchestrator:
             if errors:
                 counts["failed"] += 1
                 last_reason = f"a rollout failed: {errors[0].splitlines()[0]}"
-                self.log(f"dropped a group of {group.env}: {last_reason}", "WARNING", step)
+                told = last_reason in self.reported  # the whole error (a dead server's log) once, then its line
+                self.reported.add(last_reason)
+                self.log(f"dropped a group of {group.env}: {last_reason if told else 'a rollout failed: ' + errors[0]}",
+                         "WARNING", step)
                 await self.check_sampler(errors[0], group.server or self.samplers.servers[0])
             else:
                 verdict = self.filter.judge([r.reward for r in group.rollouts])

@@ -160,7 +160,14 @@ class ReleaseChoice:
     release: str | None
     candidates: tuple[str, ...]
     reason: str
-    ruled_out: tuple[str, ...] = ()
+    ruled_out: tuple[tuple[str, str], ...] = ()  # (release, what it lacks that the package imports, and where)
+
+    def ruled_out_words(self) -> list[str]:
+        """`0.3.1, 0.3.0: no module verifiers.utils.token_utils (imported at game.py:13)`, one line per reason."""
+        by_reason: dict[str, list[str]] = {}
+        for release, why in self.ruled_out:
+            by_reason.setdefault(why, []).append(release)
+        return [f"{', '.join(found)}: {why}" for why, found in by_reason.items()]
 
 
 MAX_TRIES = 3  # releases tried (each installed into) before giving up
@@ -199,7 +206,7 @@ def choose_release(target: Path, requested: str | None = None, isolate: bool = F
                            "--verifiers VERSION")
     wanted = [i for i in releases.verifiers_imports(target) if i.module != "verifiers" or i.names]
     passing: list[str] = []
-    ruled_out: list[str] = []
+    ruled_out: list[tuple[str, str]] = []
     for version in found:
         lacking = None
         if wanted:
@@ -208,14 +215,14 @@ def choose_release(target: Path, requested: str | None = None, isolate: bool = F
         if lacking is None:
             passing.append(str(version))
         else:
-            ruled_out.append(f"{version} ({lacking[1]}; imported at {lacking[0].where})")
+            ruled_out.append((str(version), f"{lacking[1]} (imported at {lacking[0].where})"))
         if len(passing) >= MAX_TRIES:
             break
     if not passing:
+        words = "; ".join(ReleaseChoice(None, (), "", tuple(ruled_out)).ruled_out_words())
         raise InstallError(f"{target} declares {said}, but every release it accepts lacks something it imports: "
-                           + "; ".join(ruled_out))
-    why = f"the newest release that satisfies {said} (declared)" + (
-        f" and has what it imports (ruled out: {', '.join(r.split(' ')[0] for r in ruled_out)})" if ruled_out else "")
+                           f"{words}. Fix the import or the declaration, or install it with --verifiers VERSION")
+    why = f"the newest release that satisfies {said} (declared)" + (" and has what it imports" if ruled_out else "")
     if not isolate and beside is not None and beside in passing:
         return ReleaseChoice(None, (), f"verifiers {beside}, beside prime-lab, satisfies {said} and has what it "
                                        "imports", tuple(ruled_out))
@@ -284,10 +291,12 @@ def install_isolated(target: Path, choice: ReleaseChoice, say: Any = None) -> li
         where = f" at {checked['where']}" if checked.get("where") else ""
         tried.append(f"{release}: {checked.get('error')}{where}")
         env.pip("uninstall", "-q", "-y", how.project)
+        if callable(say):
+            say(f"verifiers {release} cannot import {module}: {checked.get('error')}{where}")
         if not checked.get("import_error"):
             break
     raise InstallError(f"{how.project} cannot import under any release it was tried with: " + "; ".join(tried)
-                       + (f" (ruled out before trying, by what it imports: {'; '.join(choice.ruled_out)})"
+                       + (f" (ruled out before trying, by what it imports: {'; '.join(choice.ruled_out_words())})"
                           if choice.ruled_out else "")
                        + ". Install it at another release with --verifiers VERSION")
 

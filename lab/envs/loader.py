@@ -89,8 +89,14 @@ def _find_module(env_id: str) -> tuple[ModuleType, str]:
         return importlib.import_module(where.module), where.function
     except Exception as exc:
         message = hub.failure_message(exc, env_id, {}) or missing_key_message(exc, env_id)
+        release = ""
+        if isinstance(exc, ImportError | AttributeError) and "verifiers" in str(exc):
+            from prime_lab.lab.envs.verifiers_adapter import release_note
+
+            release = (f" ({release_note(where.module)}; install it at the release it needs, in its own "
+                       "environment: prime env install PATH [--verifiers VERSION])")
         raise EnvironmentLoadError(message or f"environment '{env_id}': importing module '{where.module}' failed: "
-                                              f"{type(exc).__name__}: {exc}") from exc
+                                              f"{type(exc).__name__}: {exc}{release}") from exc
 
 
 @dataclass(frozen=True)

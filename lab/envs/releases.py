@@ -190,11 +190,11 @@ class ReleaseContents:
     def lacks(self, wanted: VerifiersImport) -> str | None:
         """What of `wanted` this release does not have, in words (None: it has all of it)."""
         if wanted.module not in self.sources:
-            return f"{wanted.module} does not exist in verifiers {self.version}"
+            return f"no module {wanted.module}"
         source = self.sources[wanted.module]
         for name in wanted.names:
             if f"{wanted.module}.{name}" not in self.sources and not re.search(rf"\b{re.escape(name)}\b", source):
-                return f"{wanted.module} has no {name} in verifiers {self.version}"
+                return f"no {name} in {wanted.module}"
         return None
 
 

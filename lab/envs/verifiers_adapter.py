@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.metadata
+import importlib.util
 import inspect
 import json
 import re
@@ -91,6 +92,10 @@ def declared_requirement(module_name: str) -> str | None:
                 return f"{requirement.split(';')[0].strip()} (package {dist})"
     module = sys.modules.get(module_name)
     origin = getattr(module, "__file__", None)
+    if origin is None:  # its import failed: find its file without importing it
+        with contextlib.suppress(ImportError, ValueError):
+            spec = importlib.util.find_spec(top)
+            origin = spec.origin if spec is not None else None
     if origin:
         for folder in list(Path(origin).resolve().parents)[:2]:
             pyproject = folder / "pyproject.toml"

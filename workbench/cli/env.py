@@ -113,8 +113,8 @@ def install(
     try:
         choice = choose_release(target.expanduser().resolve(), verifiers, isolate)
         if choice.release is not None:
-            for ruled in choice.ruled_out:
-                err(f"not verifiers {ruled}")
+            for ruled in choice.ruled_out_words():
+                err(f"ruled out by what it imports: verifiers {ruled}")
             err(f"verifiers {choice.release}: {choice.reason}")
             records = install_isolated(target.expanduser().resolve(), choice, say=err)
             for record in records:
