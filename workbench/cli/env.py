@@ -50,7 +50,7 @@ def list_envs(
              info.doc.split(": ", 1)[-1] if verbose else short_description(info.doc.split(": ", 1)[-1]),
              ", ".join(a.name if a.required else f"{a.name}={a.default!r}" for a in info.args
                        if a.name != "system_prompt")) for info in infos]
-    print_table((Column("ID", no_wrap=True), "SOURCE", "RUNS ON", Column("DESCRIPTION", ratio=1),
+    print_table((Column("ID", no_wrap=True), "SOURCE", Column("RUNS ON", ratio=1), Column("DESCRIPTION", ratio=1),
                  Column("ARGS", ratio=1)), rows, styles=["dim" if info.shadowed_by else None for info in infos])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,26 @@ def tool_calling_model(request: dict[str, Any]) -> dict[str, Any]:
     if any(m["role"] == "tool" for m in request["messages"]):
         return {"role": "assistant", "content": "done"}
     call = {"id": "call_1", "type": "function", "function": {"name": tool, "arguments": json.dumps(TOOL_ARGS[tool])}}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def guessing_model(request: dict[str, Any]) -> dict[str, Any]:
+    """Plays vf-guess-game by binary search with native `guess` tool calls; says it found the number once a tool
+    reply says so."""
+    messages = request["messages"]
+    assert any(t["function"]["name"] == "guess" for t in request.get("tools") or []), request.get("tools")
+    user = next(m["content"] for m in messages if m["role"] == "user")
+    low, high = 1, int(re.search(r"from 1 to (\d+)", user).group(1))  # type: ignore[union-attr]
+    for text in (m["content"] for m in messages if m["role"] == "tool"):
+        number = int(re.match(r"\d+", text).group())  # type: ignore[union-attr]
+        if "higher" in text:
+            low = number + 1
+        elif "lower" in text:
+            high = number - 1
+        else:
+            return {"role": "assistant", "content": f"Found it: {number}."}
+    call = {"id": f"call_{len(messages)}", "type": "function",
+            "function": {"name": "guess", "arguments": json.dumps({"number": (low + high) // 2})}}
     return {"role": "assistant", "content": None, "tool_calls": [call]}
 
 

@@ -1,0 +1,310 @@
+"""What running an environment in its own interpreter costs per rollout group: in-process against isolated.
+
+    .venv/bin/python bench/env_isolation.py [--groups 50] [--group-size 4] [--warmup 3] [--max-tokens 16]
+                                            [--home DIR] [--verifiers-home DIR]
+
+One environment, one verifiers release on both sides, so that only the isolation differs: the fixture
+tests/fixtures/verifiers_envs/vf_reverse_text (single-turn; declares verifiers>=0.1.12), at the release installed
+beside prime-lab.
+
+- in-process: its folder on sys.path, loaded by id (`vf-reverse-text`) as a `VerifiersEnvironment`
+  (lab/envs/verifiers_adapter.py): verifiers' `run_group` runs in this process.
+- isolated: `prime env install FOLDER --verifiers <that release> --isolate` into a PRIME_LAB_HOME of the bench's own
+  (a temporary folder unless --home), which puts it into that release's own virtual environment
+  (`$PRIME_LAB_VERIFIERS_HOME/<release>/`, default `<home>/verifiers`: created with pip from the package registry,
+  once, about 40 s), then loaded by the same id as an `IsolatedEnvironment` (lab/envs/isolated.py): each group is
+  one `run_group` request over ZMQ + msgpack to verifiers' own ZMQEnvServer in that interpreter (driver.py,
+  env_server.py).
+
+The model is a stand-in: a tiny OpenAI-compatible HTTP server on 127.0.0.1, in a thread of this process, whose
+/v1/chat/completions answers at once with a fixed short reply (with vLLM's `prompt_token_ids`, `choices[0].token_ids`
+and logprobs, which the requests ask for as an RL run's do). It is there to isolate the transport's cost: what is
+measured is the environment's own work plus, on the isolated side, the trip to its server and back, not a model's
+generation. In practice a real sampler (prime-lab's built-in server, or vLLM) answers, and a group's time is mostly
+its generation; the overhead printed here is what isolation adds to that.
+
+After `--warmup` groups on each side (the isolated side's first one starts its server: that time is printed too),
+`--groups` groups of `--group-size` rollouts of the same row are run one after another, the two sides taking turns
+group by group (so that other work on a shared machine slows both alike). Prints the load times, the server's start,
+ms per group on each side (mean, median, p90) and, last:
+
+    in-process: X ms/group  isolated: Y ms/group  overhead: +Z ms/group (ratio R)
+
+(means; R = Y / X). Exits non-zero with its message when `prime env install` fails (no package registry), or when
+any rollout fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import openai  # noqa: E402
+
+from prime_lab.lab.envs import EnvironmentLoadError, Rollout, SamplingArgs  # noqa: E402
+from prime_lab.lab.envs.isolated import IsolatedEnvironment, stop_servers  # noqa: E402
+from prime_lab.lab.envs.releases import releases_home  # noqa: E402
+from prime_lab.lab.envs.verifiers_adapter import GroupEnvironment, VerifiersEnvironment  # noqa: E402
+
+PRIME = str(Path(sys.executable).parent / "prime")
+FIXTURE = ROOT / "tests" / "fixtures" / "verifiers_envs" / "vf_reverse_text"
+ENV_ID = "vf-reverse-text"
+MODEL = "stand-in"
+REPLY = "<reversed_text>\ndlrow olleh\n</reversed_text>"
+
+
+# The stand-in model ------------------------------------------------------------------------------------------------
+
+def chat_completion(request: dict[str, Any]) -> dict[str, Any]:
+    """A fixed assistant reply as vLLM spells it: with the prompt's and the completion's token ids and the
+    completion's logprobs when the request asks (`logprobs`, `return_token_ids`)."""
+    choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": REPLY}, "finish_reason": "stop"}
+    prompt_tokens = max(1, len(json.dumps(request.get("messages") or [])) // 4)
+    reply: dict[str, Any] = {
+        "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()),
+        "model": request.get("model", MODEL), "choices": [choice],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(REPLY),
+                  "total_tokens": prompt_tokens + len(REPLY)}}
+    if request.get("logprobs") and request.get("return_token_ids"):
+        reply["prompt_token_ids"] = list(range(prompt_tokens))
+        choice["token_ids"] = [ord(c) % 256 for c in REPLY]
+        choice["logprobs"] = {"content": [{"token": c, "logprob": -0.5, "bytes": [ord(c)], "top_logprobs": []}
+                                          for c in REPLY]}
+    return reply
+
+
+class StandIn(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as a real server: no connection per request
+    # Headers and body leave in two writes: with Nagle's algorithm on, the body waits for the client's delayed ACK
+    # (40 ms on Linux), which the isolated server's client pays on every call and this process's mostly does not.
+    disable_nagle_algorithm = True
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path.rstrip("/").endswith("/chat/completions"):
+            self.server.requests += 1  # type: ignore[attr-defined]
+            self._send(200, chat_completion(json.loads(body or b"{}")))
+        else:
+            self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path.rstrip("/").endswith("/models"):
+            self._send(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+        else:
+            self._send(200 if self.path == "/health" else 404, {})
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        return
+
+
+@contextmanager
+def stand_in_model() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
+    server.daemon_threads = True
+    server.requests = 0  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, name="stand-in-model", daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# The two sides -----------------------------------------------------------------------------------------------------
+
+class BenchError(RuntimeError):
+    """Why the bench cannot measure (the install failed, a rollout failed); printed, exit 1."""
+
+
+def load_in_process() -> tuple[GroupEnvironment, float]:
+    """The fixture from its folder on sys.path, in this process (before the isolated install records the id)."""
+    from prime_lab.lab.envs import load_environment
+
+    sys.path.insert(0, str(FIXTURE))
+    start = time.perf_counter()
+    env = load_environment(ENV_ID)
+    seconds = time.perf_counter() - start
+    if not isinstance(env, VerifiersEnvironment):
+        raise BenchError(f"'{ENV_ID}' loaded as {type(env).__name__}, not in-process (VerifiersEnvironment)")
+    return env, seconds
+
+
+def install_isolated(release: str) -> float:
+    """`prime env install FIXTURE --verifiers RELEASE --isolate` into this process's PRIME_LAB_HOME; the seconds it
+    took."""
+    start = time.perf_counter()
+    done = subprocess.run([PRIME, "env", "install", str(FIXTURE), "--verifiers", release, "--isolate"],
+                          capture_output=True, text=True, env=os.environ.copy(), check=False, timeout=1800)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise BenchError(f"prime env install {FIXTURE} --verifiers {release} --isolate failed (exit "
+                         f"{done.returncode}):\n{(done.stderr or done.stdout).strip()}")
+    return seconds
+
+
+def load_isolated() -> tuple[GroupEnvironment, float]:
+    from prime_lab.lab.envs import load_environment
+
+    start = time.perf_counter()
+    env = load_environment(ENV_ID)
+    seconds = time.perf_counter() - start
+    if not isinstance(env, IsolatedEnvironment):
+        raise BenchError(f"'{ENV_ID}' loaded as {type(env).__name__} after `prime env install --isolate`, not as "
+                         "an IsolatedEnvironment")
+    return env, seconds
+
+
+@dataclass
+class Side:
+    name: str
+    env: GroupEnvironment
+    load_s: float
+    first_ms: float = 0.0  # the first warm-up group (the isolated side's starts its server)
+    group_ms: list[float] = field(default_factory=list)
+
+    def mean(self) -> float:
+        return statistics.fmean(self.group_ms)
+
+    def summary(self) -> str:
+        times = sorted(self.group_ms)
+        p90 = times[min(len(times) - 1, round(0.9 * (len(times) - 1)))]
+        return (f"{self.name + ':':<12}{self.mean():8.2f} ms/group  (median {statistics.median(times):.2f}, "
+                f"p90 {p90:.2f}, min {times[0]:.2f}; load {self.load_s:.2f} s)")
+
+
+def check(side: Side, rollouts: list[Rollout], size: int) -> None:
+    """Every rollout completed, scored, with the stand-in's token ids: the group did what a real one does."""
+    failed = [r.error for r in rollouts if r.error]
+    if failed or len(rollouts) != size:
+        raise BenchError(f"{side.name}: {len(failed)} of {len(rollouts)} rollouts failed (group of {size}): "
+                         f"{failed[0] if failed else 'wrong count'}")
+    lacking = [r for r in rollouts if not r.turns or not r.turns[0].completion_token_ids or r.reward <= 0]
+    if lacking:
+        raise BenchError(f"{side.name}: a rollout came back without token ids or reward: {lacking[0]}")
+
+
+async def one_group(side: Side, client: openai.AsyncOpenAI, row: dict[str, Any], size: int,
+                    sampling: SamplingArgs) -> float:
+    start = time.perf_counter()
+    rollouts = await side.env.run_group(client, MODEL, [row] * size, sampling)
+    ms = (time.perf_counter() - start) * 1000
+    check(side, rollouts, size)
+    return ms
+
+
+async def measure(sides: list[Side], base_url: str, groups: int, size: int, warmup: int, max_tokens: int) -> None:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=120)
+    sampling = SamplingArgs(max_tokens=max_tokens, temperature=1.0, rl_fields=True)
+    rows = {id(s): s.env.get_eval_dataset(1)[0] for s in sides}
+    try:
+        for k in range(warmup):
+            for side in sides:
+                ms = await one_group(side, client, rows[id(side)], size, sampling)
+                if k == 0:
+                    side.first_ms = ms
+        for _ in range(groups):
+            for side in sides:
+                side.group_ms.append(await one_group(side, client, rows[id(side)], size, sampling))
+    finally:
+        await client.close()
+
+
+# Main --------------------------------------------------------------------------------------------------------------
+
+def run(args: argparse.Namespace, home: Path) -> int:
+    os.environ["PRIME_LAB_HOME"] = str(home)
+    if args.verifiers_home is not None:
+        os.environ["PRIME_LAB_VERIFIERS_HOME"] = str(args.verifiers_home.expanduser().resolve())
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # the in-process load's dataset maps
+    try:
+        release = importlib.metadata.version("verifiers")
+    except importlib.metadata.PackageNotFoundError:
+        print("bench/env_isolation.py: verifiers is not installed beside prime-lab (pip install -c constraints.txt "
+              "'prime-lab[verifiers]')", file=sys.stderr)
+        return 1
+    venv = releases_home() / release
+    print(f"{ENV_ID} ({FIXTURE.relative_to(ROOT)}), verifiers {release} on both sides; "
+          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}", flush=True)
+    try:
+        in_process, load_s = load_in_process()
+        existed = (venv / ".prime-lab-ready").is_file()
+        install_s = install_isolated(release)
+        made = "" if existed else ", its virtual environment created"
+        print(f"prime env install --isolate: {install_s:.1f} s{made} ({venv}, PRIME_LAB_HOME {home})", flush=True)
+        isolated, isolated_load_s = load_isolated()
+        sides = [Side("in-process", in_process, load_s), Side("isolated", isolated, isolated_load_s)]
+        with stand_in_model() as model:
+            base_url = f"http://127.0.0.1:{model.server_address[1]}/v1"
+            print(f"stand-in model at {base_url} (answers at once); {args.groups} groups of {args.group_size} "
+                  f"rollouts after {args.warmup} warm-up group(s) per side, sides taking turns", flush=True)
+            asyncio.run(measure(sides, base_url, args.groups, args.group_size, args.warmup, args.max_tokens))
+            requests = model.requests  # type: ignore[attr-defined]
+    except (BenchError, EnvironmentLoadError) as exc:
+        print(f"bench/env_isolation.py: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stop_servers()
+    expected = 2 * (args.groups + args.warmup) * args.group_size
+    inside, outside = sides
+    start_ms = outside.first_ms - statistics.median(outside.group_ms)
+    print(f"isolated server start: {start_ms / 1000:.2f} s (its first group, which starts it, took "
+          f"{outside.first_ms / 1000:.2f} s; in-process first group {inside.first_ms:.1f} ms)")
+    print(f"the stand-in answered {requests} requests ({expected} expected)")
+    print(inside.summary())
+    print(outside.summary())
+    overhead = outside.mean() - inside.mean()
+    print(f"in-process: {inside.mean():.2f} ms/group  isolated: {outside.mean():.2f} ms/group  "
+          f"overhead: {overhead:+.2f} ms/group (ratio {outside.mean() / inside.mean():.2f})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", type=int, default=50, help="timed groups per side")
+    parser.add_argument("--group-size", type=int, default=4, help="rollouts per group (rollouts_per_example)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed groups per side first")
+    parser.add_argument("--max-tokens", type=int, default=16, help="max_tokens of each request")
+    parser.add_argument("--home", type=Path, default=None,
+                        help="PRIME_LAB_HOME to install into (default: a temporary folder, removed after)")
+    parser.add_argument("--verifiers-home", type=Path, default=None,
+                        help="where releases' virtual environments live (PRIME_LAB_VERIFIERS_HOME; default: that "
+                             "variable, else <home>/verifiers)")
+    args = parser.parse_args(argv)
+    if args.groups < 1 or args.group_size < 1 or args.warmup < 1:
+        parser.error("--groups, --group-size and --warmup must be at least 1")
+    if args.home is not None:
+        args.home.mkdir(parents=True, exist_ok=True)
+        return run(args, args.home.expanduser().resolve())
+    with tempfile.TemporaryDirectory(prefix="prime-lab-bench-envs-") as home:
+        return run(args, Path(home))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""bench/env_isolation.py run small: the fixture installed at its own release (its virtual environment created with
+pip from the package registry, or reused from `$PRIME_LAB_VERIFIERS_HOME`), a few groups on each side against the
+stand-in model, and the figures it prints (ms per group on both sides, the overhead and the ratio)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "env_isolation.py"
+NUMBER = r"(\d+\.\d\d)"
+LAST = re.compile(rf"^in-process: {NUMBER} ms/group  isolated: {NUMBER} ms/group  overhead: ([+-]\d+\.\d\d) ms/group "
+                  rf"\(ratio {NUMBER}\)$", re.M)
+
+
+@pytest.mark.slow
+def test_the_bench_prints_both_sides_the_overhead_and_the_ratio(tmp_path: Path) -> None:
+    # PRIME_LAB_VERIFIERS_HOME passes through when set (a release's environment made once, reused); otherwise the
+    # release's environment is made under --home
+    done = subprocess.run([sys.executable, str(BENCH), "--groups", "4", "--group-size", "2", "--warmup", "1",
+                           "--home", str(tmp_path / "home")], capture_output=True, text=True, timeout=550)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    found = LAST.search(out)
+    assert found is not None, out
+    inside, isolated, overhead, ratio = (float(g) for g in found.groups())
+    assert inside > 0 and isolated > 0, out
+    assert overhead == pytest.approx(isolated - inside, abs=0.02)
+    assert ratio == pytest.approx(isolated / inside, rel=0.01, abs=0.01)
+    assert re.search(r"^the stand-in answered 20 requests \(20 expected\)$", out, re.M), out  # 2 sides x 5 x 2
+    start = re.search(r"^isolated server start: (\d+\.\d\d) s \(its first group, which starts it, took", out, re.M)
+    assert start is not None and float(start.group(1)) > 0, out
+    assert (tmp_path / "home" / "environments" / "isolated.json").is_file()  # installed into the bench's own home

@@ -1,0 +1,312 @@
+"""Every environment at the verifiers release it was written for, several releases in one run.
+
+`prime env install` gives each fixture its release's own virtual environment, created here with pip from the package
+registry (once per test session, or reused from `$PRIME_LAB_VERIFIERS_HOME`):
+- vf-fruit-task declares verifiers==0.1.12 (string `task` rows, which later releases refuse) -> 0.1.12;
+- vf-guess-game (a StatefulToolEnv game) declares verifiers>=0.1.8 and imports a module only 0.1.9/0.1.10 have ->
+  0.1.10, whose own environment server runs it; installed with `--verifiers 0.1.9.post3` it runs on our driver;
+- vf-step-down imports by a computed name a helper only 0.1.9 has -> 0.1.10 fails to import it, 0.1.9.post3 is used;
+- vf-legacy-sort needs 0.3.x, the release beside prime-lab: it runs in this interpreter, as before.
+Evaluations, RL runs (one mixing 0.1.12 with 0.3.1) and GEPA runs then drive them over one protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prime_lab.lab.runs import pid_alive
+from tests.gepa.reflection_standin import write_gepa_config
+from tests.lab.envs.scripted import scripted_endpoint
+from tests.lab.envs.verifiers_standins import VF_ENVS, completion, guessing_model
+from tests.support import cli
+from tests.support.rl_runs import logs, metrics, start, wait_final
+
+pytestmark = pytest.mark.slow
+prime = partial(cli.prime, timeout=900)
+BESIDE = VF_ENVS / "vf_legacy_sort"  # needs verifiers 0.3.x, the release beside prime-lab: on the path, in-process
+INSTALLS = {  # registry name -> the installs it holds (fixture folder, extra arguments)
+    "releases": [("vf_fruit_task", ()), ("vf_guess_game", ()), ("vf_step_down", ())],
+    "driver": [("vf_guess_game", ("--verifiers", "0.1.9.post3"))],
+}
+
+
+@pytest.fixture(scope="session")
+def releases_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the releases' virtual environments live for this session (reused when the environment names one)."""
+    given = os.environ.get("PRIME_LAB_VERIFIERS_HOME")
+    return Path(given) if given else tmp_path_factory.mktemp("verifiers-releases")
+
+
+@pytest.fixture(scope="session")
+def installed(releases_home: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Each registry's installs, done once with `prime env install`: its registry file and what install printed."""
+    out: dict[str, Any] = {}
+    for name, installs in INSTALLS.items():
+        home = tmp_path_factory.mktemp(f"home-{name}")
+        env = {**os.environ, "PRIME_LAB_HOME": str(home), "PRIME_LAB_VERIFIERS_HOME": str(releases_home)}
+        printed = {}
+        for folder, extra in installs:
+            proc = prime("env", "install", str(VF_ENVS / folder), *extra, env=env)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            printed[folder] = proc
+        out[name] = {"registry": home / "environments" / "isolated.json", "printed": printed}
+    return out
+
+
+def use(installed: dict[str, Any], name: str, lab_home: Path, releases_home: Path,
+        monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """This test's PRIME_LAB_HOME gets registry `name`; the beside environment goes on the path."""
+    target = lab_home / "environments" / "isolated.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(installed[name]["registry"], target)
+    monkeypatch.setenv("PRIME_LAB_VERIFIERS_HOME", str(releases_home))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(BESIDE), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    records: dict[str, Any] = json.loads(target.read_text())["environments"]
+    return records
+
+
+@pytest.fixture
+def releases(installed: dict[str, Any], lab_home: Path, releases_home: Path,
+             monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    return use(installed, "releases", lab_home, releases_home, monkeypatch)
+
+
+@pytest.fixture
+def guess_endpoint() -> Iterator[Any]:
+    with scripted_endpoint([]) as endpoint:
+        endpoint.next_reply = lambda request: completion(request, guessing_model(request))
+        yield endpoint
+
+
+def eval_rows(cwd: Path) -> list[dict[str, Any]]:
+    [results] = list((cwd / "outputs" / "evals").rglob("results.jsonl"))
+    return [json.loads(line) for line in results.read_text().splitlines()]
+
+
+# Installing ----------------------------------------------------------------------------------------------------
+
+def test_install_picks_each_environments_release(installed: dict[str, Any], releases: dict[str, Any]) -> None:
+    printed = installed["releases"]["printed"]
+    assert {name: r["release"] for name, r in releases.items()} == {
+        "vf-fruit-task": "0.1.12", "vf-guess-game": "0.1.10", "vf-step-down": "0.1.9.post3"}
+    # declared: the pin
+    assert "verifiers 0.1.12: the newest release that satisfies verifiers==0.1.12" in printed["vf_fruit_task"].stderr
+    # declared too loosely, narrowed by what it imports (read from each release's wheel)
+    guess = printed["vf_guess_game"].stderr
+    assert "ruled out by what it imports: verifiers 0.3.1, 0.3.0, 0.2.1, 0.2.0, 0.1.14, 0.1.12, 0.1.11" in guess
+    assert "no module verifiers.utils.token_utils (imported at vf_guess_game.py:" in guess
+    # what only importing shows: 0.1.10 tried, then one release down
+    step = printed["vf_step_down"].stderr
+    assert "verifiers 0.1.10 cannot import vf_step_down: ModuleNotFoundError: No module named " \
+           "'verifiers.utils.rlm_data_serialization_utils'" in step
+    assert "into verifiers 0.1.9.post3's own environment" in step
+    # each release's interpreter is its own, shared by the environments that need it
+    assert len({r["python"] for r in releases.values()}) == 3
+    assert installed["driver"]["printed"]["vf_guess_game"].stdout.split() == ["vf-guess-game", "vf_guess_game"]
+
+    listed = {e["id"]: e for e in json.loads(prime("env", "list", "-o", "json").stdout)}
+    for name, record in releases.items():
+        assert listed[name]["source"] == "isolated" and listed[name]["verifiers"] == record["release"]
+        assert listed[name]["interpreter"] == record["python"] and Path(record["python"]).is_file()
+    table = prime("env", "list", env={**os.environ, "COLUMNS": "300"}).stdout
+    fruit = next(line for line in table.splitlines() if "vf-fruit-task" in line)
+    assert f"verifiers 0.1.12 (own: {Path(releases['vf-fruit-task']['python']).parents[1]})" in fruit
+
+
+def test_install_failure_names_the_releases_tried(releases: dict[str, Any], tmp_path: Path) -> None:
+    proc = prime("env", "install", str(VF_ENVS / "vf_step_down"), "--verifiers", "0.1.10")
+    assert proc.returncode != 0
+    assert "vf-step-down cannot import under any release it was tried with: 0.1.10: ModuleNotFoundError: No module " \
+           "named 'verifiers.utils.rlm_data_serialization_utils' at vf_step_down.py:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    # a declaration no release it accepts satisfies, by what the package imports
+    package = tmp_path / "narrow"
+    shutil.copytree(VF_ENVS / "vf_guess_game", package)
+    pyproject = package / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("verifiers>=0.1.8", "verifiers>=0.1.11,<0.1.13"))
+    proc = prime("env", "install", str(package))
+    assert proc.returncode != 0
+    assert "declares verifiers<0.1.13,>=0.1.11, but every release it accepts lacks something it imports: 0.1.12, " \
+           "0.1.11: no module verifiers.utils.token_utils" in proc.stderr
+    assert "--verifiers VERSION" in proc.stderr
+
+
+# Evaluating ----------------------------------------------------------------------------------------------------
+
+def test_eval_pinned_environment(releases: dict[str, Any], builtin_server: Any, tmp_path: Path) -> None:
+    proc = prime("eval", "run", "vf-fruit-task", "-b", builtin_server.base_url, "-m", builtin_server.model_name,
+                 "-n", "3", "-r", "2", "-t", "8", "-S", '{"seed": 3}', cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = eval_rows(tmp_path)
+    assert len(rows) == 6 and [r["error"] for r in rows] == [None] * 6, rows[0]["error"]
+    assert rows[0]["prompt"][0]["role"] == "system"  # its system prompt, from its own interpreter's formatting
+    assert {"valid_move", "move_similarity"} <= set(rows[0]["metrics"])  # its rubric ran there
+    assert sum(r["reward"] for r in rows) > 0
+    assert all(r["token_usage"]["completion_tokens"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("registry,release", [("releases", "0.1.10"), ("driver", "0.1.9.post3")],
+                         ids=["own-server", "our-driver"])
+def test_eval_tool_game(registry: str, release: str, installed: dict[str, Any], lab_home: Path,
+                        releases_home: Path, monkeypatch: pytest.MonkeyPatch, guess_endpoint: Any,
+                        tmp_path: Path) -> None:
+    """A StatefulToolEnv game written for 0.1.9/0.1.10: tools sent natively, calls run, the hidden number kept in
+    its state, through verifiers 0.1.10's own server and through our driver on 0.1.9.post3."""
+    records = use(installed, registry, lab_home, releases_home, monkeypatch)
+    assert records["vf-guess-game"]["release"] == release
+    proc = prime("eval", "run", "vf-guess-game", "-b", guess_endpoint.base_url, "-m", "guesser", "-n", "3", "-r", "2",
+                 cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = eval_rows(tmp_path)
+    assert [r["error"] for r in rows] == [None] * 6
+    for row in rows:
+        roles = [m["role"] for m in row["completion"]]
+        assert roles[:2] == ["assistant", "tool"] and roles.count("tool") >= 2, roles
+        assert row["reward"] == pytest.approx(1.5) and row["metrics"]["solved_reward"] == 1.0
+    logs_found = list((lab_home / "environments" / "logs").glob("env-vf-guess-game*.log"))
+    assert logs_found and f"verifiers {release}" in logs_found[0].read_text()
+
+
+# Training ------------------------------------------------------------------------------------------------------
+
+def write_rl_config(path: Path, model: Path, env_ids: list[str], steps: int) -> Path:
+    envs = "".join(f'\n[[env]]\nid = "{e}"\n' for e in env_ids)
+    path.write_text(f"""
+model = "{model}"
+max_steps = {steps}
+batch_size = 16
+rollouts_per_example = 4
+learning_rate = 1e-2
+{envs}
+[sampling]
+max_tokens = 8
+seed = 0
+
+[buffer]
+seed = 0
+
+[inference]
+backend = "builtin"
+
+[lora]
+r = 8
+alpha = 16
+target_modules = ["q_proj", "v_proj"]
+""")
+    return path
+
+
+def test_rl_run_mixing_releases(releases: dict[str, Any], learnable_model_dir: Path, tmp_path: Path) -> None:
+    """One run: vf-fruit-task on verifiers 0.1.12 in its own interpreter, vf-legacy-sort on 0.3.1 beside us."""
+    envs = ["vf-fruit-task", "vf-legacy-sort"]
+    run = start(write_rl_config(tmp_path / "rl.toml", learnable_model_dir, envs, steps=4))
+    status = wait_final(run, timeout=600)
+    assert status["state"] == "completed", status.get("reason", "") + logs(run)
+    samples = [json.loads(line) for step in range(1, 5)
+               for line in (run.rollouts_dir / f"step_{step}.jsonl").read_text().splitlines()]
+    assert {s["env"] for s in samples} == set(envs)
+    for sample in samples:  # the sampler's token ids and logprobs reached the trainer, from both interpreters
+        assert len(sample["input_ids"]) == len(sample["loss_mask"]) == len(sample["sampler_logprobs"])
+        assert [lp for lp, m in zip(sample["sampler_logprobs"], sample["loss_mask"], strict=True) if m]
+    by_step = metrics(run, "orchestrator")
+    assert {f"reward/{e}" for e in envs} <= {k for m in by_step.values() for k in m}
+    for env in envs:
+        assert any(s["reward"] > 0 for s in samples if s["env"] == env), env
+    trained = metrics(run, "trainer")
+    assert len(trained) == 4 and all(m["optim/grad_norm"] > 0 for m in trained.values())
+    # the environment's server was the run's: registered with its reaper, logged with it, ended with it
+    server = (status.get("processes") or {}).get("env-vf-fruit-task")
+    assert server is not None and not pid_alive(server["pid"], server.get("start_time"))
+    assert "verifiers 0.1.12" in (run.dir / "logs" / "env-vf-fruit-task.log").read_text()
+
+
+def test_rl_run_tool_game(releases: dict[str, Any], learnable_model_dir: Path, tmp_path: Path) -> None:
+    run = start(write_rl_config(tmp_path / "rl.toml", learnable_model_dir, ["vf-guess-game"], steps=2))
+    status = wait_final(run, timeout=600)
+    assert status["state"] == "completed", status.get("reason", "") + logs(run)
+    samples = [json.loads(line) for step in (1, 2)
+               for line in (run.rollouts_dir / f"step_{step}.jsonl").read_text().splitlines()]
+    assert samples and all(s["env"] == "vf-guess-game" and sum(s["loss_mask"]) > 0 for s in samples)
+    assert len(metrics(run, "trainer")) == 2
+
+
+def test_server_dies_with_its_run(releases: dict[str, Any], learnable_model_dir: Path, tmp_path: Path) -> None:
+    """kill -9 of the run's process group: the reaper ends the environment's server (its own group) too."""
+    run = start(write_rl_config(tmp_path / "rl.toml", learnable_model_dir, ["vf-fruit-task"], steps=50))
+    deadline = time.monotonic() + 300
+    while (run.read_status().get("processes") or {}).get("env-vf-fruit-task") is None:
+        assert time.monotonic() < deadline and run.status().get("state") not in ("failed", "completed"), logs(run)
+        time.sleep(0.2)
+    server = run.read_status()["processes"]["env-vf-fruit-task"]
+    assert pid_alive(server["pid"], server.get("start_time"))
+    os.killpg(run.read_status()["pgid"], signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while pid_alive(server["pid"], server.get("start_time")) or run.status().get("state") != "failed":
+        assert time.monotonic() < deadline, f"server {server['pid']} alive after the run was killed"
+        time.sleep(0.1)
+
+
+def test_dead_server_fails_its_rollouts(releases: dict[str, Any], builtin_server: Any) -> None:
+    """A server that dies fails the rollouts waiting on it, naming the environment and quoting its log."""
+    from openai import AsyncOpenAI
+
+    from prime_lab.lab.envs import SamplingArgs, load_environment
+    from prime_lab.lab.envs.isolated import IsolatedEnvironment, stop_servers
+
+    env = load_environment("vf-fruit-task")
+    assert isinstance(env, IsolatedEnvironment) and env.release == "0.1.12"
+    rows = env.get_eval_dataset(1)
+
+    async def group() -> Any:
+        client = AsyncOpenAI(base_url=builtin_server.base_url, api_key="x")
+        return await env.run_group(client, builtin_server.model_name, rows * 2, SamplingArgs(max_tokens=4, seed=1))
+
+    try:
+        first = asyncio.run(group())
+        assert [r.error for r in first] == [None, None]
+        assert env._server is not None and env._server.pid is not None
+        os.killpg(env._server.pid, signal.SIGKILL)
+        failed = asyncio.run(group())
+    finally:
+        stop_servers()
+    for rollout in failed:
+        assert rollout.error is not None and rollout.stop_condition == "error"
+        assert rollout.error.startswith("environment 'vf-fruit-task' (verifiers 0.1.12, in its own interpreter): "
+                                        "its server exited")
+        assert "ZMQEnvServer" in rollout.error  # the last lines of its log
+
+
+# GEPA ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("env_id,seed_prompt", [("vf-fruit-task", "You are playing Fruit Box"),
+                                                ("vf-legacy-sort", None), ("vf-guess-game", None)])
+def test_gepa_run(env_id: str, seed_prompt: str | None, releases: dict[str, Any], builtin_server: Any,
+                  tmp_path: Path) -> None:
+    """GEPA optimizes an isolated environment's system prompt as it does one in this process."""
+    proposals = [f"```\nA better prompt, attempt {i}.\n```" for i in range(20)]
+    with scripted_endpoint(proposals) as reflection:
+        config = write_gepa_config(tmp_path / "gepa.toml", builtin_server, reflection, env_id, max_calls=12,
+                                   num_train=4, num_val=2, seed=1)
+        proc = prime("gepa", "run", f"@{config}", "-o", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "run" / "gepa"
+    meta = json.loads((out / "metadata.json").read_text())
+    assert 0 < meta["total_metric_calls"] <= 12
+    candidates = [json.loads(line) for line in (out / "candidates.jsonl").read_text().splitlines()]
+    if seed_prompt is not None:
+        assert candidates[0]["texts"]["system_prompt"].startswith(seed_prompt)
+    assert (out / "best_prompt.txt").read_text() == candidates[meta["best_idx"]]["texts"]["system_prompt"]
+    if reflection.requests:  # the reflection model saw rollouts scored by the environment's own rubric
+        assert "Generated Outputs" in reflection.requests[0]["messages"][0]["content"]
