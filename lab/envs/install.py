@@ -199,12 +199,17 @@ def choose_release(target: Path, requested: str | None = None, isolate: bool = F
         return ReleaseChoice(None, (), "it does not depend on verifiers")
     spec = declared or ""
     said = f"verifiers{spec}" if spec else "verifiers (any release)"
+    wanted = [i for i in releases.verifiers_imports(target) if i.module != "verifiers" or i.names]
+    if not isolate and beside is not None and releases.candidates(spec, [Version(beside)]):
+        contents = releases.installed_contents()
+        if contents is not None and all(contents.lacks(i) is None for i in wanted):  # no need to ask the registry
+            return ReleaseChoice(None, (), f"verifiers {beside}, beside prime-lab, satisfies {said} and has what "
+                                           "it imports")
     found = releases.candidates(spec, releases.available_releases())
     if not found:
         raise InstallError(f"{target} declares {said}, and no release it accepts can be driven (prime-lab drives "
                            f"{releases.DRIVABLE_FROM} to before {releases.FIRST_UNDRIVABLE}); install one with "
                            "--verifiers VERSION")
-    wanted = [i for i in releases.verifiers_imports(target) if i.module != "verifiers" or i.names]
     passing: list[str] = []
     ruled_out: list[tuple[str, str]] = []
     for version in found:

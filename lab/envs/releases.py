@@ -228,6 +228,28 @@ def release_contents(version: Version) -> ReleaseContents:
     return ReleaseContents(str(version), sources)
 
 
+def installed_contents() -> ReleaseContents | None:
+    """The modules of the verifiers installed beside prime-lab (read from its files; nothing is imported)."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        version = importlib.metadata.version("verifiers")
+        spec = importlib.util.find_spec("verifiers")
+    except (importlib.metadata.PackageNotFoundError, ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0])
+    sources = {}
+    for path in root.rglob("*.py"):
+        module = _module_name("verifiers/" + path.relative_to(root).as_posix())
+        if module is not None:
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                sources[module] = path.read_text(encoding="utf-8")
+    return ReleaseContents(version, sources)
+
+
 # One virtual environment per release ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -133,7 +133,8 @@ def install(
         fail(str(exc))
     how = "editable" if done.editable else "from a file"
     err(f"installed {done.project or done.target} ({how}"
-        + (f", constraints {done.constraints}" if done.constraints else "") + f"; {choice.reason})")
+        + (f", constraints {done.constraints}" if done.constraints else "") + ")")
+    err(f"beside prime-lab: {choice.reason}")
     if done.project and not found:
         fail(f"{done.project} is installed but provides no environment prime-lab can find: declare an entry point "
              "in [project.entry-points.\"prime_lab.environments\"] (NAME = \"module\"), or name its module like the "
