@@ -82,11 +82,13 @@ def check(module: str) -> dict[str, Any]:
         return {"ok": False, "release": release(), "import_error": False, "missing": None, "where": "",
                 "error": f"module '{module}' has no load_environment() function"}
     doc = " ".join((inspect.getdoc(sys.modules[module]) or "").split("\n\n")[0].split())
+    parameters = inspect.signature(load_fn).parameters.values()
     return {"ok": True, "release": release(), "doc": doc, "file": getattr(sys.modules[module], "__file__", None),
+            "any_args": any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters),
             "args": [[p.name, None if p.default is inspect.Parameter.empty else jsonable(p.default),
                       p.default is inspect.Parameter.empty,
                       p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")]
-                     for p in inspect.signature(load_fn).parameters.values()
+                     for p in parameters
                      if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]}
 
 

@@ -51,6 +51,8 @@ def run_driver(python: Path | str, command: str, module: str, *args: str, env: M
                                   check=False)
         except subprocess.TimeoutExpired:
             return {"error": f"the driver did not answer within {timeout:g} s"}
+        except OSError as exc:  # its interpreter is gone (the release's environment was deleted)
+            return {"error": f"cannot run {python}: {exc.strerror or exc}", "missing_interpreter": True}
         text = out.read_text() if out.is_file() else (done.stdout.strip().splitlines() or [""])[-1]
         try:
             answer = json.loads(text)

@@ -192,9 +192,11 @@ def choose_release(target: Path, requested: str | None = None, isolate: bool = F
         if not releases.drivable(version):
             raise InstallError(f"verifiers {requested} cannot be driven: prime-lab drives the classic API of releases "
                                f"{releases.DRIVABLE_FROM} to before {releases.FIRST_UNDRIVABLE}")
+        outside = (f" (outside what it declares, verifiers{declared})" if declared and not
+                   releases.candidates(declared, [version]) else "")
         if not isolate and beside is not None and Version(beside) == version:
-            return ReleaseChoice(None, (), f"verifiers {beside}, asked for, is the release beside prime-lab")
-        return ReleaseChoice(str(version), (str(version),), f"verifiers {version}, asked for with --verifiers")
+            return ReleaseChoice(None, (), f"verifiers {beside}, asked for{outside}, is the release beside prime-lab")
+        return ReleaseChoice(str(version), (str(version),), f"verifiers {version}, asked for with --verifiers{outside}")
     if declared is None and not isolate:
         return ReleaseChoice(None, (), "it does not depend on verifiers")
     spec = declared or ""
@@ -287,7 +289,7 @@ def install_isolated(target: Path, choice: ReleaseChoice, say: Any = None) -> li
                                                   f"{choice.reason}; the newer ones failed to import it ("
                                                   + "; ".join(tried) + ")"),
                 summary=str(checked.get("doc") or ""),
-                args=tuple(tuple(a) for a in checked.get("args") or ())))
+                args=tuple(tuple(a) for a in checked.get("args") or ()), any_args=bool(checked.get("any_args"))))
         if failure is None:
             for record in found:
                 isolated.save_record(record)

@@ -58,6 +58,7 @@ class IsolatedRecord:
     reason: str  # why this release, in words
     summary: str = ""  # the module docstring's first paragraph
     args: tuple[tuple[str, Any, bool, str], ...] = ()  # load_environment's (name, default, required, annotation)
+    any_args: bool = False  # it takes **kwargs: any other argument goes through to it
 
 
 def registry_path() -> Path:
@@ -86,8 +87,11 @@ def save_record(record: IsolatedRecord) -> None:
 
 
 def remove_record(name: str) -> None:
+    """Forget the isolated environment `name`, or every one the distribution `name` provides."""
     found = records()
-    if found.pop(canonical(name), None) is not None:
+    kept = {k: v for k, v in found.items() if canonical(name) not in (k, canonical(v.distribution))}
+    if len(kept) != len(found):
+        found = kept
         write_json_atomic(registry_path(), {"environments": {k: asdict(v) for k, v in sorted(found.items())}})
 
 
@@ -185,7 +189,8 @@ class IsolatedEnvironment(GroupEnvironment):
             raise EnvironmentLoadError(
                 f"environment '{env_id}' (isolated, verifiers {record.release}, {record.python}): load_environment("
                 f"{', '.join(f'{k}={v!r}' for k, v in self.load_args.items())}) failed in its own interpreter: "
-                f"{described['error']}{where}")
+                f"{described['error']}{where}" + ("; install it again: prime env install " + record.target
+                                                  if described.get("missing_interpreter") else ""))
         if described.get("message_type", "chat") != "chat":
             raise EnvironmentLoadError(f"environment '{env_id}': message_type={described['message_type']!r} "
                                        "(completion-style prompts) is not supported; prime-lab runs chat environments")

@@ -164,7 +164,7 @@ def _load(env_id: str, args: dict[str, Any]) -> Environment:
     if record is not None:  # in its own interpreter, at its own verifiers release
         known = {a[0] for a in record.args}
         unknown = sorted(set(args) - known)
-        if unknown and record.args and "kwargs" not in known:
+        if unknown and not record.any_args:
             valid = ", ".join(a[0] if a[2] else f"{a[0]}={a[1]!r}" for a in record.args)
             raise EnvironmentLoadError(f"environment '{env_id}' does not take argument(s) {', '.join(unknown)}; "
                                        f"its arguments are: {valid}")

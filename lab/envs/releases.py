@@ -102,6 +102,8 @@ def requirement_specifier(requirements: Iterable[str]) -> str | None:
             requirement = Requirement(text)
         except InvalidRequirement:
             continue
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue  # an extra's requirement, or another platform's
         if requirement.name.lower().replace("_", "-") == "verifiers":
             return str(requirement.specifier)
     return None
@@ -119,7 +121,7 @@ def declared_specifier(target: Path) -> str | None:
         with zipfile.ZipFile(target) as wheel:
             meta = next((n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")), None)
             text = wheel.read(meta).decode() if meta else ""
-        return requirement_specifier(line.split(":", 1)[1].strip().split(";")[0] for line in text.splitlines()
+        return requirement_specifier(line.split(":", 1)[1].strip() for line in text.splitlines()
                                      if line.startswith("Requires-Dist:"))
     return None
 
@@ -187,13 +189,21 @@ class ReleaseContents:
     version: str
     sources: dict[str, str]  # module name -> source
 
+    def _sources_of(self, module: str) -> list[str]:
+        """The module's source, and its classic-API twin where the release keeps that under `verifiers.legacy` and
+        aliases it at `verifiers.*` (0.3.1)."""
+        twin = "verifiers.legacy" + module[len("verifiers"):] if "verifiers.legacy" in self.sources else None
+        return [self.sources[m] for m in (module, twin) if m is not None and m in self.sources]
+
     def lacks(self, wanted: VerifiersImport) -> str | None:
         """What of `wanted` this release does not have, in words (None: it has all of it)."""
-        if wanted.module not in self.sources:
+        sources = self._sources_of(wanted.module)
+        if not sources:
             return f"no module {wanted.module}"
-        source = self.sources[wanted.module]
         for name in wanted.names:
-            if f"{wanted.module}.{name}" not in self.sources and not re.search(rf"\b{re.escape(name)}\b", source):
+            if self._sources_of(f"{wanted.module}.{name}"):
+                continue
+            if not any(re.search(rf"\b{re.escape(name)}\b", source) for source in sources):
                 return f"no {name} in {wanted.module}"
         return None
 

@@ -157,6 +157,22 @@ def test_eval_pinned_environment(releases: dict[str, Any], builtin_server: Any, 
     assert all(r["token_usage"]["completion_tokens"] > 0 for r in rows)
 
 
+def test_secrets_reach_the_environments_interpreter(releases: dict[str, Any], builtin_server: Any,
+                                                    tmp_path: Path) -> None:
+    """An environment's own secret reaches its interpreter (where it loads and where its rollouts run)."""
+    args = ["eval", "run", "vf-fruit-task", "-b", builtin_server.base_url, "-m", builtin_server.model_name, "-n", "2",
+            "-r", "1", "-t", "4", "-a", '{"key_var": "FRUIT_KEY"}']
+    missing = prime(*args, cwd=tmp_path)
+    assert missing.returncode != 0 and "FRUIT_KEY is not set" in missing.stderr
+    assert "environment 'vf-fruit-task' (isolated, verifiers 0.1.12" in missing.stderr
+    assert prime("env", "secret", "create", "vf-fruit-task", "-n", "FRUIT_KEY", "-v", "s3cret-value").returncode == 0
+    proc = prime(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = eval_rows(tmp_path)
+    assert [r["info"]["key_length"] for r in rows] == [len("s3cret-value")] * 2 and rows[0]["error"] is None
+    assert "s3cret-value" not in "".join(p.read_text() for p in (tmp_path / "outputs").rglob("*.json*"))
+
+
 @pytest.mark.parametrize("registry,release", [("releases", "0.1.10"), ("driver", "0.1.9.post3")],
                          ids=["own-server", "our-driver"])
 def test_eval_tool_game(registry: str, release: str, installed: dict[str, Any], lab_home: Path,

@@ -62,7 +62,10 @@ def runs_on(release: str, interpreter: str, verbose: bool = False) -> str:
         return "prime-lab"
     if not interpreter or interpreter == sys.executable:
         return f"verifiers {release}"
-    own = interpreter if verbose else str(Path(interpreter).parents[1]).replace(str(Path.home()), "~", 1)
+    folder = Path(interpreter).parents[1]
+    if not verbose and folder.is_relative_to(Path.home()):
+        return f"verifiers {release} (own: ~/{folder.relative_to(Path.home())})"
+    own = interpreter if verbose else str(folder)
     return f"verifiers {release} (own: {own})"
 
 
