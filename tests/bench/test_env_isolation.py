@@ -18,11 +18,11 @@ LAST = re.compile(rf"^in-process: {NUMBER} ms/group  isolated: {NUMBER} ms/group
 
 
 @pytest.mark.slow
-def test_the_bench_prints_both_sides_the_overhead_and_the_ratio(tmp_path: Path) -> None:
-    # PRIME_LAB_VERIFIERS_HOME passes through when set (a release's environment made once, reused); otherwise the
-    # release's environment is made under --home
+def test_the_bench_prints_both_sides_the_overhead_and_the_ratio(releases_home: Path, tmp_path: Path) -> None:
+    # the session's releases (a release's environment made once, reused by every test that needs it)
     done = subprocess.run([sys.executable, str(BENCH), "--groups", "4", "--group-size", "2", "--warmup", "1",
-                           "--home", str(tmp_path / "home")], capture_output=True, text=True, timeout=550)
+                           "--home", str(tmp_path / "home"), "--verifiers-home", str(releases_home)],
+                          capture_output=True, text=True, timeout=550)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     found = LAST.search(out)

@@ -42,13 +42,6 @@ INSTALLS = {  # registry name -> the installs it holds (fixture folder, extra ar
 
 
 @pytest.fixture(scope="session")
-def releases_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the releases' virtual environments live for this session (reused when the environment names one)."""
-    given = os.environ.get("PRIME_LAB_VERIFIERS_HOME")
-    return Path(given) if given else tmp_path_factory.mktemp("verifiers-releases")
-
-
-@pytest.fixture(scope="session")
 def installed(releases_home: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Each registry's installs, done once with `prime env install`: its registry file and what install printed."""
     out: dict[str, Any] = {}
@@ -145,14 +138,18 @@ def test_install_failure_names_the_releases_tried(releases: dict[str, Any], tmp_
 
 # Evaluating ----------------------------------------------------------------------------------------------------
 
-def test_eval_pinned_environment(releases: dict[str, Any], builtin_server: Any, tmp_path: Path) -> None:
-    proc = prime("eval", "run", "vf-fruit-task", "-b", builtin_server.base_url, "-m", builtin_server.model_name,
+@pytest.mark.parametrize("env_id,reward_funcs", [("vf-fruit-task", {"valid_move", "move_similarity"}),
+                                                  ("vf-legacy-sort", {"similarity_reward", "exact_reward"})],
+                         ids=["0.1.12-own", "0.3.1-beside"])
+def test_eval_single_turn(env_id: str, reward_funcs: set[str], releases: dict[str, Any], builtin_server: Any,
+                          tmp_path: Path) -> None:
+    proc = prime("eval", "run", env_id, "-b", builtin_server.base_url, "-m", builtin_server.model_name,
                  "-n", "3", "-r", "2", "-t", "8", "-S", '{"seed": 3}', cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     rows = eval_rows(tmp_path)
     assert len(rows) == 6 and [r["error"] for r in rows] == [None] * 6, rows[0]["error"]
-    assert rows[0]["prompt"][0]["role"] == "system"  # its system prompt, from its own interpreter's formatting
-    assert {"valid_move", "move_similarity"} <= set(rows[0]["metrics"])  # its rubric ran there
+    assert rows[0]["prompt"][0]["role"] == "system"  # its system prompt, from its own release's formatting
+    assert reward_funcs <= set(rows[0]["metrics"])  # its rubric ran there
     assert sum(r["reward"] for r in rows) > 0
     assert all(r["token_usage"]["completion_tokens"] > 0 for r in rows)
 
