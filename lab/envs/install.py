@@ -105,7 +105,9 @@ def plan(target: Path) -> InstallPlan:
         return InstallPlan(target, True, _project_name(pyproject) if pyproject.is_file() else "",
                            constraints_file(), not all(_installed(r) for r in requires))
     if target.is_file() and target.name.endswith(_ARCHIVES):
-        project = target.name.split("-")[0].replace("_", "-") if target.suffix == ".whl" else ""
+        # a wheel's name is `dist-version-...`, an sdist's `dist-version.tar.gz` (both with `_` for `-` in dist)
+        stem = target.name.removesuffix(".tar.gz").removesuffix(".zip")
+        project = (target.name.split("-")[0] if target.suffix == ".whl" else stem.rpartition("-")[0]).replace("_", "-")
         return InstallPlan(target, False, project, constraints_file(), True)
     if target.exists():
         raise InstallError(f"{target} is neither a package folder nor a wheel or sdist ({', '.join(_ARCHIVES)})")
