@@ -16,7 +16,7 @@ from prime_lab.gepa.engine import EngineConfig, GepaEngine
 from prime_lab.gepa.env_adapter import SYSTEM_PROMPT, Endpoint, EnvironmentAdapter
 from prime_lab.gepa.outputs import STATE_FILE, write_outputs
 from prime_lab.gepa.state import GepaState
-from prime_lab.lab.envs import Environment, SamplingArgs, load_environment
+from prime_lab.lab.envs import Environment, SamplingArgs, isolated, load_environment
 from prime_lab.lab.runs import Run
 
 _D = GepaSearchSection()  # the defaults: gepa/config.py's, the TOML form's
@@ -86,6 +86,8 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
              max_iterations: int | None = None) -> GepaOutcome:
     """Search (or resume the search saved in `out_dir`); on any exception the state and outputs so far are
     written before it propagates."""
+    if run is not None:  # an environment at its own verifiers release serves this run: its log goes with the run's
+        isolated.serve_for(run)
     env = env or load_environment(settings.env_id, **settings.env_args)
     train, val, test = split_rows(env, settings.num_train, settings.num_val, settings.num_test, settings.seed)
     if not train or not val:

@@ -25,7 +25,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from prime_lab.lab.envs import Environment, Rollout, SamplingArgs, load_environment, redact, replace_system_prompt
+from prime_lab.lab.envs import (
+    Environment,
+    Rollout,
+    SamplingArgs,
+    isolated,
+    load_environment,
+    redact,
+    replace_system_prompt,
+)
 from prime_lab.lab.problems import Validation, validate_file
 from prime_lab.lab.runs import Run, RunError, RunRegistry
 
@@ -182,6 +190,8 @@ def run_evaluation(
     """Evaluate; raises EnvironmentLoadError for a bad id or args (before anything is written)."""
     from openai import AsyncOpenAI
 
+    if run is not None:  # an environment at its own verifiers release serves this run: its log goes with the run's
+        isolated.serve_for(run)
     env = env or load_environment(spec.env_id, **spec.env_args)
     rows = with_system_prompt(env.get_eval_dataset(spec.num_examples, seed=spec.seed), spec.system_prompt)
     total = len(rows) * spec.rollouts_per_example

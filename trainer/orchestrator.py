@@ -144,7 +144,7 @@ class Orchestrator:
         self.names = env_names(config)
         # an environment at its own verifiers release runs as a server of this run: logged beside the run's other
         # processes, registered so that the reaper ends it with the run
-        isolated.serve_into(run.dir / "logs", lambda role, pid: run.register_process(role, pid))
+        isolated.serve_for(run)
         self.envs: dict[str, Environment] = {
             name: load_environment(e.id, **e.args) for name, e in zip(self.names, config.env, strict=True)}
         # `[[env]] system_prompt` (a GEPA run's best, exported): each row's system message, as GEPA tried it

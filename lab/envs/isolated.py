@@ -113,6 +113,12 @@ def serve_into(log_dir: Path, on_start: Callable[[str, int], None] | None = None
     _context.update(log_dir=Path(log_dir), on_start=on_start)
 
 
+def serve_for(run: Any) -> None:
+    """Servers started from now on are `run`'s (a `lab.runs.Run`): logged in its logs folder, registered with it, so
+    that its reaper and `stop` end them with it."""
+    serve_into(run.dir / "logs", lambda role, pid: run.register_process(role, pid))
+
+
 def _log_path(name: str) -> Path:
     folder = _context["log_dir"] or lab_home() / "environments" / "logs"
     stamp = "" if _context["log_dir"] else f"-{os.getpid()}-{int(time.time())}"

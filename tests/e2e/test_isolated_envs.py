@@ -188,8 +188,8 @@ def test_eval_tool_game(registry: str, release: str, installed: dict[str, Any], 
         roles = [m["role"] for m in row["completion"]]
         assert roles[:2] == ["assistant", "tool"] and roles.count("tool") >= 2, roles
         assert row["reward"] == pytest.approx(1.5) and row["metrics"]["solved_reward"] == 1.0
-    logs_found = list((lab_home / "environments" / "logs").glob("env-vf-guess-game*.log"))
-    assert logs_found and f"verifiers {release}" in logs_found[0].read_text()
+    [log] = list((lab_home / "runs").glob("eval-*/logs/env-vf-guess-game.log"))  # with the evaluation's run
+    assert f"verifiers {release}" in log.read_text()
 
 
 # Training ------------------------------------------------------------------------------------------------------
@@ -321,5 +321,7 @@ def test_gepa_run(env_id: str, seed_prompt: str | None, releases: dict[str, Any]
     if seed_prompt is not None:
         assert candidates[0]["texts"]["system_prompt"].startswith(seed_prompt)
     assert (out / "best_prompt.txt").read_text() == candidates[meta["best_idx"]]["texts"]["system_prompt"]
+    # an isolated environment's server served the GEPA run: its log is the run's
+    assert (tmp_path / "run" / "logs" / f"env-{env_id}.log").is_file() == (env_id != "vf-legacy-sort")
     if reflection.requests:  # the reflection model saw rollouts scored by the environment's own rubric
         assert "Generated Outputs" in reflection.requests[0]["messages"][0]["content"]
