@@ -197,7 +197,7 @@ def choose_release(target: Path, requested: str | None = None, isolate: bool = F
         outside = (f" (outside what it declares, verifiers{declared})" if declared and not
                    releases.candidates(declared, [version]) else "")
         if not isolate and beside is not None and Version(beside) == version:
-            return ReleaseChoice(None, (), f"verifiers {beside}, asked for{outside}, is the release beside prime-lab")
+            return ReleaseChoice(None, (), f"verifiers {beside}, asked for{outside}, is the one installed here")
         return ReleaseChoice(str(version), (str(version),), f"verifiers {version}, asked for with --verifiers{outside}")
     if declared is None and not isolate:
         return ReleaseChoice(None, (), "it does not depend on verifiers")
@@ -207,7 +207,7 @@ def choose_release(target: Path, requested: str | None = None, isolate: bool = F
     if not isolate and beside is not None and releases.candidates(spec, [Version(beside)]):
         contents = releases.installed_contents()
         if contents is not None and all(contents.lacks(i) is None for i in wanted):  # no need to ask the registry
-            return ReleaseChoice(None, (), f"verifiers {beside}, beside prime-lab, satisfies {said} and has what "
+            return ReleaseChoice(None, (), f"verifiers {beside} (installed here) satisfies {said} and has what "
                                            "it imports")
     found = releases.candidates(spec, releases.available_releases())
     if not found:
@@ -233,7 +233,7 @@ def choose_release(target: Path, requested: str | None = None, isolate: bool = F
                            f"{words}. Fix the import or the declaration, or install it with --verifiers VERSION")
     why = f"the newest release that satisfies {said} (declared)" + (" and has what it imports" if ruled_out else "")
     if not isolate and beside is not None and beside in passing:
-        return ReleaseChoice(None, (), f"verifiers {beside}, beside prime-lab, satisfies {said} and has what it "
+        return ReleaseChoice(None, (), f"verifiers {beside} (installed here) satisfies {said} and has what it "
                                        "imports", tuple(ruled_out))
     return ReleaseChoice(passing[0], tuple(passing), why, tuple(ruled_out))
 

@@ -315,7 +315,7 @@ def test_requesting_the_release_beside_prime_lab_installs_beside_it_unless_isola
     target = package(tmp_path / "pkg", ["verifiers"])
     beside = choose_release(target, requested=INSTALLED)
     assert beside.release is None and beside.candidates == ()
-    assert beside.reason == f"verifiers {INSTALLED}, asked for, is the release beside prime-lab"
+    assert beside.reason == f"verifiers {INSTALLED}, asked for, is the one installed here"
     own = choose_release(target, requested=INSTALLED, isolate=True)
     assert own.release == INSTALLED and own.candidates == (INSTALLED,)
 
@@ -387,7 +387,7 @@ def test_the_release_beside_prime_lab_is_used_without_asking_the_registry(tmp_pa
     target = package(tmp_path / "pkg", ["verifiers>=0.1.8"], {"env.py": "import verifiers as vf\n"})
     beside = choose_release(target)
     assert beside.release is None and beside.candidates == ()
-    assert beside.reason == f"verifiers {INSTALLED}, beside prime-lab, satisfies verifiers>=0.1.8 and has what it " \
+    assert beside.reason == f"verifiers {INSTALLED} (installed here) satisfies verifiers>=0.1.8 and has what it " \
                             "imports"
     monkeypatch.setattr(releases, "available_releases", lambda: sorted([Version(INSTALLED), *RELEASES], reverse=True))
     own = choose_release(target, isolate=True)
