@@ -103,6 +103,7 @@ def record_for(env_id: str) -> IsolatedRecord | None:
 # Where servers log, and who is told when one starts (a run registers it with its reaper) -----------------------
 
 _servers: list[EnvServerProcess] = []
+_names: dict[str, int] = {}  # servers named so far in this process, by environment name
 _lock = threading.Lock()
 _context: dict[str, Any] = {"log_dir": None, "on_start": None}
 
@@ -212,6 +213,7 @@ class IsolatedEnvironment(GroupEnvironment):
         self._client: EnvServerClient | None = None
         self._key: str | None = None
         self._ready = False
+        self._name: str | None = None
         self._start_lock = threading.Lock()
 
     def _split(self, split: str) -> list[dict[str, Any]] | None:
@@ -231,7 +233,7 @@ class IsolatedEnvironment(GroupEnvironment):
             if self._server is not None and self._client is not None and self._key == api_key:
                 return self._server, self._client
             self.close()
-            name = canonical(self.env_id.split("/")[-1])
+            name = self._server_name()
             server = EnvServerProcess(self.record.python, self.record.module, self.load_args,
                                       name=f"environment '{self.env_id}' (verifiers {self.release})",
                                       log_path=_log_path(name),
@@ -244,6 +246,16 @@ class IsolatedEnvironment(GroupEnvironment):
                 on_start(f"env-{name}", server.pid)
             self._server, self._client, self._key, self._ready = server, EnvServerClient(server), api_key, False
             return server, self._client
+
+    def _server_name(self) -> str:
+        """`vf-fruit-task` for its log and its role in a run; `vf-fruit-task-2` for a second environment of the same
+        id in this process (other arguments), so that neither's log or registration takes the other's place."""
+        if self._name is None:
+            base = canonical(self.env_id.split("/")[-1])
+            with _lock:
+                _names[base] = _names.get(base, 0) + 1
+                self._name = base if _names[base] == 1 else f"{base}-{_names[base]}"
+        return str(self._name)
 
     async def _ready_client(self, api_key: str) -> EnvServerClient:
         server, client = self._start(api_key)

@@ -294,6 +294,9 @@ def test_dead_server_fails_its_rollouts(releases: dict[str, Any], builtin_server
         failed = asyncio.run(group())
     finally:
         stop_servers()
+    # a second environment of the same id in this process (other arguments) logs and registers apart
+    other = load_environment("vf-fruit-task", seed=1)
+    assert isinstance(other, IsolatedEnvironment) and other._server_name().startswith(f"{env._server_name()}-")
     for rollout in failed:
         assert rollout.error is not None and rollout.stop_condition == "error"
         assert rollout.error.startswith("environment 'vf-fruit-task' (verifiers 0.1.12, in its own interpreter): "
