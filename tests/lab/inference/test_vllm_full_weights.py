@@ -106,7 +106,8 @@ def test_requests_in_flight_finish_and_salted_later_ones_use_the_new_weights(
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             running = [pool.submit(long_request, seed) for seed in range(4)]
             time.sleep(1.0)  # decoding
-            assert not any(r.done() for r in running), "the requests ended before the update: make them longer"
+            ended = [r.exception() or "finished" for r in running if r.done()]
+            assert not ended, f"the requests ended before the update (make them longer if they finished): {ended}"
             load_started = time.monotonic()
             RuntimeWeights(server.root_url).load(weight_versions[1])
             after = sampled(server.base_url, NAME, salt="after")
