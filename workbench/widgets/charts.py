@@ -134,6 +134,10 @@ class MetricChart(PlotWidget, can_focus=False):
         signature = self.signature(runs, smoothing)
         if signature == self._signature:
             return False
+        if not self.query("#legend"):  # composed, children not mounted yet (the charts were just rebuilt): draw
+            if self.is_attached:       # after the next refresh, when they are (clearing needs the legend)
+                self.call_after_refresh(self.draw, runs, smoothing)
+            return False
         self._signature = signature
         wide = self._drawn_wide = self.wide
         self.clear()
