@@ -5,7 +5,8 @@ transport (pyzmq, msgpack; installed into every release's virtual environment), 
 path, isolated from the caller's `PYTHONPATH` and from this folder's modules (`RELEASE_PYTHON -I .../driver.py COMMAND
 ...`). Three commands:
 
-- `check MODULE`: import the environment's module; print what failed (the missing module or name) if it does not.
+- `check MODULE OUT`: import the environment's module; write what failed (the missing module or name) if it does not,
+  else its `load_environment` arguments and docstring.
 - `describe MODULE ARGS_JSON OUT`: build the environment as the release builds it and write, as JSON, its dataset
   rows (after its own formatting), system prompt, sampling arguments, message type, parser format and rubric
   (reward function names and weights): what prime-lab's side needs besides rollouts.
@@ -289,16 +290,17 @@ def serve(module: str, args: dict[str, Any], address: str, log_dir: str) -> None
 
 def main(argv: list[str]) -> int:
     command, module, *rest = argv
-    if command == "check":
-        print(json.dumps(check(module)), flush=True)
-        return 0
-    if command == "describe":
-        args_json, out = rest
-        try:
-            result = describe(module, json.loads(args_json))
-        except BaseException as exc:  # noqa: BLE001 - reported to prime-lab, which says what to do
-            result = {"error": f"{type(exc).__name__}: {exc}", "where": _where(exc, module), "release": release(),
-                      "missing": getattr(exc, "name", None) if isinstance(exc, ImportError) else None}
+    if command in ("check", "describe"):  # the answer goes to a file: the environment may print on stdout
+        *args, out = rest
+        if command == "check":
+            result = check(module)
+        else:
+            try:
+                result = describe(module, json.loads(args[0]))
+            except BaseException as exc:  # noqa: BLE001 - reported to prime-lab, which says what to do
+                result = {"error": f"{type(exc).__name__}: {exc}", "where": _where(exc, module),
+                          "release": release(),
+                          "missing": getattr(exc, "name", None) if isinstance(exc, ImportError) else None}
         with open(out, "w", encoding="utf-8") as handle:
             json.dump(result, handle)
         return 0

@@ -45,7 +45,7 @@ def run_driver(python: Path | str, command: str, module: str, *args: str, env: M
     """One `check` or `describe` in the environment's interpreter; its JSON answer (or {'error': ...})."""
     with tempfile.TemporaryDirectory(prefix="prime-lab-driver-") as folder:
         out = Path(folder) / "out.json"
-        argv = driver_command(python, command, module, *args, *([str(out)] if command == "describe" else []))
+        argv = driver_command(python, command, module, *args, str(out))
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=dict(env or {}) or None,
                                   check=False)
@@ -53,10 +53,9 @@ def run_driver(python: Path | str, command: str, module: str, *args: str, env: M
             return {"error": f"the driver did not answer within {timeout:g} s"}
         except OSError as exc:  # its interpreter is gone (the release's environment was deleted)
             return {"error": f"cannot run {python}: {exc.strerror or exc}", "missing_interpreter": True}
-        text = out.read_text() if out.is_file() else (done.stdout.strip().splitlines() or [""])[-1]
         try:
-            answer = json.loads(text)
-        except ValueError:
+            answer = json.loads(out.read_text())
+        except (OSError, ValueError):
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-LOG_LINES:])
             return {"error": f"the driver exited with code {done.returncode}:\n{tail}"}
     return answer if isinstance(answer, dict) else {"error": f"unexpected answer {answer!r}"}

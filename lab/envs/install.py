@@ -232,9 +232,6 @@ def choose_release(target: Path, requested: str | None = None, isolate: bool = F
         raise InstallError(f"{target} declares {said}, but every release it accepts lacks something it imports: "
                            f"{words}. Fix the import or the declaration, or install it with --verifiers VERSION")
     why = f"the newest release that satisfies {said} (declared)" + (" and has what it imports" if ruled_out else "")
-    if not isolate and beside is not None and beside in passing:
-        return ReleaseChoice(None, (), f"verifiers {beside} (installed here) satisfies {said} and has what it "
-                                       "imports", tuple(ruled_out))
     return ReleaseChoice(passing[0], tuple(passing), why, tuple(ruled_out))
 
 
@@ -242,17 +239,18 @@ def _site_packages(folder: Path) -> list[str]:
     return [str(p) for p in folder.glob("lib/python*/site-packages")]
 
 
-def _environment_names(project: str, folder: Path) -> list[tuple[str, str]]:
-    """(name, module) of each environment the distribution `project` installed into a release's environment
-    provides: its `prime_lab.environments` entry points, else the module named like the distribution."""
+def _installed_into(project: str, folder: Path) -> tuple[str, list[tuple[str, str]]]:
+    """The version of the distribution `project` installed into a release's environment, and (name, module) of
+    each environment it provides: its `prime_lab.environments` entry points, else the module named like it."""
     from prime_lab.lab.envs.installed import ENTRY_POINT_GROUP, canonical, module_name
 
+    named_like = [(canonical(project), module_name(project))]
     for dist in importlib.metadata.distributions(path=_site_packages(folder)):
         if canonical(dist.metadata["Name"] or "") == canonical(project):
             entries = [(canonical(ep.name), ep.value.partition(":")[0].strip()) for ep in dist.entry_points
                        if ep.group == ENTRY_POINT_GROUP]
-            return entries or [(canonical(project), module_name(project))]
-    return [(canonical(project), module_name(project))]
+            return dist.version or "", entries or named_like
+    return "", named_like
 
 
 def install_isolated(target: Path, choice: ReleaseChoice, say: Any = None) -> list[Any]:
@@ -279,13 +277,14 @@ def install_isolated(target: Path, choice: ReleaseChoice, say: Any = None) -> li
                                f"({env.folder}):\n{releases._last_lines(done.stderr or done.stdout)}")
         found = []
         failure = None
-        for name, module in _environment_names(how.project, env.folder):
+        version, provided = _installed_into(how.project, env.folder)
+        for name, module in provided:
             checked = run_driver(env.python, "check", module, timeout=300)
             if not checked.get("ok"):
                 failure = (module, checked)
                 break
             found.append(isolated.IsolatedRecord(
-                name=name, module=module, distribution=how.project, version=_version_in(how.project, env.folder),
+                name=name, module=module, distribution=how.project, version=version,
                 release=release, python=str(env.python), target=str(how.target),
                 reason=f"verifiers {release}: " + (choice.reason if release == choice.candidates[0] else
                                                   f"{choice.reason}; the newer ones failed to import it ("
@@ -309,9 +308,3 @@ def install_isolated(target: Path, choice: ReleaseChoice, say: Any = None) -> li
                           if choice.ruled_out else "")
                        + ". Install it at another release with --verifiers VERSION")
 
-
-def _version_in(project: str, folder: Path) -> str:
-    for dist in importlib.metadata.distributions(path=_site_packages(folder)):
-        if (dist.metadata["Name"] or "").lower().replace("_", "-") == project.lower().replace("_", "-"):
-            return dist.version or ""
-    return ""

@@ -85,22 +85,22 @@ def looks_like_environment(module: str) -> bool:
     return source is not None and LOAD_FUNCTION in source
 
 
+def _requires_any(requirements: list[str] | None, names: set[str]) -> bool:
+    """Whether one of `requirements` (a distribution's Requires-Dist) names a distribution in `names`."""
+    return any((m := _REQUIREMENT_NAME.match(r)) is not None and canonical(m.group(1)) in names
+               for r in requirements or [])
+
+
 def _framework_dependent(dist: importlib.metadata.Distribution) -> bool:
-    for requirement in dist.requires or []:
-        match = _REQUIREMENT_NAME.match(requirement)
-        if match and canonical(match.group(1)) in _FRAMEWORKS:
-            return True
-    return False
+    return _requires_any(dist.requires, _FRAMEWORKS)
 
 
 def depends_on_verifiers(distribution: str) -> bool:
     """Whether an installed distribution requires verifiers (it runs on the release installed beside prime-lab)."""
     try:
-        requires = importlib.metadata.requires(distribution) or []
+        return _requires_any(importlib.metadata.requires(distribution), {"verifiers"})
     except importlib.metadata.PackageNotFoundError:
         return False
-    return any((m := _REQUIREMENT_NAME.match(r)) is not None and canonical(m.group(1)) == "verifiers"
-               for r in requires)
 
 
 def installed_environments() -> list[InstalledEnvironment]:

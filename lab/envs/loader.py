@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
-from prime_lab.lab.envs import hub, isolated
+from prime_lab.lab.envs import hub, isolated, verifiers_adapter  # the adapter never imports verifiers itself
 from prime_lab.lab.envs.arguments import EnvArg, EnvironmentLoadError, env_args
 from prime_lab.lab.envs.environment import Environment
 from prime_lab.lab.envs.installed import (
@@ -35,7 +35,6 @@ from prime_lab.lab.envs.installed import (
     read_signature,
 )
 from prime_lab.lab.envs.secrets import missing_key_message
-from prime_lab.lab.envs.verifiers_adapter import installed_release as verifiers_release
 
 # The built-in environments' package (the `environments/` folder), found by name: lab sits below it in the layers.
 BUILTIN_PACKAGE = "prime_lab.environments"
@@ -91,10 +90,8 @@ def _find_module(env_id: str) -> tuple[ModuleType, str]:
         message = hub.failure_message(exc, env_id, {}) or missing_key_message(exc, env_id)
         release = ""
         if isinstance(exc, ImportError | AttributeError) and "verifiers" in str(exc):
-            from prime_lab.lab.envs.verifiers_adapter import release_note
-
-            release = (f" ({release_note(where.module)}; install it at the release it needs, in its own "
-                       "environment: prime env install PATH [--verifiers VERSION])")
+            release = (f" ({verifiers_adapter.release_note(where.module)}; install it at the release it needs, in its "
+                       "own environment: prime env install PATH [--verifiers VERSION])")
         raise EnvironmentLoadError(message or f"environment '{env_id}': importing module '{where.module}' failed: "
                                               f"{type(exc).__name__}: {exc}{release}") from exc
 
@@ -177,8 +174,6 @@ def _load(env_id: str, args: dict[str, Any]) -> Environment:
             valid = ", ".join(f"{a.name}={a.default!r}" if not a.required else a.name for a in env_args(func))
             raise EnvironmentLoadError(f"environment '{env_id}' does not take argument(s) {', '.join(unknown)}; "
                                        f"its arguments are: {valid or '(none)'}")
-    from prime_lab.lab.envs import verifiers_adapter  # it never imports verifiers itself
-
     try:
         # a verifiers environment installs its own SIGINT/SIGTERM handlers when built (replacing a run's graceful
         # stop) and cannot be built off the main thread (the samples browser loads in a worker): keep ours
@@ -232,7 +227,7 @@ def installed_environment_infos() -> list[EnvInfo]:
     `load_environment` from elsewhere is imported to read it)."""
     own = isolated.records()
     infos: list[EnvInfo] = [isolated_info(r) for r in own.values()]
-    beside = verifiers_release() or ""
+    beside = verifiers_adapter.installed_release() or ""
     for env in installed_environments():
         if env.name in own:
             continue
