@@ -30,7 +30,7 @@ from tests.gepa.reflection_standin import write_gepa_config
 from tests.lab.envs.scripted import scripted_endpoint
 from tests.lab.envs.verifiers_standins import VF_ENVS, completion, guessing_model
 from tests.support import cli
-from tests.support.rl_runs import logs, metrics, start, wait_final
+from tests.support.rl_runs import logs, metrics, start, wait_final, write_envs_config
 
 pytestmark = pytest.mark.slow
 prime = partial(cli.prime, timeout=900)
@@ -194,37 +194,10 @@ def test_eval_tool_game(registry: str, release: str, installed: dict[str, Any], 
 
 # Training ------------------------------------------------------------------------------------------------------
 
-def write_rl_config(path: Path, model: Path, env_ids: list[str], steps: int) -> Path:
-    envs = "".join(f'\n[[env]]\nid = "{e}"\n' for e in env_ids)
-    path.write_text(f"""
-model = "{model}"
-max_steps = {steps}
-batch_size = 16
-rollouts_per_example = 4
-learning_rate = 1e-2
-{envs}
-[sampling]
-max_tokens = 8
-seed = 0
-
-[buffer]
-seed = 0
-
-[inference]
-backend = "builtin"
-
-[lora]
-r = 8
-alpha = 16
-target_modules = ["q_proj", "v_proj"]
-""")
-    return path
-
-
 def test_rl_run_mixing_releases(releases: dict[str, Any], learnable_model_dir: Path, tmp_path: Path) -> None:
     """One run: vf-fruit-task on verifiers 0.1.12 in its own interpreter, vf-legacy-sort on 0.3.1 beside us."""
     envs = ["vf-fruit-task", "vf-legacy-sort"]
-    run = start(write_rl_config(tmp_path / "rl.toml", learnable_model_dir, envs, steps=4))
+    run = start(write_envs_config(tmp_path / "rl.toml", learnable_model_dir, dict.fromkeys(envs, {}), steps=4))
     status = wait_final(run, timeout=600)
     assert status["state"] == "completed", status.get("reason", "") + logs(run)
     samples = [json.loads(line) for step in range(1, 5)
@@ -246,7 +219,7 @@ def test_rl_run_mixing_releases(releases: dict[str, Any], learnable_model_dir: P
 
 
 def test_rl_run_tool_game(releases: dict[str, Any], learnable_model_dir: Path, tmp_path: Path) -> None:
-    run = start(write_rl_config(tmp_path / "rl.toml", learnable_model_dir, ["vf-guess-game"], steps=2))
+    run = start(write_envs_config(tmp_path / "rl.toml", learnable_model_dir, {"vf-guess-game": {}}, steps=2))
     status = wait_final(run, timeout=600)
     assert status["state"] == "completed", status.get("reason", "") + logs(run)
     samples = [json.loads(line) for step in (1, 2)
@@ -257,7 +230,7 @@ def test_rl_run_tool_game(releases: dict[str, Any], learnable_model_dir: Path, t
 
 def test_server_dies_with_its_run(releases: dict[str, Any], learnable_model_dir: Path, tmp_path: Path) -> None:
     """kill -9 of the run's process group: the reaper ends the environment's server (its own group) too."""
-    run = start(write_rl_config(tmp_path / "rl.toml", learnable_model_dir, ["vf-fruit-task"], steps=50))
+    run = start(write_envs_config(tmp_path / "rl.toml", learnable_model_dir, {"vf-fruit-task": {}}, steps=50))
     deadline = time.monotonic() + 300
     while (run.read_status().get("processes") or {}).get("env-vf-fruit-task") is None:
         assert time.monotonic() < deadline and run.status().get("state") not in ("failed", "completed"), logs(run)

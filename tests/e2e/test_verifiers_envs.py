@@ -22,7 +22,7 @@ from tests.gepa.reflection_standin import write_gepa_config
 from tests.lab.envs.scripted import scripted_endpoint
 from tests.lab.envs.verifiers_standins import completion, env_path, tool_calling_model
 from tests.support import cli
-from tests.support.rl_runs import logs, metrics, start, wait_final
+from tests.support.rl_runs import logs, metrics, start, wait_final, write_envs_config
 
 prime = partial(cli.prime, timeout=600)
 OLDEST = "0.1.12"  # the oldest release of pyproject.toml's `verifiers` extra
@@ -114,40 +114,10 @@ def test_an_environment_for_another_release_says_so(tmp_path: Path) -> None:
     assert "environment 'vf_old_api' declares verifiers>=0.1.3,<0.1.6" in proc.stderr
 
 
-def write_rl_config(path: Path, model: Path, env_ids: list[str]) -> Path:
-    def table(args: dict[str, Any]) -> str:
-        return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.items()) + " }"
-
-    envs = "".join(f'\n[[env]]\nid = "{e}"\nargs = {table(ENV_ARGS[e])}\n' for e in env_ids)
-    path.write_text(f"""
-model = "{model}"
-max_steps = 2
-batch_size = 16
-rollouts_per_example = 4
-learning_rate = 1e-2
-
-[sampling]
-max_tokens = 8
-seed = 0
-{envs}
-[buffer]
-seed = 0
-
-[inference]
-backend = "builtin"
-
-[lora]
-r = 8
-alpha = 16
-target_modules = ["q_proj", "v_proj"]
-""")
-    return path
-
-
 @pytest.mark.parametrize("env_ids", [["vf-reverse-text", "vf-alphabet-sort"], ["vf-mastermind"]],
                          ids=["mixed", "mastermind"])
 def test_rl_run(env_ids: list[str], learnable_model_dir: Path, tmp_path: Path) -> None:
-    run = start(write_rl_config(tmp_path / "rl.toml", learnable_model_dir, env_ids))
+    run = start(write_envs_config(tmp_path / "rl.toml", learnable_model_dir, {e: ENV_ARGS[e] for e in env_ids}))
     status = wait_final(run, timeout=500)
     assert status["state"] == "completed", status.get("reason", "") + logs(run)
     samples = [json.loads(line) for step in (1, 2)

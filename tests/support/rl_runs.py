@@ -4,6 +4,7 @@ processes find the test environments as installed modules)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -16,6 +17,39 @@ from prime_lab.lab.runs import FINAL_STATES, Run, RunRegistry
 from tests.support import cli
 
 FIXTURE_ENVS = Path(__file__).resolve().parents[1] / "fixtures" / "envs"
+def write_envs_config(path: Path, model: Path, envs: dict[str, dict[str, Any]], *, steps: int = 2) -> Path:
+    """A short LoRA run on `model` over `envs` (id -> load_environment arguments), sampling 8 tokens, on the
+    built-in server: what the end-to-end tests of real (verifiers) environments run."""
+    def table(args: dict[str, Any]) -> str:
+        return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.items()) + " }"
+
+    tables = "".join(f'\n[[env]]\nid = "{e}"\n' + (f"args = {table(args)}\n" if args else "")
+                     for e, args in envs.items())
+    path.write_text(f"""
+model = "{model}"
+max_steps = {steps}
+batch_size = 16
+rollouts_per_example = 4
+learning_rate = 1e-2
+{tables}
+[sampling]
+max_tokens = 8
+seed = 0
+
+[buffer]
+seed = 0
+
+[inference]
+backend = "builtin"
+
+[lora]
+r = 8
+alpha = 16
+target_modules = ["q_proj", "v_proj"]
+""")
+    return path
+
+
 @pytest.fixture(autouse=True)
 def fixture_envs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run's processes find the test environment as an installed module (PYTHONPATH)."""
