@@ -34,7 +34,7 @@ SIZE = (160, 48)
 
 WRITER = """
 import sys, time
-from prime_lab.lab.events import EventWriter
+from prime_lab.runs.events import EventWriter
 path, rate, seconds, start_step = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 orchestrator, trainer = EventWriter(path, "orchestrator"), EventWriter(path, "trainer")
 t0 = time.monotonic(); sent = 0; step = start_step

@@ -8,11 +8,11 @@ tests/fixtures/verifiers_envs/vf_reverse_text (single-turn; declares verifiers>=
 beside prime-lab.
 
 - in-process: its folder on sys.path, loaded by id (`vf-reverse-text`) as a `VerifiersEnvironment`
-  (lab/envs/verifiers_adapter.py): verifiers' `run_group` runs in this process.
+  (envs/verifiers_adapter.py): verifiers' `run_group` runs in this process.
 - isolated: `prime env install FOLDER --verifiers <that release> --isolate` into a PRIME_LAB_HOME of the bench's own
   (a temporary folder unless --home), which puts it into that release's own virtual environment
   (`$PRIME_LAB_VERIFIERS_HOME/<release>/`, default `<home>/verifiers`: created with pip from the package registry,
-  once, about 40 s), then loaded by the same id as an `IsolatedEnvironment` (lab/envs/isolated.py): each group is
+  once, about 40 s), then loaded by the same id as an `IsolatedEnvironment` (envs/isolated.py): each group is
   one `run_group` request over ZMQ + msgpack to verifiers' own ZMQEnvServer in that interpreter (driver.py,
   env_server.py).
 
@@ -59,10 +59,10 @@ sys.path.insert(0, str(ROOT))
 
 import openai  # noqa: E402
 
-from prime_lab.lab.envs import EnvironmentLoadError, Rollout, SamplingArgs  # noqa: E402
-from prime_lab.lab.envs.isolated import IsolatedEnvironment, stop_servers  # noqa: E402
-from prime_lab.lab.envs.releases import releases_home  # noqa: E402
-from prime_lab.lab.envs.verifiers_adapter import GroupEnvironment, VerifiersEnvironment  # noqa: E402
+from prime_lab.envs import EnvironmentLoadError, Rollout, SamplingArgs  # noqa: E402
+from prime_lab.envs.isolated import IsolatedEnvironment, stop_servers  # noqa: E402
+from prime_lab.envs.releases import releases_home  # noqa: E402
+from prime_lab.envs.verifiers_adapter import GroupEnvironment, VerifiersEnvironment  # noqa: E402
 
 PRIME = str(Path(sys.executable).parent / "prime")
 FIXTURE = ROOT / "tests" / "fixtures" / "verifiers_envs" / "vf_reverse_text"
@@ -145,7 +145,7 @@ class BenchError(RuntimeError):
 
 def load_in_process() -> tuple[GroupEnvironment, float]:
     """The fixture from its folder on sys.path, in this process (before the isolated install records the id)."""
-    from prime_lab.lab.envs import load_environment
+    from prime_lab.envs import load_environment
 
     sys.path.insert(0, str(FIXTURE))
     start = time.perf_counter()
@@ -170,7 +170,7 @@ def install_isolated(release: str) -> float:
 
 
 def load_isolated() -> tuple[GroupEnvironment, float]:
-    from prime_lab.lab.envs import load_environment
+    from prime_lab.envs import load_environment
 
     start = time.perf_counter()
     env = load_environment(ENV_ID)

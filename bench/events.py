@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prime_lab.lab.events import EventLog  # noqa: E402
+from prime_lab.runs.events import EventLog  # noqa: E402
 
 OURS = """
 import sys
-from prime_lab.lab.events import EventWriter
+from prime_lab.runs.events import EventWriter
 path, count = sys.argv[1], int(sys.argv[2])
 with EventWriter(path, "trainer") as w:
     for i in range(count):

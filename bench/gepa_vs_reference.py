@@ -42,7 +42,7 @@ import asyncio, json, sys, time
 import gepa  # the reference package (PyPI)
 from gepa import EvaluationBatch
 from openai import AsyncOpenAI, OpenAI
-from prime_lab.lab.envs import SamplingArgs, load_environment
+from prime_lab.envs import SamplingArgs, load_environment
 from gepa_split import split  # written next to this script
 
 p = json.loads(sys.argv[2])
@@ -133,9 +133,9 @@ def run_reference(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_ours(params: dict[str, Any]) -> dict[str, Any]:
+    from prime_lab.envs import load_environment
     from prime_lab.gepa.env_adapter import Endpoint
     from prime_lab.gepa.runner import GepaSettings, run_gepa
-    from prime_lab.lab.envs import load_environment
 
     settings = GepaSettings(env_id=params["env_id"], model=params["model"], num_train=params["num_train"],
                             num_val=params["num_val"], max_metric_calls=params["budget"],
@@ -265,8 +265,8 @@ def main() -> None:
         model, reflection_model = SimulatedModels.TASK, SimulatedModels.REFLECTION
         args.model = f"simulated ({args.simulated_latency:g} s a request)"
     else:
-        from prime_lab.lab.inference.launch import start_sampler
-        from prime_lab.lab.models import resolve_model
+        from prime_lab.inference.launch import start_sampler
+        from prime_lab.models import resolve_model
 
         server = start_sampler("builtin", resolve_model(args.model), Path(tempfile.mkdtemp()) / "server.log",
                                served_name=args.model)

@@ -8,7 +8,7 @@ The two environments (tests/fixtures/verifiers_envs/) cannot share an interprete
     0.3.x). `prime env install <its folder>` puts it into verifiers 0.1.12's own virtual environment
     (`$PRIME_LAB_VERIFIERS_HOME/0.1.12/`, default `<home>/verifiers`: created with pip from the package registry,
     once, about 40 s; `--verifiers-home` names a folder where an earlier one is reused), and the run starts it as a
-    server of its own (lab/envs/isolated.py: `env-vf-fruit-task` in the run's processes and logs).
+    server of its own (envs/isolated.py: `env-vf-fruit-task` in the run's processes and logs).
   - vf_legacy_sort needs 0.3.x (`import verifiers.legacy`), the release beside prime-lab: its folder goes on
     PYTHONPATH and it runs in the orchestrator's own interpreter.
 
@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from prime_lab.lab.runs import Run, RunError, RunRegistry
+from prime_lab.runs.registry import Run, RunError, RunRegistry
 
 ROOT = Path(__file__).resolve().parents[1]
 PRIME = str(Path(sys.executable).parent / "prime")
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps if args.steps is not None else (2 if args.tiny else 30)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
-    from prime_lab.lab.paths import models_dir
+    from prime_lab.runs.paths import models_dir
 
     # the user's models folder (read before PRIME_LAB_HOME moves), so SmolLM2 is materialised there once
     os.environ.setdefault("PRIME_LAB_MODELS", str(models_dir()))
@@ -112,13 +112,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def bench(args: argparse.Namespace, home: Path) -> int:
-    from prime_lab.lab.envs import isolated
-    from prime_lab.lab.envs.releases import releases_home
+    from prime_lab.envs import isolated
+    from prime_lab.envs.releases import releases_home
 
     os.environ["PRIME_LAB_HOME"] = str(home)
     model = args.model or "smollm2-135m"
     if args.tiny and args.model is None:
-        from prime_lab.lab.models import build_tiny_model
+        from prime_lab.models import build_tiny_model
 
         model = str(build_tiny_model(home / "tiny-model"))
     beside_release = importlib.metadata.version("verifiers")

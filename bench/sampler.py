@@ -32,18 +32,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 import openai  # noqa: E402
 
-from prime_lab.lab.inference.builtin.launcher import BuiltinServer, start_builtin_server  # noqa: E402
-from prime_lab.lab.inference.builtin.server import BuiltinServerSettings  # noqa: E402
-from prime_lab.lab.inference.process import RunningServer, ServerStartError  # noqa: E402
-from prime_lab.lab.inference.vllm import (  # noqa: E402
+from prime_lab.inference.builtin.launcher import BuiltinServer, start_builtin_server  # noqa: E402
+from prime_lab.inference.builtin.server import BuiltinServerSettings  # noqa: E402
+from prime_lab.inference.vllm import (  # noqa: E402
     AdapterLoadError,
     VLLMNotInstalledError,
     VLLMServer,
     VLLMSettings,
     start_vllm,
 )
-from prime_lab.lab.models import ModelNotFoundError, resolve_model  # noqa: E402
-from prime_lab.lab.models.random_lora import build_random_lora_adapter  # noqa: E402
+from prime_lab.models import ModelNotFoundError, resolve_model  # noqa: E402
+from prime_lab.models.random_lora import build_random_lora_adapter  # noqa: E402
+from prime_lab.runs.processes import RunningServer, ServerStartError  # noqa: E402
 
 MODEL = "smollm2-135m"
 ADAPTER = "bench-lora"

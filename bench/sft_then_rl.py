@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from reverse_text_sft_data import write_reverse_text_data  # noqa: E402
 
-from prime_lab.lab.runs import RunRegistry  # noqa: E402
+from prime_lab.runs.registry import RunRegistry  # noqa: E402
 
 PRIME = str(Path(sys.executable).parent / "prime")
 SFT_CONFIG = ROOT / "configs" / "sft" / "reverse-text.toml"
@@ -74,7 +74,7 @@ def main() -> int:
 def bench(args: argparse.Namespace, tmp: Path) -> int:
     base_model = "smollm2-135m"
     if args.tiny:
-        from prime_lab.lab.models import build_tiny_model
+        from prime_lab.models import build_tiny_model
 
         base_model = str(build_tiny_model(tmp / "tiny-model"))
     rl_doc = tomlkit.parse(RL_CONFIG.read_text())

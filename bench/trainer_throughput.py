@@ -271,7 +271,7 @@ class SideFailed(RuntimeError):
 
 def measure(model: Path, batches: list[list[Any]], s: OursSettings) -> dict[str, float]:
     """Run the trainer over the batches; its per-step figures after warm-up."""
-    from prime_lab.lab.runs import RunRegistry
+    from prime_lab.runs.registry import RunRegistry
     from prime_lab.trainer.batch import write_batch
     from prime_lab.trainer.config import validate_rl_config
     from prime_lab.trainer.distributed import Topology, torchrun_argv
@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps must be at least 2 (the first step is warm-up)")
 
     with tempfile.TemporaryDirectory(prefix="prime-lab-bench-") as home:
-        from prime_lab.lab.paths import models_dir
+        from prime_lab.runs.paths import models_dir
 
         os.environ.setdefault("PRIME_LAB_MODELS", str(models_dir()))  # the user's models; the runs are temporary
         os.environ["PRIME_LAB_HOME"] = home
@@ -578,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[{card}] anchor: {ANCHOR}", flush=True)
             return code
 
-        from prime_lab.lab.models import resolve_model
+        from prime_lab.models import resolve_model
 
         model = resolve_model(args.model)
         seq_len = args.seq_len or (2048 if args.lm_head else 256)

@@ -1,6 +1,6 @@
 """The TOML form of `prime gepa run @config.toml`: `[env]` (or one `[[env]]`), `[gepa]`, `[sampling]`.
 
-Validated through lab.problems, so every problem carries its file, line, dotted key and a did-you-mean.
+Validated through problems.validation, so every problem carries its file, line, dotted key and a did-you-mean.
 These are GEPA's only defaults: `prime gepa run ENV` (its flags over them) and `GepaSettings` take theirs from here.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from prime_lab.lab.problems import CheckContext, Validation, validate_file, validate_toml
+from prime_lab.problems.validation import CheckContext, Validation, validate_file, validate_toml
 
 DEFAULT_MODEL = "smollm2-135m"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from prime_lab.lab.envs import Environment
+from prime_lab.envs import Environment
 
 
 def _key(row: dict[str, Any]) -> str:

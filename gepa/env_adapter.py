@@ -16,9 +16,9 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from prime_lab.envs import Environment, Rollout, SamplingArgs, replace_system_prompt
 from prime_lab.gepa.adapter import Candidate, EvaluationBatch, ReflectiveDataset
 from prime_lab.gepa.reflection import parse_proposal, reflection_prompt
-from prime_lab.lab.envs import Environment, Rollout, SamplingArgs, replace_system_prompt
 
 SYSTEM_PROMPT = "system_prompt"
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import tomlkit
 
-from prime_lab.lab.runs import Run
+from prime_lab.runs.registry import Run
 
 SYSTEM_PROMPT_ARG = "system_prompt"
 
@@ -70,7 +70,7 @@ def _json(path: Path) -> dict[str, Any]:
 
 def takes_system_prompt(env_id: str) -> bool:
     """Whether the environment's `load_environment` has a `system_prompt` argument."""
-    from prime_lab.lab.envs import describe
+    from prime_lab.envs import describe
 
     return any(arg.name == SYSTEM_PROMPT_ARG for arg in describe(env_id).args)
 

@@ -3,7 +3,7 @@
 
 `prime gepa run` is the front end (it prints; the workbench launches that same command, `workbench/launch.py`);
 `trainer/launcher.py` is the RL counterpart. Everything a user can fix comes out as `GepaLaunchError`, the run
-already marked `failed` where one exists; a stop comes out as `lab.runs.RunStopped`, the run `stopped`.
+already marked `failed` where one exists; a stop comes out as `runs.registry.RunStopped`, the run `stopped`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from prime_lab.gepa.config import GepaConfig, GepaEnvSection, validate_gepa_file
 from prime_lab.gepa.env_adapter import Endpoint
 from prime_lab.gepa.runner import GepaOutcome, GepaSettings, OnEvent, run_gepa
-from prime_lab.lab.runs import Run, RunRegistry, working
+from prime_lab.runs.registry import Run, RunRegistry, working
 
 Announce = Callable[[str], None]
 
@@ -75,7 +75,7 @@ def read_config(path: Path) -> tuple[GepaJob, str]:
 
 def create_run(job: GepaJob, *, config_text: str = "", output_dir: Path | None = None) -> Run:
     """A queued run for `job` in the registry (in `output_dir` when given), once its environment loads."""
-    from prime_lab.lab.envs import EnvironmentLoadError, load_environment
+    from prime_lab.envs import EnvironmentLoadError, load_environment
 
     spec = job.settings
     try:
@@ -104,10 +104,10 @@ def search(run: Run, job: GepaJob, *, backend: str = "builtin", on_event: OnEven
     `completed`, `failed` (GepaLaunchError) or `stopped` (RunStopped, KeyboardInterrupt)."""
     from openai import APIError
 
-    from prime_lab.lab.envs import EnvironmentLoadError
-    from prime_lab.lab.inference.process import ServerStartError
-    from prime_lab.lab.inference.vllm import VLLMNotInstalledError
-    from prime_lab.lab.models import ModelNotFoundError
+    from prime_lab.envs import EnvironmentLoadError
+    from prime_lab.inference.vllm import VLLMNotInstalledError
+    from prime_lab.models import ModelNotFoundError
+    from prime_lab.runs.processes import ServerStartError
 
     spec = job.settings
     announce(f"GEPA {run.id}: {spec.env_id} on {spec.model} (budget {spec.max_metric_calls} calls) -> {run.dir}")
@@ -137,7 +137,7 @@ def _endpoints(run: Run, job: GepaJob, backend: str, on_exit: Callable[[Callable
                announce: Announce) -> tuple[Endpoint, Endpoint]:
     """The task model's endpoint and the reflection model's: the given URLs, or samplers started here (one when
     both are the same model), each stopped through `on_exit`."""
-    from prime_lab.lab.inference.launch import start_run_sampler
+    from prime_lab.inference.launch import start_run_sampler
 
     spec = job.settings
     reflection_name = spec.reflection_model or spec.model

@@ -11,7 +11,7 @@ from typing import Any
 from prime_lab.gepa.env_adapter import SYSTEM_PROMPT
 from prime_lab.gepa.pareto import instance_fronts
 from prime_lab.gepa.state import GepaState
-from prime_lab.lab.atomic import write_json_atomic
+from prime_lab.runs.atomic import write_json_atomic
 
 STATE_FILE = "state.json"
 

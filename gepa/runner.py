@@ -10,14 +10,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prime_lab.envs import Environment, SamplingArgs, isolated, load_environment
 from prime_lab.gepa.config import DEFAULT_MODEL, GepaSearchSection
 from prime_lab.gepa.data_split import split_rows
 from prime_lab.gepa.engine import EngineConfig, GepaEngine
 from prime_lab.gepa.env_adapter import SYSTEM_PROMPT, Endpoint, EnvironmentAdapter
 from prime_lab.gepa.outputs import STATE_FILE, write_outputs
 from prime_lab.gepa.state import GepaState
-from prime_lab.lab.envs import Environment, SamplingArgs, isolated, load_environment
-from prime_lab.lab.runs import Run
+from prime_lab.runs.registry import Run
 
 _D = GepaSearchSection()  # the defaults: gepa/config.py's, the TOML form's
 

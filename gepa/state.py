@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from prime_lab.gepa.adapter import Candidate
-from prime_lab.lab.atomic import write_json_atomic
+from prime_lab.runs.atomic import write_json_atomic
 
 STATE_VERSION = 1
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/reverse_text_sft_data.py          # rewrites configs/sft/data/reverse-text{,-val}.jsonl
 
-The rows are `prime_lab.environments.reverse_text.sft_rows`: the environment's training examples (seed 0) with the
+The rows are `prime_lab.envs.builtin.reverse_text.sft_rows`: the environment's training examples (seed 0) with the
 reply its reward scores 1.0. They never meet the environment's eval split, which `prime eval run` and an RL run's
 `[eval]` score (the same seed-0 sequence of distinct phrases: the training examples are its first rows, the eval
 split starts at row 1,000). The validation rows come from another seed, with every phrase that is also a training
@@ -31,7 +31,7 @@ def reverse_text_sft_data(num_train: int = NUM_TRAIN, num_val: int = NUM_VAL) ->
                                                                                       list[dict[str, Any]]]:
     """(training rows, validation rows): `num_train` of the environment's training examples (at most 1,000, so
     none is an eval example), and `num_val` rows of another seed whose phrases are in neither."""
-    from prime_lab.environments.reverse_text import load_environment, sft_rows
+    from prime_lab.envs.builtin.reverse_text import load_environment, sft_rows
 
     if not 1 <= num_train <= 1000:
         raise ValueError("num_train must be 1..1000: past 1,000 the seed-0 rows are the environment's eval split")

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from prime_lab.lab.envs import load_environment
+from prime_lab.envs import load_environment
 from prime_lab.trainer.config import validate_rl_file
 from prime_lab.trainer.sft_config import DataSourceConfig, SFTConfig, validate_sft_file
 from prime_lab.trainer.sft_data import read_source, row_chat

@@ -31,8 +31,8 @@ def test_prime_help_imports_neither_torch_nor_textual() -> None:
 
 
 @pytest.mark.parametrize("module", [f"prime_lab.{name}" for name in (
-    "lab", "lab.runs", "lab.events", "lab.problems", "trainer.config", "trainer.scheduler", "gepa", "lab.models",
-    "lab.inference")])
+    "runs.registry", "runs.events", "runs.processes", "problems.validation", "envs", "models", "monitors.alerts",
+    "inference", "evals.compare", "workspace.machine", "trainer.config", "trainer.scheduler", "gepa")])
 def test_headless_modules_import_neither_torch_nor_textual(module: str) -> None:
     assert loaded_after(f"import {module}") == []
 
@@ -48,12 +48,12 @@ def test_import_linter_contracts_hold() -> None:
 
 def test_the_verifiers_adapter_needs_nothing_from_the_loader() -> None:
     """review.md item 3: the loader decides and hands a verifiers environment to the adapter; the two share
-    lab/envs/arguments.py, so no import goes in a circle."""
+    envs/arguments.py, so no import goes in a circle."""
     import ast
     from pathlib import Path
 
-    import prime_lab.lab.envs.verifiers_adapter as adapter
+    import prime_lab.envs.verifiers_adapter as adapter
 
     tree = ast.parse(Path(adapter.__file__).read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    assert "prime_lab.lab.envs.loader" not in imported, imported
+    assert "prime_lab.envs.loader" not in imported, imported

@@ -34,8 +34,11 @@ def test_installed_modules_come_from_this_checkout() -> None:
 
 
 def test_bare_folder_names_are_not_ours() -> None:
-    """`lab`, `gepa`, ... are not importable as ours: PyPI packages of those names keep them."""
-    for bare in ("lab", "environments", "trainer", "gepa", "workbench"):
+    """`runs`, `gepa`, ... are not importable as ours: PyPI packages of those names keep them."""
+    for bare in setuptools_table()["package-dir"]:
+        bare = bare.removeprefix("prime_lab.")
+        if bare == "prime_lab":
+            continue
         spec = importlib.util.find_spec(bare)
         if spec is None or spec.origin is None:
             continue

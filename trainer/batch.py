@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prime_lab.lab.atomic import write_text_atomic
-from prime_lab.lab.envs import Rollout
+from prime_lab.envs import Rollout
+from prime_lab.runs.atomic import write_text_atomic
 
 
 @dataclass

@@ -6,7 +6,7 @@ Sources: the Hosted Training config reference (top-level fields, [sampling], [[e
 [kl_penalty], `model_name`, `num_gpus`, `tensor_parallel_size`, the single [env] table). Local sections:
 [inference] (which sampler engine) and [trainer] (micro-batching, sequence length, device, loss knobs).
 
-`validate_rl_config(text)` returns every problem at once (see `lab.problems`); nothing here raises on bad input.
+`validate_rl_config(text)` returns every problem at once (see `problems.validation`); nothing here raises on bad input.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from prime_lab.lab.problems import CheckContext, Validation, validate_file, validate_toml
+from prime_lab.problems.validation import CheckContext, Validation, validate_file, validate_toml
 
 ENV_ID_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
 TAILSCALE_HOSTNAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,29}$")
@@ -497,7 +497,7 @@ def _check_full_finetuning(ctx: CheckContext) -> None:
         ctx.problem(("lora", "enabled"), "full fine-tuning loads each step's weights into the sampler through "
                     "POST /collective_rpc and /reset_prefix_cache: an external server must be a vLLM started with "
                     "VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
-                    "prime_lab.lab.inference.vllm_worker.WeightUpdateExtension", severity="note")
+                    "prime_lab.inference.vllm_worker.WeightUpdateExtension", severity="note")
 
 
 def _hosted_notes(ctx: CheckContext) -> None:
@@ -610,8 +610,8 @@ def _check_teacher_tokenizer(ctx: CheckContext) -> None:
     if ctx.get(("loss",)) != "opd" or not isinstance(student, str) or not isinstance(teacher, str) \
             or ctx.has(("teacher", "client", "base_url")):
         return
-    from prime_lab.lab.models.resolve import local_model_folder
-    from prime_lab.lab.models.store import tokenizer_difference
+    from prime_lab.models.resolve import local_model_folder
+    from prime_lab.models.store import tokenizer_difference
 
     folders = local_model_folder(student), local_model_folder(teacher)
     if folders[0] is None or folders[1] is None:

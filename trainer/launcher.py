@@ -29,16 +29,16 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-from prime_lab.lab.alerts import AlertMonitor
-from prime_lab.lab.events import Event, EventLog
-from prime_lab.lab.inference.backend import BackendChoice
-from prime_lab.lab.inference.process import RunningServer, log_tail
-from prime_lab.lab.inference.vllm import cuda_available
-from prime_lab.lab.models.store import experts_of
-from prime_lab.lab.paths import child_python
-from prime_lab.lab.reaper import ReaperHandle, die_with_parent, start_reaper
-from prime_lab.lab.runs import Run
-from prime_lab.lab.wandb_mirror import mirror_argv, wanted
+from prime_lab.inference.backend import BackendChoice
+from prime_lab.inference.vllm import cuda_available
+from prime_lab.models.store import experts_of
+from prime_lab.monitors.alerts import AlertMonitor
+from prime_lab.monitors.wandb_mirror import mirror_argv, wanted
+from prime_lab.runs.events import Event, EventLog
+from prime_lab.runs.paths import child_python
+from prime_lab.runs.processes import RunningServer, log_tail
+from prime_lab.runs.reaper import ReaperHandle, die_with_parent, start_reaper
+from prime_lab.runs.registry import Run
 from prime_lab.trainer.batch import batch_path
 from prime_lab.trainer.config import InferenceConfig, RLConfig
 from prime_lab.trainer.distributed import NODE_VARIABLES, Topology, TopologyError, topology, torchrun_argv
@@ -107,8 +107,8 @@ def restart(run: Run, env: dict[str, str] | None = None) -> int:
     drop what was written after the checkpoint, start a new attempt (its events carry the new number, after a
     `restart` event that rewinds every reader to the checkpoint's step) and spawn its supervisor (registered before
     this returns). Returns the checkpoint's step; LaunchFailed says why a run cannot restart."""
-    from prime_lab.lab.events import RESTART
-    from prime_lab.lab.runs import ACTIVE_STATES
+    from prime_lab.runs.events import RESTART
+    from prime_lab.runs.registry import ACTIVE_STATES
 
     status = run.status()
     kind = status.get("kind")
@@ -260,7 +260,7 @@ class Supervisor:
         self.mirror = None
 
     def choose_backend(self) -> BackendChoice:
-        from prime_lab.lab.inference.backend import BackendUnavailableError, choose_backend
+        from prime_lab.inference.backend import BackendUnavailableError, choose_backend
 
         inf = self.rl.inference
         url = inf.base_url or next(iter(inf.base_urls), None)
@@ -307,7 +307,7 @@ class Supervisor:
         """On a CPU-only machine with the built-in sampler, the cores split between trainer and sampler: (trainer,
         sampler) thread counts, or (0, 0) to leave both to their defaults (a GPU, vLLM binding its own cores,
         an external sampler, or a user's OMP_NUM_THREADS)."""
-        from prime_lab.lab.inference.vllm import cuda_available
+        from prime_lab.inference.vllm import cuda_available
 
         if "OMP_NUM_THREADS" in os.environ or backend != "builtin" or self.config.trainer.device == "cuda" \
                 or cuda_available():
@@ -321,8 +321,8 @@ class Supervisor:
         """Start `[inference].num_servers` local servers side by side (or check the external URLs); returns every
         sampler's URL and the model name requests use. `threads`: the CPU threads the sampler side may use (0: the
         default), split among the servers."""
-        from prime_lab.lab.inference.launch import SamplerOptions, start_sampler
-        from prime_lab.lab.inference.process import ServerStartError
+        from prime_lab.inference.launch import SamplerOptions, start_sampler
+        from prime_lab.runs.processes import ServerStartError
 
         cfg = self.rl
         inf = cfg.inference
@@ -366,10 +366,10 @@ class Supervisor:
         """Distillation (`[teacher]`, trainer/teacher.py): start a local sampler for the teacher model (role
         `teacher`, beside sampler 0 on its GPUs), or check that `[teacher.client]`'s endpoint answers. Returns the
         orchestrator's arguments for a local teacher."""
-        from prime_lab.lab.inference.backend import BackendUnavailableError, choose_backend
-        from prime_lab.lab.inference.launch import SamplerOptions, start_sampler
-        from prime_lab.lab.inference.process import ServerStartError
-        from prime_lab.lab.models import ModelNotFoundError, resolve_model
+        from prime_lab.inference.backend import BackendUnavailableError, choose_backend
+        from prime_lab.inference.launch import SamplerOptions, start_sampler
+        from prime_lab.models import ModelNotFoundError, resolve_model
+        from prime_lab.runs.processes import ServerStartError
 
         teacher = self.rl.teacher
         if teacher is None:

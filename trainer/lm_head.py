@@ -40,7 +40,7 @@ def sampling_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float
     outside the top-p nucleus at -inf. The nucleus is chosen without gradient (the sampled token is always inside
     it); the gradient flows through the kept logits. Temperature 0 (greedy) is left as 1, as the samplers report
     it. The dense form, for tests and for the dense head (`lm_head_chunk_size = 0`)."""
-    from prime_lab.lab.inference.builtin.sampling import keep_top_p
+    from prime_lab.inference.builtin.sampling import keep_top_p
 
     logits = logits.float()
     if _scales(temperature):

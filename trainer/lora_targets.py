@@ -75,7 +75,7 @@ def local_target_problems(model_spec: str, target_modules: list[str],
                           target_parameters: list[str]) -> list[tuple[str, str]]:
     """`target_problems` for the run's `model` if it is already on this machine (a materialised preset, a folder,
     the Hugging Face cache); nothing otherwise (nothing is built or downloaded to check)."""
-    from prime_lab.lab.models.resolve import local_model_folder
+    from prime_lab.models.resolve import local_model_folder
 
     folder = local_model_folder(model_spec)
     if folder is None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from prime_lab.lab.envs import (
+from prime_lab.envs import (
     Environment,
     Rollout,
     SamplingArgs,
@@ -43,10 +43,10 @@ from prime_lab.lab.envs import (
     load_environment,
     replace_system_prompt,
 )
-from prime_lab.lab.events import EventWriter
-from prime_lab.lab.inference.process import answers_health
-from prime_lab.lab.inference.vllm import AdapterLoadError, policy_cache_salt
-from prime_lab.lab.runs import Run
+from prime_lab.inference.vllm import AdapterLoadError, policy_cache_salt
+from prime_lab.runs.events import EventWriter
+from prime_lab.runs.processes import answers_health
+from prime_lab.runs.registry import Run
 from prime_lab.trainer.batch import Sample, rollout_samples, write_batch
 from prime_lab.trainer.buffer import ExampleSampler, GroupFilter
 from prime_lab.trainer.config import RLConfig

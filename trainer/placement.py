@@ -34,7 +34,7 @@ class Placement:
 
 def visible_gpus() -> list[str]:
     """The GPUs this process sees, as CUDA_VISIBLE_DEVICES names them (indices or UUIDs); [] without CUDA."""
-    from prime_lab.lab.inference.vllm import cuda_available
+    from prime_lab.inference.vllm import cuda_available
 
     if not cuda_available():
         return []

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from prime_lab.lab.events import EventWriter
-from prime_lab.lab.runs import Run
+from prime_lab.runs.events import EventWriter
+from prime_lab.runs.registry import Run
 from prime_lab.trainer.config import RLConfig
 from prime_lab.trainer.sft_config import SFTConfig
 

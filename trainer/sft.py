@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prime_lab.lab.runs import Run
+from prime_lab.runs.registry import Run
 from prime_lab.trainer.attention import packs_prefixes, row_inputs
 from prime_lab.trainer.batch import Sample
 from prime_lab.trainer.model import accumulate_batch_gradients, peak_memory_gib, score_row

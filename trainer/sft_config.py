@@ -7,7 +7,7 @@ prime-rl's SFT trainer (`sft @ cfg.toml`) reads a flat config: `max_steps`, `[mo
 setting may be given one way only, and `SFTConfig` folds them into one place after validation, so the trainer reads
 one field each (`model.name`, `lora`, `learning_rate`, `checkpoints`, `wandb`, `trainer`).
 
-`validate_sft_config(text)` returns every problem at once, with its line (lab/problems.py), like the RL config.
+`validate_sft_config(text)` returns every problem at once, with its line (problems/validation.py), like the RL config.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from prime_lab.lab.problems import CheckContext, Validation, validate_file, validate_toml
+from prime_lab.problems.validation import CheckContext, Validation, validate_file, validate_toml
 from prime_lab.trainer.config import (
     AdaptersConfig,
     CheckpointsConfig,

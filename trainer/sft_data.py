@@ -146,7 +146,7 @@ def _read_snapshot(folder: Path, source: DataSourceConfig) -> list[dict[str, Any
 
 
 def _read_hub(source: DataSourceConfig) -> list[dict[str, Any]]:
-    from prime_lab.lab.envs.hub import offline_unless_chosen
+    from prime_lab.envs.hub import offline_unless_chosen
 
     snapshot = _hub_snapshot(source.dataset)
     if snapshot is not None:

@@ -8,7 +8,7 @@ vLLM, registered as the run's `teacher` process), or the endpoint of `[teacher.c
   (trainer/sft_data.py `chat_tokens`), the assistant's tokens trained on: a teacher of another family (another
   tokenizer, an API model) works.
 - `loss = "opd"` (on-policy distillation): the student samples as in RL, and the teacher prefill-scores each sample's
-  tokens (`lab.inference.scoring.prompt_logprobs`, vLLM's `prompt_logprobs`): the token ids go to the teacher as they
+  tokens (`inference.scoring.prompt_logprobs`, vLLM's `prompt_logprobs`): the token ids go to the teacher as they
   are, so both must share a tokenizer (checked at validation when both models are on this machine).
 """
 
@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from prime_lab.lab.envs import Rollout, SamplingArgs
+from prime_lab.envs import Rollout, SamplingArgs
 from prime_lab.trainer.batch import Sample
 from prime_lab.trainer.config import RLConfig
 
@@ -73,7 +73,7 @@ class Teacher:
     async def score(self, samples: list[Sample]) -> None:
         """Set each sample's `teacher_logprobs`: the teacher's logprob of every token given those before it
         (position 0, which nothing predicts, gets 0)."""
-        from prime_lab.lab.inference.scoring import prompt_logprobs
+        from prime_lab.inference.scoring import prompt_logprobs
 
         gate = asyncio.Semaphore(SCORING_CONCURRENCY)
 

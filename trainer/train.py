@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from prime_lab.lab.events import EventWriter
-from prime_lab.lab.runs import Run
+from prime_lab.runs.events import EventWriter
+from prime_lab.runs.registry import Run
 from prime_lab.trainer.attention import choose_attention, default_row_tokens
 from prime_lab.trainer.batch import Sample, batch_path, read_batch, truncate
 from prime_lab.trainer.config import RLConfig

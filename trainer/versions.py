@@ -2,7 +2,7 @@
 
 A LoRA run publishes `adapters/step_N/` (a peft adapter); full fine-tuning publishes `weights/step_N/`, the whole
 model as `save_pretrained` writes it (`config.json` and HF-named safetensors: a folder transformers and vLLM load,
-and the orchestrator hands to the sampler through `lab.inference.vllm.RuntimeWeights`). Version N is the policy
+and the orchestrator hands to the sampler through `inference.vllm.RuntimeWeights`). Version N is the policy
 after step N; version 0, published only on a resume or a warm start, is the policy the run starts from. Both kinds
 are written under a temporary name and renamed (trainer/runtime.py), and the same `[adapters]` settings decide how
 many are kept.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from prime_lab.lab.runs import Run
+from prime_lab.runs.registry import Run
 from prime_lab.trainer.config import RLConfig
 from prime_lab.trainer.runtime import checkpoint_to_resume, step_dirs
 from prime_lab.trainer.sft_config import SFTConfig

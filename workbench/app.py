@@ -12,7 +12,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from prime_lab.lab.runs import RunError, RunRegistry
+from prime_lab.runs.registry import RunError, RunRegistry
 from prime_lab.workbench.launch import LaunchError, find_run, launch
 
 STYLES = Path(__file__).parent / "styles"

@@ -1,7 +1,7 @@
 """One config file as ONE tomlkit document: the form and the TOML view both edit it.
 
 tomlkit keeps comments, key order and formatting, so changing one value in the form changes one line of the file.
-Validation uses the same problems collector as the CLI (`lab.problems`), picked by the config's kind.
+Validation uses the same problems collector as the CLI (`problems.validation`), picked by the config's kind.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import AoT, Table
 
-from prime_lab.lab.problems import KeyPath, Problem, Validation, validate_toml
+from prime_lab.problems.validation import KeyPath, Problem, Validation, validate_toml
 
 ConfigKind = Literal["rl", "sft", "gepa", "eval"]
 Validator = Callable[[str, "str | None"], Validation[Any]]
@@ -45,7 +45,7 @@ def _validate_gepa(text: str, file: str | None) -> Validation[Any]:
 
 
 def _validate_eval(text: str, file: str | None) -> Validation[Any]:
-    from prime_lab.lab.evaluation import EvalFileConfig
+    from prime_lab.evals.evaluation import EvalFileConfig
 
     return validate_toml(text, EvalFileConfig, file=file)
 
@@ -60,7 +60,7 @@ def schema_for(kind: ConfigKind) -> type[BaseModel]:
 
         return SFTConfig
     if kind == "eval":
-        from prime_lab.lab.evaluation import EvalFileConfig
+        from prime_lab.evals.evaluation import EvalFileConfig
 
         return EvalFileConfig
     from prime_lab.gepa.config import GepaConfig

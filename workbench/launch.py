@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prime_lab.lab.paths import child_python, lab_home
-from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.runs.paths import child_python, lab_home
+from prime_lab.runs.registry import Run, RunRegistry
 
 CLI_BOOTSTRAP = "import sys; from prime_lab.workbench.cli import main; sys.argv[0] = 'prime'; main()"
 LOCAL_DEFAULT_MODEL = "smollm2-135m"  # what `prime eval run` and `prime gepa run` serve when no model is named
@@ -74,7 +74,7 @@ def config_argv(kind: str, path: Path) -> list[str]:
 def first_use_note(model: object, *, served_locally: bool = True) -> str | None:
     """What to say while a launched command builds its model preset before the run exists (the preset is not on
     this machine yet: SmolLM2 is converted from its GGUF on first use); None when there is nothing to wait for."""
-    from prime_lab.lab.models import PRESETS, Availability
+    from prime_lab.models import PRESETS, Availability
 
     name = model if isinstance(model, str) and model else LOCAL_DEFAULT_MODEL
     preset = PRESETS.get(name)

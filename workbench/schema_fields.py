@@ -9,7 +9,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from prime_lab.lab.problems import KeyPath, dotted
+from prime_lab.problems.validation import KeyPath, dotted
 
 FieldKind = Literal["bool", "int", "float", "str", "choice", "value"]
 

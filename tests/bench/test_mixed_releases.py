@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.runs.registry import RunRegistry
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "mixed_releases.py"
 REWARDS = (r"\n    reward: first third (\d\.\d{3}) \([^)]*\)  last third (\d\.\d{3}) \([^)]*\)  "

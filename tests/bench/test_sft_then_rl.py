@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.runs.registry import RunRegistry
 
 pytestmark = pytest.mark.slow
 

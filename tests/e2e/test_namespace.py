@@ -1,9 +1,10 @@
 """One `prime_lab` import package: prime-lab runs beside PyPI packages that share its folder names (`gepa` is the
-reference GEPA that verifiers depends on; `trainer` is Coqui's), started from a project folder that holds `lab/`,
-`environments/`, `trainer/`, `gepa/` and `workbench/` of its own, as verifiers projects do.
+reference GEPA that verifiers depends on; `trainer` is Coqui's), started from a project folder that holds
+`runs/`, `models/`, `envs/`, `environments/`, `trainer/`, `gepa/`, ... (every top-level folder of ours) of its own,
+as verifiers projects do.
 
 The project's folders raise on import and are also on PYTHONPATH (as an installed module named `trainer` would be),
-so a bare `import trainer` / `import lab` anywhere in the CLI, the servers, the orchestrator or the trainer fails the
+so a bare `import trainer` / `import runs` anywhere in the CLI, the servers, the orchestrator or the trainer fails the
 run. The reference `gepa` (a dev dependency) must still import and run its own `optimize` in the same environment.
 """
 
@@ -18,13 +19,14 @@ from typing import Any
 
 import pytest
 
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.runs.registry import RunRegistry
+from tests.envs.scripted import scripted_endpoint
 from tests.gepa.reflection_standin import write_gepa_config
-from tests.lab.envs.scripted import scripted_endpoint
 from tests.support.cli import prime
 from tests.support.rl_runs import FIXTURE_ENVS, write_config
 
-SHADOWING = ("lab", "environments", "trainer", "gepa", "workbench")
+SHADOWING = ("runs", "problems", "envs", "models", "monitors", "inference", "evals", "workspace", "trainer", "gepa",
+             "workbench", "environments", "lab")
 pytestmark = pytest.mark.slow
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.runs import Run
+from prime_lab.runs.registry import Run
 from prime_lab.trainer.runtime import step_dirs
 from tests.support.rl_runs import (
     fixture_envs,

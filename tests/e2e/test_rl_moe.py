@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.runs.registry import Run, RunRegistry
 from tests.support.rl_runs import fixture_envs, logs, metrics, prime, write_config
 
 pytestmark = pytest.mark.slow
@@ -62,7 +62,7 @@ def test_full_finetuning(tmp_path: Path) -> None:
 
 
 def test_a_target_that_matches_nothing_is_refused_before_a_run_exists(tmp_path: Path) -> None:
-    from prime_lab.lab.models import resolve_model
+    from prime_lab.models import resolve_model
 
     resolve_model("tiny-mixtral")  # on this machine: `prime rl run` checks the targets against it
     config = moe_config(tmp_path / "rl.toml", "tiny-mixtral", lora=True)

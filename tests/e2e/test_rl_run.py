@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.events import Event
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.runs.events import Event
+from prime_lab.runs.registry import RunRegistry
 from tests.support.rl_runs import (
     fixture_envs,
     logs,
@@ -118,8 +118,8 @@ def test_two_local_samplers_share_the_run(learnable_model_dir: Path, tmp_path: P
 def test_external_samplers_listed_in_base_urls(learnable_model_dir: Path, tmp_path: Path) -> None:
     """`[inference] base_urls`: the run samples from servers it did not start (backend auto takes the URLs), each
     checked before the orchestrator starts, and loads each adapter into every one."""
-    from prime_lab.lab.inference.builtin.launcher import start_builtin_server
-    from prime_lab.lab.inference.builtin.server import BuiltinServerSettings
+    from prime_lab.inference.builtin.launcher import start_builtin_server
+    from prime_lab.inference.builtin.server import BuiltinServerSettings
 
     settings = BuiltinServerSettings(model=learnable_model_dir, served_model_name=str(learnable_model_dir))
     servers = [start_builtin_server(settings, log_path=tmp_path / f"external-{i}.log") for i in range(2)]

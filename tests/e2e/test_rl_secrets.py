@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.envs.secrets import SECRET_NAMES_VARIABLE
-from tests.lab.test_wandb_mirror import offline_files
+from prime_lab.envs.secrets import SECRET_NAMES_VARIABLE
+from tests.monitors.test_wandb_mirror import offline_files
 from tests.support.rl_runs import fixture_envs, logs, prime, rewards, start, wait_final
 
 pytestmark = pytest.mark.slow

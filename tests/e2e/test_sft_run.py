@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.events import final_timeline
-from prime_lab.lab.runs import Run
+from prime_lab.runs.events import final_timeline
+from prime_lab.runs.registry import Run
 from tests.support.rl_runs import fixture_envs, logs, metrics, prime, start, wait_final, wait_step, write_config
 from tests.support.sft_runs import start_sft, write_dataset, write_sft_config
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from tests.envs.scripted import scripted_endpoint
+from tests.envs.verifiers_standins import completion, env_path, tool_calling_model
 from tests.gepa.reflection_standin import write_gepa_config
-from tests.lab.envs.scripted import scripted_endpoint
-from tests.lab.envs.verifiers_standins import completion, env_path, tool_calling_model
 from tests.support import cli
 from tests.support.rl_runs import logs, metrics, start, wait_final, write_envs_config
 
@@ -160,7 +160,7 @@ OLDEST_CHECK = r'''
 import asyncio, json, sys
 import verifiers
 from openai import AsyncOpenAI
-from prime_lab.lab.envs import SamplingArgs, load_environment
+from prime_lab.envs import SamplingArgs, load_environment
 
 async def main(base_url, model, tool_url, env_args):
     out = {"verifiers": verifiers.__file__}

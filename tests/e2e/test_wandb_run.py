@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.events import final_timeline
-from tests.lab.test_wandb_mirror import history, offline_files, records
+from prime_lab.runs.events import final_timeline
+from tests.monitors.test_wandb_mirror import history, offline_files, records
 from tests.support.rl_runs import fixture_envs, logs, prime, wait_final, write_config
 
 pytestmark = pytest.mark.slow
@@ -19,7 +19,7 @@ KEY = "local-0123456789abcdef0123456789abcdef01234567"
 
 def test_an_rl_run_with_wandb_is_mirrored_offline(learnable_model_dir: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from prime_lab.lab.runs import RunRegistry
+    from prime_lab.runs.registry import RunRegistry
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     config = write_config(tmp_path / "rl.toml", learnable_model_dir, steps=3, checkpoint_interval=3,

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.lab.envs.scripted import ScriptedEndpoint, scripted_endpoint
+from tests.envs.scripted import ScriptedEndpoint, scripted_endpoint
 
 
 def proposal_for(prompt: str) -> str:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from prime_lab.envs import load_environment
 from prime_lab.gepa.config import validate_gepa_file
-from prime_lab.lab.envs import load_environment
 from tests.support import cli
 
 prime = partial(cli.prime, timeout=120)

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prime_lab.lab.events import Event, EventLog
-from prime_lab.lab.runs import Run
+from prime_lab.runs.events import Event, EventLog
+from prime_lab.runs.registry import Run
 from tests.gepa.reflection_standin import reflection_standin
 from tests.support.cli import PRIME, prime
 

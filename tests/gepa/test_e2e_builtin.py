@@ -8,10 +8,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from prime_lab.lab.events import EventLog
-from prime_lab.lab.runs import Run
+from prime_lab.runs.events import EventLog
+from prime_lab.runs.registry import Run
+from tests.envs.scripted import scripted_endpoint
 from tests.gepa.reflection_standin import write_gepa_config
-from tests.lab.envs.scripted import scripted_endpoint
 from tests.support import cli
 
 prime = partial(cli.prime, timeout=300)

@@ -3,9 +3,9 @@ HTTP: the scripted endpoint records what the task model was sent)."""
 
 from __future__ import annotations
 
+from prime_lab.envs import Rubric, SamplingArgs, SingleTurnEnv
 from prime_lab.gepa.env_adapter import SYSTEM_PROMPT, Endpoint, EnvironmentAdapter
-from prime_lab.lab.envs import Rubric, SamplingArgs, SingleTurnEnv
-from tests.lab.envs.scripted import scripted_endpoint
+from tests.envs.scripted import scripted_endpoint
 
 
 def test_the_candidate_is_the_one_system_message_of_prompt_rows_and_question_rows() -> None:

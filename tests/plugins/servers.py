@@ -1,7 +1,7 @@
 """Session fixtures: the built-in server.
 
 - `builtin_server`: ONE built-in OpenAI-compatible server per test session, on the tiny model (`tiny_model_dir`),
-  served as `tiny-qwen3`, float32. It yields a `lab.inference.builtin.launcher.BuiltinServer`: `base_url` (for
+  served as `tiny-qwen3`, float32. It yields a `inference.builtin.launcher.BuiltinServer`: `base_url` (for
   `openai.OpenAI(base_url=...)`), `root_url`, `model_path`, `model_name`, `adapters` (load/replace/unload LoRA
   adapters) and `log_path`. It starts in a few seconds. Tests that load adapters use their own adapter names.
 - `builtin_smollm2_server`: the built-in server on the real SmolLM2-135M-Instruct (`smollm2_dir`), served as
@@ -21,9 +21,9 @@ from typing import NamedTuple
 
 import pytest
 
-from prime_lab.lab.inference.builtin.launcher import BuiltinServer, start_builtin_server
-from prime_lab.lab.inference.builtin.server import BuiltinServerSettings
-from prime_lab.lab.models.random_lora import build_random_lora_adapter
+from prime_lab.inference.builtin.launcher import BuiltinServer, start_builtin_server
+from prime_lab.inference.builtin.server import BuiltinServerSettings
+from prime_lab.models.random_lora import build_random_lora_adapter
 
 TINY_SERVED_NAME = "tiny-qwen3"
 

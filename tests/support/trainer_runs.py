@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.trainer.batch import Sample, write_batch
 from prime_lab.trainer.config import validate_rl_config
 

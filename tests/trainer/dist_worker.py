@@ -11,7 +11,7 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     import torch
 
-    from prime_lab.lab.runs import Run
+    from prime_lab.runs.registry import Run
     from prime_lab.trainer.runtime import load_config
     from prime_lab.trainer.train import Trainer
 

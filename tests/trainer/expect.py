@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prime_lab.lab.problems import Problem, Validation
+from prime_lab.problems.validation import Problem, Validation
 
 _EXPECT_RE = re.compile(r"^# expect: (\d+|-) (\S+): (.+)$")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.envs import Rollout, Turn
+from prime_lab.envs import Rollout, Turn
 from prime_lab.trainer.batch import MissingTokensError, read_batch, rollout_samples, truncate, write_batch
 from prime_lab.trainer.buffer import ExampleSampler, GroupFilter
 from prime_lab.trainer.config import BufferConfig, DifficultyFilterConfig

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from prime_lab.lab.runs import Run
+from prime_lab.runs.registry import Run
 from prime_lab.trainer.batch import Sample
 from prime_lab.trainer.config import TrainerConfig
 from prime_lab.trainer.distributed import Topology, TopologyError, shard_rows, strategy, topology, torchrun_argv
@@ -123,7 +123,7 @@ def batches(tiny_model_dir: Path) -> list[list[Sample]]:
 @pytest.mark.slow
 def test_two_ddp_ranks_compute_the_lora_update_of_one_process(tiny_model_dir: Path, tmp_path: Path,
                                                               batches: list[list[Sample]]) -> None:
-    from prime_lab.lab.models.random_lora import build_random_lora_adapter
+    from prime_lab.models.random_lora import build_random_lora_adapter
 
     # a warm start whose B is not zero, so every LoRA matrix gets a gradient (a fresh adapter's A gets none)
     adapter = build_random_lora_adapter(tiny_model_dir, tmp_path / "start", rank=16, alpha=16, seed=3, b_std=0.05)
@@ -185,7 +185,7 @@ def test_two_ranks_with_activation_checkpointing_compute_the_update_of_one_proce
         tiny_model_dir: Path, tmp_path: Path, batches: list[list[Sample]], lora: bool) -> None:
     """`[trainer] activation_checkpointing` under DDP and FSDP2 (layers recomputed inside the sharded or
     replicated model): the same gradients and weights as one process that keeps its activations."""
-    from prime_lab.lab.models.random_lora import build_random_lora_adapter
+    from prime_lab.models.random_lora import build_random_lora_adapter
 
     text = config_text(tiny_model_dir, steps=1)
     if lora:

@@ -106,7 +106,7 @@ def test_full_finetuning_validates_and_a_lora_rate_gets_a_note(tiny_model_dir: P
 
 
 def test_checkpoint_id_must_be_full_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from prime_lab.lab.models.random_lora import build_random_lora_adapter
+    from prime_lab.models.random_lora import build_random_lora_adapter
     from prime_lab.trainer.versions import warm_start_weights
 
     assert warm_start_weights(str(tiny_model_dir), tmp_path) == tiny_model_dir
@@ -120,7 +120,7 @@ def test_checkpoint_id_must_be_full_weights(tiny_model_dir: Path, tmp_path: Path
 def test_full_finetuning_requests_carry_a_cache_salt_per_policy_version(
     tiny_model_dir: Path, batches: list[list[Sample]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """vLLM keeps prompt state cached under old weights while requests are in flight (tests/lab/inference/
+    """vLLM keeps prompt state cached under old weights while requests are in flight (tests/inference/
     test_vllm_full_weights.py shows a request without a new salt served stale); the orchestrator's requests of each
     policy version carry their own salt. LoRA requests need none: the adapter's name and path key the cache."""
     from prime_lab.trainer.orchestrator import Orchestrator

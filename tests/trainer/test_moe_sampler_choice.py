@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.models import build_tiny_model
-from prime_lab.lab.models.store import experts_of
-from prime_lab.lab.models.tiny import tiny_moe_shape
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.models import build_tiny_model
+from prime_lab.models.store import experts_of
+from prime_lab.models.tiny import tiny_moe_shape
+from prime_lab.runs.registry import RunRegistry
 from prime_lab.trainer import launcher
 from prime_lab.trainer.config import validate_rl_config
 
@@ -42,7 +42,7 @@ def test_vllm_on_a_cpu_is_refused_for_lora_on_experts(tmp_path: Path, tiny_model
     moe = build_tiny_model(tmp_path / "tiny-mixtral", shape=tiny_moe_shape("mixtral"))
     assert experts_of(moe) == 4 and experts_of(tiny_model_dir) == 0 and experts_of(tmp_path) == 0
     monkeypatch.setattr(launcher, "cuda_available", lambda: False)
-    monkeypatch.setattr("prime_lab.lab.inference.backend.vllm_installed", lambda: True)
+    monkeypatch.setattr("prime_lab.inference.backend.vllm_installed", lambda: True)
     with pytest.raises(launcher.LaunchFailed, match=r'Mixture-of-Experts.*backend = "builtin"'):
         _supervisor(moe, "vllm").choose_backend()
     assert _supervisor(moe, "builtin").choose_backend().backend == "builtin"

@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from prime_lab.lab.inference.builtin.launcher import BuiltinServer, start_builtin_server
-from prime_lab.lab.inference.builtin.server import BuiltinServerSettings
-from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.inference.builtin.launcher import BuiltinServer, start_builtin_server
+from prime_lab.inference.builtin.server import BuiltinServerSettings
+from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.trainer.batch import batch_path, read_batch
 from prime_lab.trainer.config import validate_rl_config
 from prime_lab.trainer.orchestrator import Orchestrator

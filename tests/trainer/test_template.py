@@ -8,7 +8,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 
-from prime_lab.lab.problems import field_paths
+from prime_lab.problems.validation import field_paths
 from prime_lab.trainer.config import RLConfig, template_path, validate_rl_config
 
 _SETTING_RE = re.compile(r"^# ?(\[\[?[A-Za-z][\w.-]*\]\]?|[A-Za-z_][\w.-]*\s*=)")

@@ -10,7 +10,7 @@ from typing import Any
 
 from textual.pilot import Pilot
 
-from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.workbench.app import LabApp, create_app
 from prime_lab.workbench.screens.run import RunScreen
 

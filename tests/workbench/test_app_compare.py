@@ -1,7 +1,7 @@
 """The compare view: evaluations marked on the home screen's runs table (space), compared (c) as `prime eval compare`
 does (means, each difference to the first with its paired bootstrap interval, per-example rewards, the examples that
 changed most); evaluations that do not compare say why on the page. The evaluations are synthetic: runs of kind
-"eval" whose status names an output folder with results.jsonl and metadata.json as lab/evaluation.py writes them."""
+"eval" whose status names an output folder with results.jsonl and metadata.json as evals/evaluation.py writes them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from textual.widgets import DataTable, Static
 
-from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.workbench.screens.compare import CompareScreen
 from prime_lab.workbench.screens.home import HomeScreen
 from prime_lab.workbench.widgets.runs_table import RunsTable

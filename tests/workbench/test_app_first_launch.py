@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.models.smollm2 import find_smollm2_gguf
+from prime_lab.models.smollm2 import find_smollm2_gguf
 from prime_lab.workbench.launch import first_use_note
 from prime_lab.workbench.screens.home import HomeScreen
 from tests.workbench.lab_fixtures import SIZE, lab_folder, make_app, record_notifications, until

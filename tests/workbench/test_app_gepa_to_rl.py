@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.trainer.config import validate_rl_file
 from prime_lab.workbench.screens.dashboard_gepa import GepaDashboard
 from prime_lab.workbench.screens.editor import EditorScreen

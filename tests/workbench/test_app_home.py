@@ -7,8 +7,8 @@ from pathlib import Path
 
 from textual.widgets import DataTable, Input, RichLog
 
-from prime_lab.lab.inference.builtin.launcher import BuiltinServer
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.inference.builtin.launcher import BuiltinServer
+from prime_lab.runs.registry import RunRegistry
 from prime_lab.workbench.screens.editor import EditorScreen
 from prime_lab.workbench.screens.home import HomeScreen
 from prime_lab.workbench.screens.launch_eval import LaunchEvalScreen

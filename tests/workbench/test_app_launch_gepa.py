@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.runs.registry import RunRegistry
 from prime_lab.workbench.launch import config_argv, find_run, launch
 from tests.gepa.reflection_standin import reflection_standin
 

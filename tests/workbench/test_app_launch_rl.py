@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.runs.registry import RunRegistry
 from prime_lab.workbench.screens.dashboard_rl import RLDashboard
 from prime_lab.workbench.screens.editor import EditorScreen
 from tests.support.rl_runs import FIXTURE_ENVS, write_config

@@ -10,7 +10,7 @@ from typing import Any
 
 from textual.pilot import Pilot
 
-from prime_lab.lab.runs import RunError, RunRegistry
+from prime_lab.runs.registry import RunError, RunRegistry
 from prime_lab.workbench.screens.confirm import ConfirmScreen
 from prime_lab.workbench.screens.home import HomeScreen
 from prime_lab.workbench.screens.run import RunScreen

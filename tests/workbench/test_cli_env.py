@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from prime_lab.lab.runs import RunRegistry
-from tests.lab.envs.scripted import scripted_endpoint
+from prime_lab.runs.registry import RunRegistry
+from tests.envs.scripted import scripted_endpoint
 from tests.support import cli
 
 prime = partial(cli.prime, timeout=300)  # pip installs and evals outlast the default minute

@@ -10,15 +10,15 @@ import os
 from functools import partial
 from pathlib import Path
 
-from prime_lab.lab.runs import RunRegistry
-from tests.lab.envs.scripted import scripted_endpoint
+from prime_lab.runs.registry import RunRegistry
+from tests.envs.scripted import scripted_endpoint
 from tests.support import cli
 
 prime = partial(cli.prime, timeout=120)
 
 
 def test_eval_writes_results_metadata_events_and_a_report(tmp_path: Path, lab_home: Path) -> None:
-    from prime_lab.lab.envs import load_environment
+    from prime_lab.envs import load_environment
 
     rows = load_environment("gsm8k", difficulty="easy").get_eval_dataset(3)
     right = [f"<answer>{r['answer']}</answer>" for r in rows]
@@ -72,7 +72,7 @@ def test_eval_toml_form(tmp_path: Path, lab_home: Path) -> None:
 
 
 def test_refused_endpoint_fails_fast_with_a_clear_message(tmp_path: Path, lab_home: Path) -> None:
-    from prime_lab.lab.inference.process import free_port
+    from prime_lab.runs.processes import free_port
 
     proc = prime("eval", "run", "reverse-text", "-b", f"http://127.0.0.1:{free_port()}/v1", "-m", "m", "-n", "2",
                  cwd=tmp_path)
@@ -94,7 +94,7 @@ def test_env_file_secrets_reach_the_environment_and_never_the_outputs(tmp_path: 
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "keyed_env.py").write_text(
-        "from prime_lab.lab.envs import Rubric, SingleTurnEnv, ensure_keys\n"
+        "from prime_lab.envs import Rubric, SingleTurnEnv, ensure_keys\n"
         "import os\n"
         "def load_environment():\n"
         "    ensure_keys(['KEYED_ENV_API_KEY'])\n"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.runs.registry import Run, RunRegistry
 from tests.support import cli
 from tests.support.rl_runs import fixture_envs, start, wait_final, write_config
 
@@ -42,7 +42,7 @@ def completions(rows: list[dict[str, Any]]) -> list[str]:
 
 def rl_run_with_an_adapter(model: Path, step: int = 2) -> Run:
     """An RL run's folder as the trainer leaves it: its base model in status.json and adapters/step_N."""
-    from prime_lab.lab.models.random_lora import build_random_lora_adapter
+    from prime_lab.models.random_lora import build_random_lora_adapter
 
     run = RunRegistry().create("rl", config_text="", resolved={}, model=str(model), envs=["tiny-chars"])
     run.update_status(model_path=str(model), state="completed", step=step)
@@ -94,7 +94,7 @@ def test_an_adapter_and_a_system_prompt_are_evaluated_and_compared(tiny_model_di
 
 
 def test_full_fine_tuning_weights_and_an_sft_runs_model(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from prime_lab.lab.models import build_tiny_model
+    from prime_lab.models import build_tiny_model
 
     full = RunRegistry().create("rl", config_text="", resolved={}, model=str(tiny_model_dir))
     full.update_status(model_path=str(tiny_model_dir), state="completed")

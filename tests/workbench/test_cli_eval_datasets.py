@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.envs.scripted import scripted_endpoint
+from tests.envs.scripted import scripted_endpoint
 from tests.support import cli
 
 prime = partial(cli.prime, timeout=120)
@@ -26,7 +26,7 @@ prime = partial(cli.prime, timeout=120)
 HUB_MODULE = '''\
 import datasets
 
-from prime_lab.lab.envs import SingleTurnEnv
+from prime_lab.envs import SingleTurnEnv
 
 
 def load_environment(dataset_name: str = "someone/not-here", dataset_split: str = "train"):
@@ -36,7 +36,7 @@ def load_environment(dataset_name: str = "someone/not-here", dataset_split: str 
 LOCAL_MODULE = '''\
 import datasets
 
-from prime_lab.lab.envs import Rubric, SingleTurnEnv
+from prime_lab.envs import Rubric, SingleTurnEnv
 
 
 def load_environment(data: str, kind: str | None = None):

@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from prime_lab.lab.runs import Run, RunRegistry
-from tests.lab.envs.scripted import scripted_endpoint
+from prime_lab.runs.registry import Run, RunRegistry
+from tests.envs.scripted import scripted_endpoint
 from tests.support.cli import prime
 from tests.workbench.lab_fixtures import recorded_run
 
 
 def evaluate(cwd: Path) -> tuple[Run, list[dict[str, Any]]]:
     """gsm8k, 2 examples x 1 rollout, one at a time: the first answered right (reward 1), the second wrong (0)."""
-    from prime_lab.lab.envs import load_environment
+    from prime_lab.envs import load_environment
 
     rows = load_environment("gsm8k", difficulty="easy").get_eval_dataset(2)
     with scripted_endpoint([f"<answer>{rows[0]['answer']}</answer>", "<answer>-1</answer>"]) as ep:

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from prime_lab.lab.inference.process import free_port
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.runs.processes import free_port
+from prime_lab.runs.registry import RunRegistry
 from tests.support.cli import prime
 
 SMALL = ("-B", "4", "-n", "2", "-N", "1")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.runs.registry import RunRegistry
 from prime_lab.workbench.cli.render import when
-from tests.lab.envs.scripted import scripted_endpoint
+from tests.envs.scripted import scripted_endpoint
 from tests.support.cli import PRIME, prime
 from tests.workbench.lab_fixtures import recorded_run
 

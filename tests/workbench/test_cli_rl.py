@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.events import EventWriter
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.runs.events import EventWriter
+from prime_lab.runs.registry import RunRegistry
 from tests.support.cli import PRIME, prime
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from prime_lab.lab import events as events_module
-from prime_lab.lab.events import RESTART
-from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.runs import events as events_module
+from prime_lab.runs.events import RESTART
+from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.trainer.batch import Sample, write_batch
 from tests.support.cli import prime
 from tests.workbench.lab_fixtures import recorded_run

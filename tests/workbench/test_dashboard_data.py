@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.events import BadLine
+from prime_lab.runs.events import BadLine
 from prime_lab.workbench.dashboards.files import read_events
 from prime_lab.workbench.dashboards.rl_model import RLRunModel
 from prime_lab.workbench.dashboards.series import DownsampledSeries

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from textual.widgets import Static
 
-from prime_lab.lab.events import EventWriter
-from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.runs.events import EventWriter
+from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.workbench.dashboards.files import read_events
 from prime_lab.workbench.dashboards.rl_model import EvalRewards, RLRunModel
 from prime_lab.workbench.screens.dashboard_rl import RLDashboard, eval_lines

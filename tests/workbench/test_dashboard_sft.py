@@ -13,8 +13,8 @@ from typing import Any
 
 from textual.widgets import RichLog, Static
 
-from prime_lab.lab.events import EventWriter
-from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.runs.events import EventWriter
+from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.trainer.sft_config import template_path
 from prime_lab.workbench.dashboards.files import read_events
 from prime_lab.workbench.dashboards.sft_model import SFTRunModel, model_usage

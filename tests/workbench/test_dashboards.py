@@ -15,7 +15,7 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import DataTable, RichLog, Static, TabbedContent
 
-from prime_lab.lab.events import EventWriter
+from prime_lab.runs.events import EventWriter
 from prime_lab.workbench.dashboards.files import MAX_READ
 from prime_lab.workbench.screens.dashboard_gepa import FrontierChart, GepaDashboard
 from prime_lab.workbench.screens.dashboard_rl import RLDashboard
@@ -250,7 +250,7 @@ def test_gepa_frontier_updates_live(tmp_path: Path) -> None:
 
 WRITER = """
 import os, sys, time
-from prime_lab.lab.events import EventWriter
+from prime_lab.runs.events import EventWriter
 writer = EventWriter(sys.argv[1], "orchestrator")
 for step in range(1, 41):
     writer.metrics({"reward/mean": step / 40, "reward/std": 0.2}, step=step)
@@ -290,7 +290,7 @@ def test_live_writer_process_and_the_chart_follows(tmp_path: Path) -> None:
 
 def test_event_writer_is_importable_without_textual() -> None:
     # The writer side used above is lab's (no textual), as the launcher uses it.
-    assert EventWriter.__module__ == "prime_lab.lab.events"
+    assert EventWriter.__module__ == "prime_lab.runs.events"
 
 
 def test_rl_dashboard_snapshot_with_an_alert(tmp_path: Path, snap_compare: Any) -> None:

@@ -10,8 +10,8 @@ import sys
 import threading
 import time
 
-from prime_lab.lab.events import BadLine
-from prime_lab.lab.runs import Run, RunRegistry
+from prime_lab.runs.events import BadLine
+from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.workbench.dashboards.files import MAX_READ
 from prime_lab.workbench.dashboards.follower import RunFollower
 from prime_lab.workbench.dashboards.rl_model import RawEvent, RLRunModel

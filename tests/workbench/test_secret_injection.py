@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.lab.envs.secrets import SECRET_NAMES_VARIABLE
-from prime_lab.lab.runs import RunRegistry
-from tests.lab.envs.scripted import scripted_endpoint
+from prime_lab.envs.secrets import SECRET_NAMES_VARIABLE
+from prime_lab.runs.registry import RunRegistry
+from tests.envs.scripted import scripted_endpoint
 from tests.support import cli
 from tests.support.rl_runs import fixture_envs  # noqa: F401  (autouse: the test environments are importable)
 
@@ -110,7 +110,7 @@ def test_a_missing_key_fails_at_the_start_naming_it_and_the_command(tmp_path: Pa
 def test_rl_run_environment_precedence(tmp_path: Path, lab_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What `prime rl run` hands the supervisor: global < the environment's < the config's env_file (read by the
     orchestrator: the secret steps aside) < --env-file < -e; the shell over any stored secret; SFT gets none."""
-    from prime_lab.lab.secret_store import SecretStore
+    from prime_lab.envs.secret_store import SecretStore
     from prime_lab.workbench.cli.rl_run import _env_vars
 
     store = SecretStore()

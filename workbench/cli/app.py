@@ -8,7 +8,7 @@ import sys
 import typer
 
 import prime_lab
-from prime_lab.lab.runs import RunError
+from prime_lab.runs.registry import RunError
 from prime_lab.workbench.cli.common import UserError, join_at_args
 from prime_lab.workbench.cli.env import env_app
 from prime_lab.workbench.cli.eval import eval_app

@@ -35,7 +35,7 @@ def list_envs(
     An installed environment takes precedence over a built-in of the same name: the built-in's row says so."""
     from rich.table import Column
 
-    from prime_lab.lab.envs.loader import environments
+    from prime_lab.envs.loader import environments
 
     infos = environments()
     if output is OutputFormat.json:
@@ -78,8 +78,8 @@ def init(
     force: bool = typer.Option(False, "-f", "--force", help="Overwrite the package's files if they exist."),
 ) -> None:
     """Write a new environment package: pyproject, a module with load_environment(), a README and a test."""
-    from prime_lab.lab.envs.loader import builtin_environments
-    from prime_lab.lab.envs.scaffold import ScaffoldError, write_package
+    from prime_lab.envs.loader import builtin_environments
+    from prime_lab.envs.scaffold import ScaffoldError, write_package
 
     try:
         package = write_package(name, path, verifiers=verifiers, force=force)
@@ -109,9 +109,9 @@ def install(
     An environment that needs a verifiers release other than the one beside prime-lab (what its metadata declares,
     narrowed by what it imports; or --verifiers) goes into that release's own virtual environment, created once per
     release with pip, and runs there as a server of the run."""
-    from prime_lab.lab.envs.install import InstallError, choose_release, environments_of, install_isolated
-    from prime_lab.lab.envs.install import install as pip_install
-    from prime_lab.lab.envs.releases import ReleaseError
+    from prime_lab.envs.install import InstallError, choose_release, environments_of, install_isolated
+    from prime_lab.envs.install import install as pip_install
+    from prime_lab.envs.releases import ReleaseError
 
     try:
         choice = choose_release(target.expanduser().resolve(), verifiers, isolate)
@@ -128,7 +128,7 @@ def install(
             return
         done = pip_install(target)
         if done.project:  # beside prime-lab now: an earlier install at its own release no longer applies
-            from prime_lab.lab.envs.isolated import remove_record
+            from prime_lab.envs.isolated import remove_record
 
             remove_record(done.project)
         found = environments_of(done.project) if done.project else []

@@ -17,9 +17,9 @@ from prime_lab.workbench.cli.render import live_output, print_table, progress_co
 from prime_lab.workbench.cli.run_verbs import add_run_verbs
 
 if TYPE_CHECKING:
-    from prime_lab.lab.compare import Comparison
-    from prime_lab.lab.evaluation import SystemPrompt
-    from prime_lab.lab.policies import TrainedPolicy
+    from prime_lab.evals.compare import Comparison
+    from prime_lab.evals.evaluation import SystemPrompt
+    from prime_lab.evals.policies import TrainedPolicy
 
 eval_app = typer.Typer(help="Evaluate models on environments.", no_args_is_help=True)
 
@@ -39,7 +39,7 @@ def _json_arg(value: str | None, flag: str) -> dict[str, Any]:
 
 
 def _sampling(sampling_json: dict[str, Any], max_tokens: int | None, temperature: float | None) -> Any:
-    from prime_lab.lab.envs import SamplingArgs
+    from prime_lab.envs import SamplingArgs
 
     known = {"max_tokens", "temperature", "top_p", "stop", "seed"}
     args = SamplingArgs(**{k: v for k, v in sampling_json.items() if k in known})
@@ -78,7 +78,7 @@ def run(
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Print each rollout's reward as it finishes."),
 ) -> None:
     """Evaluate MODEL on ENV: results.jsonl, metadata.json, and a difficulty report for RL."""
-    from prime_lab.lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
+    from prime_lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
     from prime_lab.workbench.cli.secret import inject_secrets
 
     settings: dict[str, Any] = {"env": env, "model": model, "num_examples": num_examples, "rollouts": rollouts,
@@ -107,7 +107,7 @@ def run(
 
 def _policy(settings: dict[str, Any]) -> TrainedPolicy | None:
     """The trained policy `--adapter` names (None without it); refuses -b and a -m other than the run's base."""
-    from prime_lab.lab.policies import PolicyNotFoundError, resolve_policy
+    from prime_lab.evals.policies import PolicyNotFoundError, resolve_policy
 
     if not settings["adapter"]:
         return None
@@ -121,7 +121,7 @@ def _policy(settings: dict[str, Any]) -> TrainedPolicy | None:
 
 
 def _system_prompt(settings: dict[str, Any]) -> SystemPrompt | None:
-    from prime_lab.lab.evaluation import SystemPromptError, read_system_prompt
+    from prime_lab.evals.evaluation import SystemPromptError, read_system_prompt
 
     if not settings["system_prompt_file"]:
         return None
@@ -133,7 +133,7 @@ def _system_prompt(settings: dict[str, Any]) -> SystemPrompt | None:
 
 def _from_toml(path: Path, *, adapter: str | None, system_prompt_file: str | None) -> dict[str, Any]:
     """The file's settings; `--adapter` and `--system-prompt-file` given on the command line win over its own."""
-    from prime_lab.lab.evaluation import EvalFileConfig, validate_eval_file
+    from prime_lab.evals.evaluation import EvalFileConfig, validate_eval_file
 
     result = validate_eval_file(path)
     for problem in result.problems:
@@ -154,13 +154,13 @@ def _evaluate(environment: Any, env_id: str, model_name: str, settings: dict[str
               verbose: bool, policy: TrainedPolicy | None = None, prompt: SystemPrompt | None = None) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from prime_lab.lab.evaluation import EvalSpec, default_output_dir, run_evaluation
-    from prime_lab.lab.inference.launch import start_run_sampler
-    from prime_lab.lab.inference.process import ServerStartError
-    from prime_lab.lab.inference.vllm import AdapterLoadError, VLLMNotInstalledError
-    from prime_lab.lab.models import ModelNotFoundError
-    from prime_lab.lab.policies import start_policy_sampler
-    from prime_lab.lab.runs import RunRegistry, RunStopped, working
+    from prime_lab.evals.evaluation import EvalSpec, default_output_dir, run_evaluation
+    from prime_lab.evals.policies import start_policy_sampler
+    from prime_lab.inference.launch import start_run_sampler
+    from prime_lab.inference.vllm import AdapterLoadError, VLLMNotInstalledError
+    from prime_lab.models import ModelNotFoundError
+    from prime_lab.runs.processes import ServerStartError
+    from prime_lab.runs.registry import RunRegistry, RunStopped, working
 
     run = RunRegistry().create("eval", config_text=json.dumps(settings, indent=2), resolved=settings,
                                name=f"eval {env_id}", model=model_name, envs=[env_id])
@@ -255,7 +255,7 @@ def compare(
 ) -> None:
     """Compare evaluations of one environment against the first (A): mean rewards, each difference with a paired
     bootstrap 95% interval, per-example rewards, and the examples that changed most."""
-    from prime_lab.lab.compare import ComparisonError, compare_evaluations
+    from prime_lab.evals.compare import ComparisonError, compare_evaluations
 
     if len(evaluations) < 2:
         fail("give two evaluations or more: prime eval compare A B [C ...]")

@@ -93,7 +93,7 @@ def run(
 
 def _search(run: Any, job: Any, backend: str) -> None:
     from prime_lab.gepa.launcher import search
-    from prime_lab.lab.runs import RunStopped
+    from prime_lab.runs.registry import RunStopped
     from prime_lab.workbench.cli.gepa_progress import GepaProgress
 
     spec = job.settings
@@ -123,9 +123,9 @@ def export(
     force: bool = typer.Option(False, "-f", "--force", help="Overwrite an existing file."),
 ) -> None:
     """A GEPA run's best prompt as the start of what comes next: `--rl`, an RL config (validated)."""
+    from prime_lab.envs import EnvironmentLoadError
     from prime_lab.gepa.export import ExportError, GepaResult, prompt_route, rl_config, takes_system_prompt
-    from prime_lab.lab.envs import EnvironmentLoadError
-    from prime_lab.lab.runs import RunRegistry
+    from prime_lab.runs.registry import RunRegistry
     from prime_lab.trainer.config import validate_rl_config
 
     if not rl:

@@ -18,10 +18,10 @@ from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, config_p
 from prime_lab.workbench.cli.render import is_plain, print_table, size
 
 if TYPE_CHECKING:
-    from prime_lab.lab.problems import Validation
-    from prime_lab.lab.workspace.doctor import Finding
-    from prime_lab.lab.workspace.layout import SetupResult
-    from prime_lab.lab.workspace.machine import Machine
+    from prime_lab.problems.validation import Validation
+    from prime_lab.workspace.doctor import Finding
+    from prime_lab.workspace.layout import SetupResult
+    from prime_lab.workspace.machine import Machine
 
 OPEN = "open"
 
@@ -72,8 +72,8 @@ def setup(
                                    help="Write the example environment in verifiers' classic API."),
 ) -> None:
     """Write a workspace here or in FOLDER: configs that run on this machine, an example environment, a .gitignore."""
-    from prime_lab.lab.workspace.layout import setup_workspace
-    from prime_lab.lab.workspace.machine import survey
+    from prime_lab.workspace.layout import setup_workspace
+    from prime_lab.workspace.machine import survey
 
     if folder.exists() and not folder.is_dir():
         fail(f"{folder} is a file, not a folder")
@@ -89,7 +89,7 @@ def setup(
 
 
 def _print_actions(result: SetupResult) -> None:
-    from prime_lab.lab.workspace.layout import Change
+    from prime_lab.workspace.layout import Change
 
     unchanged = [a for a in result.actions if a.change is Change.UNCHANGED]
     for action in result.actions:
@@ -111,7 +111,7 @@ def _shown(path: Path, folder: Path) -> str:
 
 
 def _get_started(folder: Path) -> None:
-    from prime_lab.lab.workspace.layout import EXAMPLE_ENVIRONMENT, config_templates
+    from prime_lab.workspace.layout import EXAMPLE_ENVIRONMENT, config_templates
 
     sft = next((rel for rel, _ in config_templates() if rel.startswith("configs/sft/") and rel.endswith(".toml")),
                None)
@@ -151,8 +151,8 @@ def doctor(
     output: OutputFormat = OUTPUT_OPTION,
 ) -> None:
     """Check this machine and a workspace: configs, environment ids and packages, .gitignore (exit 1 on a failure)."""
-    from prime_lab.lab.workspace.doctor import check_workspace, failed, fix_workspace
-    from prime_lab.lab.workspace.machine import survey
+    from prime_lab.workspace.doctor import check_workspace, failed, fix_workspace
+    from prime_lab.workspace.machine import survey
 
     if not folder.is_dir():
         fail(f"no such folder: {folder}" + ("" if folder.exists() else f" (prime lab setup {folder} writes one)"))
@@ -175,9 +175,9 @@ def validate_config(path: Path) -> tuple[str, Validation[Any]]:
     """A config's kind (by its folder under configs/: rl, sft, gepa, eval; else by its contents, as the workbench
     reads it) and its validation, with the command's own validator (`prime rl validate` checks [lora] targets against
     the model when it is on this machine)."""
-    from prime_lab.lab.evaluation import validate_eval_file
-    from prime_lab.lab.workspace.layout import CONFIG_KINDS
+    from prime_lab.evals.evaluation import validate_eval_file
     from prime_lab.workbench.config_document import detect_kind
+    from prime_lab.workspace.layout import CONFIG_KINDS
 
     kind = next((parent.name for parent in path.parents
                  if parent.name in CONFIG_KINDS and parent.parent.name == "configs"), None)

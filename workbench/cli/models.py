@@ -18,7 +18,7 @@ def models(output: OutputFormat = OUTPUT_OPTION) -> None:
     Besides a preset, a run's `model` can be a local Hugging Face folder or a Hugging Face id already in the
     local cache.
     """
-    from prime_lab.lab.models import Availability, list_presets
+    from prime_lab.models import Availability, list_presets
 
     rows: list[dict[str, Any]] = []
     for preset in list_presets():

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console, JustifyMethod, OverflowMethod
 from rich.table import Column, Table
 
-from prime_lab.lab.events import Event
+from prime_lab.runs.events import Event
 
 # The few numbers a person wants on a metrics line, in this order; the rest follow alphabetically.
 HEADLINE_METRICS = ("reward/mean", "reward/std", "policy/entropy", "policy/kl", "loss", "perf/tokens_per_s",

@@ -22,7 +22,7 @@ from prime_lab.workbench.cli.rl_run import restart, run
 from prime_lab.workbench.cli.run_verbs import add_run_verbs
 
 if TYPE_CHECKING:
-    from prime_lab.lab.problems import Validation
+    from prime_lab.problems.validation import Validation
 
 rl_app = typer.Typer(
     help="Reinforcement learning: write, validate, run and manage RL configs and runs.",

@@ -22,7 +22,7 @@ from prime_lab.workbench.cli.render import live_output
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from prime_lab.lab.problems import Validation
+    from prime_lab.problems.validation import Validation
 
 M = TypeVar("M", bound="BaseModel")
 
@@ -46,7 +46,7 @@ def _env_vars(pairs: list[str], files: list[Path], wandb_api_key: str | None = N
     environment only (nothing of it is written to the run directory). With the `resolved` config of a run that
     runs environments, the stored secrets for them (`prime secret`) too, under everything else: this shell's
     variables, the config's env_file (which the orchestrator reads), --env-file and -e win."""
-    from prime_lab.lab.envs import load_env_files
+    from prime_lab.envs import load_env_files
 
     out: dict[str, str] = {}
     if files:
@@ -67,7 +67,7 @@ def _env_vars(pairs: list[str], files: list[Path], wandb_api_key: str | None = N
 
 
 def _stored_secrets(resolved: dict[str, Any], set_elsewhere: dict[str, str]) -> dict[str, str]:
-    from prime_lab.lab.envs.secrets import MissingKeyError, read_env_files
+    from prime_lab.envs.secrets import MissingKeyError, read_env_files
     from prime_lab.workbench.cli.secret import stored_secrets
 
     try:  # the config's env_file, relative to this folder as in the orchestrator (which reports a bad one)
@@ -112,8 +112,8 @@ def valid_config(result: Validation[M], path: Path, group: str) -> M:
 def launch(kind: str, path: Path, model: str, resolved: dict[str, Any], *, envs: list[str], max_steps: int,
            name: str | None, extra_env: dict[str, str], foreground: bool) -> None:
     """Create a run of `kind` (RL or SFT) from the validated config at `path` and start its supervisor."""
-    from prime_lab.lab.models import ModelNotFoundError, resolve_model
-    from prime_lab.lab.runs import RunRegistry
+    from prime_lab.models import ModelNotFoundError, resolve_model
+    from prime_lab.runs.registry import RunRegistry
     from prime_lab.trainer.launcher import start_supervisor
 
     try:
@@ -135,7 +135,7 @@ def restart(
     wandb_api_key: str | None = WANDB_KEY_OPTION,
 ) -> None:
     """Resume a stopped or failed RL or SFT run from its latest checkpoint (the same W&B run, rewound to it)."""
-    from prime_lab.lab.runs import RunRegistry
+    from prime_lab.runs.registry import RunRegistry
     from prime_lab.trainer.launcher import LaunchFailed
     from prime_lab.trainer.launcher import restart as restart_run
 
@@ -174,8 +174,8 @@ def _started(run_: Any, foreground: bool) -> None:
 
 def follow_progress(run_id: str, poll: float = 0.5) -> int:
     """Print a progress line per step (rewritten in place on a terminal) until the run ends; 0 if it completed."""
-    from prime_lab.lab.events import Event
-    from prime_lab.lab.runs import FINAL_STATES, RunRegistry
+    from prime_lab.runs.events import Event
+    from prime_lab.runs.registry import FINAL_STATES, RunRegistry
 
     registry = RunRegistry()
     run_ = registry.get(run_id)

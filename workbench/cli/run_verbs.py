@@ -33,7 +33,7 @@ EMPTY_HINTS = {
 # list -----------------------------------------------------------------------------------------------------------
 def show_runs(kind: str | None, output: OutputFormat, num: int) -> None:
     """The newest `num` runs of `kind` (None: every kind) as a table or json."""
-    from prime_lab.lab.runs import RunRegistry
+    from prime_lab.runs.registry import RunRegistry
 
     runs = [r for r in RunRegistry().runs() if kind is None or r.read_status().get("kind") == kind][:num]
     statuses = [r.status() for r in runs]
@@ -52,7 +52,7 @@ def list_runs(
     kind: str | None = typer.Option(None, "-k", "--kind", help="Only runs of this kind: rl, sft, eval or gepa."),
 ) -> None:
     """Local runs of every kind (RL, evaluations, GEPA), newest first (alias: ls)."""
-    from prime_lab.lab.runs import KINDS
+    from prime_lab.runs.registry import KINDS
 
     if kind is not None and kind not in KINDS:
         fail(f"unknown kind '{kind}': use one of {', '.join(KINDS)}")
@@ -82,8 +82,8 @@ def logs(
 
     --search and --regex look at the event as printed without --raw (its time, source, level and text).
     """
-    from prime_lab.lab.events import LEVELS, SOURCES, BadLine, Event, level_rank
-    from prime_lab.lab.runs import FINAL_STATES
+    from prime_lab.runs.events import LEVELS, SOURCES, BadLine, Event, level_rank
+    from prime_lab.runs.registry import FINAL_STATES
 
     for c in component:
         if c not in SOURCES:
@@ -151,7 +151,7 @@ def stop(
     grace: float = typer.Option(30.0, "--grace", min=0.0, help="Seconds to wait for a clean exit before killing."),
 ) -> None:
     """Stop a run gracefully (an RL run checkpoints first); stopping a finished run does nothing."""
-    from prime_lab.lab.runs import RunRegistry
+    from prime_lab.runs.registry import RunRegistry
 
     result = RunRegistry().stop(find_run(ctx, run_id).id, grace=grace)
     err(result.message)
@@ -163,7 +163,7 @@ def delete(
     force: bool = typer.Option(False, "-f", "--force", help="Delete even a running run (it is stopped first)."),
 ) -> None:
     """Delete a run and everything it wrote."""
-    from prime_lab.lab.runs import RunRegistry
+    from prime_lab.runs.registry import RunRegistry
 
     run = RunRegistry().delete(find_run(ctx, run_id).id, force=force)
     err(f"Deleted {run.id}")

@@ -3,7 +3,7 @@ of one run.
 
 Each view reads what the run already wrote, its directory (status.json, rollouts/, checkpoints/, adapters/), its
 event log and an evaluation's results.jsonl, and stores nothing. Metrics come from the log's final timeline
-(`lab.events.final_timeline`): a restarted run shows each step once, with the values of its latest attempt.
+(`runs.events.final_timeline`): a restarted run shows each step once, with the values of its latest attempt.
 
 `get` (and `find_run`) serve the groups of every kind: under `prime eval` and `prime gepa` (`scope`), a run of
 another kind is an error that names the command for it.
@@ -22,8 +22,8 @@ from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, err, fai
 from prime_lab.workbench.cli.render import duration, is_plain, number, print_table, size, steps_of, when
 
 if TYPE_CHECKING:
-    from prime_lab.lab.events import Event
-    from prime_lab.lab.runs import Run
+    from prime_lab.runs.events import Event
+    from prime_lab.runs.registry import Run
 
 RUN_ID = typer.Argument(..., help="Run id (or a unique prefix).")
 RATE_WINDOW = 10  # the last steps the time per step (and so the ETA) is measured over
@@ -41,7 +41,7 @@ SHARED_VERBS = ("get", "logs", "stop", "delete")
 
 
 def _run(run_id: str) -> Run:
-    from prime_lab.lab.runs import RunRegistry
+    from prime_lab.runs.registry import RunRegistry
 
     return RunRegistry().get(run_id)  # RunError (unknown or ambiguous id): `Error: ...`, exit 1
 
@@ -133,7 +133,7 @@ def get(ctx: typer.Context, run_id: str = RUN_ID, output: OutputFormat = OUTPUT_
 # metrics --------------------------------------------------------------------------------------------------------
 def step_metrics(events: Iterable[Event]) -> list[dict[str, Any]]:
     """Per step (in order), the merged `metrics` events of its latest attempt: `{step, attempt, time, metrics}`."""
-    from prime_lab.lab.events import final_timeline
+    from prime_lab.runs.events import final_timeline
 
     rows: dict[int, dict[str, Any]] = {}
     for event in final_timeline(events):
@@ -364,7 +364,7 @@ def _latest(rows: list[dict[str, Any]], key: str) -> Any:
 
 
 def run_progress(run: Run, now: float | None = None) -> dict[str, Any]:
-    from prime_lab.lab.runs import ACTIVE_STATES
+    from prime_lab.runs.registry import ACTIVE_STATES
 
     now = time.time() if now is None else now
     status = run.status()

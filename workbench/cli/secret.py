@@ -1,5 +1,5 @@
 """`prime secret`: global secrets (API keys and the like) that environments read from their environment variables,
-stored on this machine (`lab/secret_store.py`); `prime env secret` (env.py) is one environment's, on these verbs.
+stored on this machine (`envs/secret_store.py`); `prime env secret` (env.py) is one environment's, on these verbs.
 
 A value is never printed: lists show names, scopes and times. Without `-v` the value is prompted for, hidden (from
 a pipe, its first line is read), which keeps it out of the shell's history.
@@ -16,7 +16,7 @@ import typer
 from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, err, fail, print_json
 
 if TYPE_CHECKING:
-    from prime_lab.lab.secret_store import SecretStore
+    from prime_lab.envs.secret_store import SecretStore
 
 secret_app = typer.Typer(help="Global secrets: environment variables every environment's processes get.",
                          no_args_is_help=True)
@@ -29,7 +29,7 @@ YES_OPTION = typer.Option(False, "-y", "--yes", help="Delete without asking.")
 
 
 def _store() -> SecretStore:
-    from prime_lab.lab.secret_store import SecretStore
+    from prime_lab.envs.secret_store import SecretStore
 
     return SecretStore()
 
@@ -46,7 +46,7 @@ def read_value(value: str | None, name: str) -> str:
 
 def list_secrets(env_id: str | None, output: OutputFormat, *, every_scope: bool = False) -> None:
     """The secrets of one scope (every scope with `every_scope`): names, scopes and times, never values."""
-    from prime_lab.lab.secret_store import SecretError
+    from prime_lab.envs.secret_store import SecretError
 
     store = _store()
     try:
@@ -67,7 +67,7 @@ def list_secrets(env_id: str | None, output: OutputFormat, *, every_scope: bool 
 
 
 def create_secret(name: str, value: str | None, env_id: str | None) -> None:
-    from prime_lab.lab.secret_store import SecretError, check_name
+    from prime_lab.envs.secret_store import SecretError, check_name
 
     try:
         check_name(name)
@@ -80,7 +80,7 @@ def create_secret(name: str, value: str | None, env_id: str | None) -> None:
 
 
 def update_secret(name: str, value: str | None, env_id: str | None) -> None:
-    from prime_lab.lab.secret_store import SecretError
+    from prime_lab.envs.secret_store import SecretError
 
     store = _store()
     try:
@@ -92,7 +92,7 @@ def update_secret(name: str, value: str | None, env_id: str | None) -> None:
 
 
 def delete_secret(name: str, env_id: str | None, yes: bool) -> None:
-    from prime_lab.lab.secret_store import SecretError
+    from prime_lab.envs.secret_store import SecretError
 
     store = _store()
     try:
@@ -108,8 +108,8 @@ def delete_secret(name: str, env_id: str | None, yes: bool) -> None:
 def stored_secrets(env_ids: Sequence[str], *, set_elsewhere: Collection[str]) -> dict[str, str]:
     """The environment a run's processes get from the store for `env_ids` (empty when nothing is stored), less
     the names `set_elsewhere` (the shell, an env_file, -e: they win); the names are said on stderr."""
-    from prime_lab.lab.envs.secrets import SECRET_NAMES_VARIABLE
-    from prime_lab.lab.secret_store import SecretError, secret_environment
+    from prime_lab.envs.secret_store import SecretError, secret_environment
+    from prime_lab.envs.secrets import SECRET_NAMES_VARIABLE
 
     try:
         values = secret_environment(env_ids, set_elsewhere=set_elsewhere)
@@ -122,7 +122,7 @@ def stored_secrets(env_ids: Sequence[str], *, set_elsewhere: Collection[str]) ->
 def inject_secrets(env_ids: Sequence[str]) -> None:
     """Set the stored secrets for `env_ids` in this process, for environments run in it (eval, GEPA); variables
     already set (the shell, --env-file) win."""
-    from prime_lab.lab.secret_store import SecretError, apply_secrets
+    from prime_lab.envs.secret_store import SecretError, apply_secrets
 
     try:
         _announce(apply_secrets(env_ids))
@@ -137,7 +137,7 @@ def _announce(names: Sequence[str]) -> None:
 
 def _check_environment(env_id: str) -> None:
     """A typo in the environment's id fails here rather than leave a secret nothing reads."""
-    from prime_lab.lab.envs.loader import EnvironmentLoadError, resolve
+    from prime_lab.envs.loader import EnvironmentLoadError, resolve
 
     try:
         resolve(env_id)

@@ -52,7 +52,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
 ) -> None:
     """Serve MODEL over vLLM's OpenAI-compatible API until Ctrl-C; prints the base URL for `openai` clients."""
-    from prime_lab.lab.models import ModelNotFoundError, resolve_model
+    from prime_lab.models import ModelNotFoundError, resolve_model
 
     if backend not in BACKENDS:
         fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -89,8 +89,8 @@ def _announce(name: str, backend: str, host: str, port: int, adapters: dict[str,
 def _serve_builtin(
     folder: Path, name: str, host: str, port: int, adapters: dict[str, Path], dtype: str, max_model_len: int | None
 ) -> None:
-    from prime_lab.lab.inference.builtin.errors import APIError
-    from prime_lab.lab.inference.builtin.server import BuiltinServerSettings, run_server
+    from prime_lab.inference.builtin.errors import APIError
+    from prime_lab.inference.builtin.server import BuiltinServerSettings, run_server
 
     settings = BuiltinServerSettings(
         model=folder, served_model_name=name, adapters=adapters, dtype=dtype, max_model_len=max_model_len
@@ -107,8 +107,8 @@ def _serve_builtin(
 def _serve_vllm(
     folder: Path, name: str, host: str, port: int, adapters: dict[str, Path], dtype: str, max_model_len: int | None
 ) -> None:
-    from prime_lab.lab.inference.process import ServerStartError
-    from prime_lab.lab.inference.vllm import VLLMNotInstalledError, VLLMSettings, start_vllm
+    from prime_lab.inference.vllm import VLLMNotInstalledError, VLLMSettings, start_vllm
+    from prime_lab.runs.processes import ServerStartError
 
     extra: tuple[str, ...] = ()
     if adapters:

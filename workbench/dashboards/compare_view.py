@@ -1,4 +1,4 @@
-"""Evaluations side by side as the workbench's compare view shows them, textual-free: `lab.compare`'s Comparison
+"""Evaluations side by side as the workbench's compare view shows them, textual-free: `evals.compare`'s Comparison
 (the same numbers `prime eval compare` prints) laid out as the rows of the view's tables and the lines under them."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prime_lab.lab.compare import Comparison, Difference, compare_evaluations
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.evals.compare import Comparison, Difference, compare_evaluations
+from prime_lab.runs.registry import RunRegistry
 
 
 def signed(value: float) -> str:
@@ -28,7 +28,7 @@ class ComparisonView:
     @classmethod
     def of(cls, sources: Sequence[str], registry: RunRegistry | None = None) -> ComparisonView:
         """Compare the evaluations `sources` (run ids or output folders) against the first; raises
-        `lab.compare.ComparisonError` with the reason when they do not compare."""
+        `evals.compare.ComparisonError` with the reason when they do not compare."""
         return cls(compare_evaluations(list(sources), registry=registry))
 
     @property

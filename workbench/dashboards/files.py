@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from prime_lab.lab.events import BadLine, read_event_objects
+from prime_lab.runs.events import BadLine, read_event_objects
 
 FIRST_READ = 256 << 10  # of a text log first seen, only its last 256 KiB
 MAX_READ = 1 << 20  # a chunk parses in one call, which holds the GIL: keep it short for the UI
@@ -70,5 +70,5 @@ class TextLogs:
 
 
 def read_events(path: Path, offset: int, max_bytes: int = MAX_READ) -> tuple[list[dict[str, Any] | BadLine], int]:
-    """`lab.events.read_event_objects` in chunks short enough for the UI thread."""
+    """`runs.events.read_event_objects` in chunks short enough for the UI thread."""
     return read_event_objects(path, offset, max_bytes)

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-from prime_lab.lab.events import BadLine, Event
-from prime_lab.lab.runs import Run
+from prime_lab.runs.events import BadLine, Event
+from prime_lab.runs.registry import Run
 from prime_lab.workbench.dashboards.files import MAX_READ, read_events
 from prime_lab.workbench.dashboards.rl_model import RawEvent
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prime_lab.gepa.export import ExportError, GepaResult, rl_config, takes_system_prompt
-from prime_lab.lab.runs import Run
+from prime_lab.runs.registry import Run
 from prime_lab.trainer.config import validate_rl_config
 
 

@@ -1,10 +1,10 @@
 """An RL run as its dashboard sees it, folded from events: bounded metric series, the latest merged metrics, recent
-samples, log lines, alerts (from the log, or raised here by `lab.alerts` for logs that carry none). `EventFold` (what
+samples, log lines, alerts (from the log, or raised here by `alerts` for logs that carry none). `EventFold` (what
 every dashboard folds) and `MetricsFold` (the metrics of a training run, RL's or SFT's) are its parts the other
 dashboards' models share.
 
 A `restart` event at step k (the run resumed from the checkpoint of step k) rewinds what was folded for the steps
-after k, as `lab.events.final_timeline` does for the other readers: each step shows its latest attempt."""
+after k, as `runs.events.final_timeline` does for the other readers: each step shows its latest attempt."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from prime_lab.lab.alerts import AlertMonitor, completion_text
-from prime_lab.lab.events import RESTART, BadLine, Event
+from prime_lab.monitors.alerts import AlertMonitor, completion_text
+from prime_lab.runs.events import RESTART, BadLine, Event
 from prime_lab.workbench.dashboards.series import DEFAULT_CAPACITY, DownsampledSeries
 
 RawEvent = dict[str, Any]  # one line of events.jsonl as parsed
@@ -201,7 +201,7 @@ class EvalRewards(NamedTuple):
 
 class RLRunModel(MetricsFold):
     """An RL run: the metrics, recent samples and the `[eval]` evaluations' rewards, with alerts raised here
-    (`lab.alerts`) for a log that has none."""
+    (`monitors.alerts`) for a log that has none."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         super().__init__(capacity)

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from prime_lab.lab.envs import Parser
+from prime_lab.envs import Parser
 from prime_lab.workbench.dashboards.files import read_jsonl_from
 
 MAX_ROLLOUTS = 500
@@ -76,7 +76,7 @@ class EnvParsers:
             return self.get(env_id)
         parser: Parser | None
         try:
-            from prime_lab.lab.envs import load_environment
+            from prime_lab.envs import load_environment
 
             parser = load_environment(env_id).parser
         except Exception:  # an environment that does not load here: the browser shows the raw completion

@@ -16,8 +16,8 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, ProgressBar, RichLog, Static, TabbedContent, TabPane
 
-from prime_lab.lab.events import BadLine
-from prime_lab.lab.runs import FINAL_STATES, Run
+from prime_lab.runs.events import BadLine
+from prime_lab.runs.registry import FINAL_STATES, Run
 from prime_lab.workbench.dashboards.files import read_events
 from prime_lab.workbench.dashboards.follower import cyclic_gc_paused
 from prime_lab.workbench.dashboards.rl_model import MetricsFold, RawEvent

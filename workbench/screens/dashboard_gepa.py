@@ -16,8 +16,8 @@ from textual.widgets import DataTable, Footer, Header, ProgressBar, Static, Tabb
 from textual.widgets.tree import TreeNode
 from textual_plot import HiResMode, LegendLocation, PlotWidget
 
-from prime_lab.lab.events import BadLine
-from prime_lab.lab.runs import Run
+from prime_lab.runs.events import BadLine
+from prime_lab.runs.registry import Run
 from prime_lab.workbench.dashboards.gepa_model import CandidateInfo, GepaRunModel
 from prime_lab.workbench.dashboards.rl_model import RawEvent
 from prime_lab.workbench.screens.run import DashboardScreen

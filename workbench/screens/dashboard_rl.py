@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import TabbedContent, TabPane
 
-from prime_lab.lab.runs import Run
+from prime_lab.runs.registry import Run
 from prime_lab.workbench.dashboards.rl_model import EvalRewards, RLRunModel
 from prime_lab.workbench.dashboards.samples import EnvParsers, rollout_steps
 from prime_lab.workbench.screens.dashboard_charts import ChartsDashboard, dashboard_bindings

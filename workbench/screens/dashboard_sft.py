@@ -7,7 +7,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.widgets import Static
 
-from prime_lab.lab.runs import Run
+from prime_lab.runs.registry import Run
 from prime_lab.workbench.dashboards.sft_model import TRAIN_LOSS, VAL_LOSS, SFTRunModel, model_usage
 from prime_lab.workbench.screens.dashboard_charts import ChartsDashboard, dashboard_bindings
 from prime_lab.workbench.widgets.charts import SFT_CHARTS

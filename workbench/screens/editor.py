@@ -14,7 +14,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TextArea
 
-from prime_lab.lab.envs import EnvInfo
+from prime_lab.envs import EnvInfo
 from prime_lab.workbench.config_document import ConfigDocument, schema_for
 from prime_lab.workbench.launch import LaunchError, config_argv
 from prime_lab.workbench.screens.confirm import ConfirmScreen

@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Footer, Header
 
-from prime_lab.lab.runs import ACTIVE_STATES
+from prime_lab.runs.registry import ACTIVE_STATES
 from prime_lab.workbench.config_document import ConfigDocument
 from prime_lab.workbench.launch import LaunchError, config_argv, first_use_note
 from prime_lab.workbench.screens.confirm import ConfirmScreen

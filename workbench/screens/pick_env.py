@@ -8,7 +8,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from prime_lab.lab.envs import EnvInfo
+from prime_lab.envs import EnvInfo
 from prime_lab.workbench.widgets.env_picker import EnvPicker
 
 

@@ -21,8 +21,8 @@ from textual.message import Message
 from textual.widgets import DataTable, Footer, Header, ProgressBar, RichLog, Static, TabbedContent
 from textual.worker import get_current_worker
 
-from prime_lab.lab.events import BadLine
-from prime_lab.lab.runs import ACTIVE_STATES, Run
+from prime_lab.runs.events import BadLine
+from prime_lab.runs.registry import ACTIVE_STATES, Run
 from prime_lab.workbench.dashboards.files import TextLogs, read_jsonl_from
 from prime_lab.workbench.dashboards.follower import RunFollower
 from prime_lab.workbench.dashboards.rl_model import EventFold, RawEvent

@@ -20,7 +20,7 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, Select, Static, Switch
 from tomlkit.exceptions import TOMLKitError
 
-from prime_lab.lab.problems import KeyPath
+from prime_lab.problems.validation import KeyPath
 from prime_lab.workbench.config_document import ConfigDocument
 from prime_lab.workbench.schema_fields import FieldSpec, SectionSpec, sections
 
@@ -84,7 +84,7 @@ class FieldRow(Vertical):
 
     @property
     def key(self) -> str:
-        from prime_lab.lab.problems import dotted
+        from prime_lab.problems.validation import dotted
 
         return dotted(self.path)
 

@@ -10,8 +10,8 @@ from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from prime_lab.lab.envs import EnvInfo
-from prime_lab.lab.envs.loader import environments
+from prime_lab.envs import EnvInfo
+from prime_lab.envs.loader import environments
 
 
 @lru_cache(maxsize=1)

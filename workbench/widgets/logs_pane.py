@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import RichLog, Static
 
-from prime_lab.lab.events import LEVELS
+from prime_lab.runs.events import LEVELS
 from prime_lab.workbench.dashboards.rl_model import LogLine
 
 ALL = "all"

@@ -8,7 +8,7 @@ from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from prime_lab.lab.problems import Problem
+from prime_lab.problems.validation import Problem
 
 
 class ProblemsPanel(OptionList):

@@ -10,7 +10,7 @@ from typing import Any
 from rich.markup import escape
 from textual.widgets import DataTable
 
-from prime_lab.lab.runs import RunRegistry
+from prime_lab.runs.registry import RunRegistry
 
 
 def ago(then: Any, now: float) -> str:

@@ -1,0 +1,173 @@
+"""prime-lab's side of an isolated environment: its server process and the client that drives it.
+
+The server is `driver.py serve` in the environment's own interpreter (verifiers' own ZMQEnvServer where the release
+has one, our driver otherwise); this side speaks verifiers' environment-server protocol to it: ZMQ (a DEALER socket
+to the server's ROUTER), msgpack payloads, `run_group` requests, `b"ping"` for health. One socket per event loop
+(evaluation runs each batch in `asyncio.run`, GEPA in a loop of its own), so the client follows whichever loop calls.
+
+Like the samplers (`ServerProcess`), the server leads its own process group, gets SIGKILL when the thread that
+started it ends, and ends its own group when its parent dies (driver.py); a run registers it with its reaper. A
+server that dies fails the rollouts waiting on it with the environment's name and its log's last lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from prime_lab.runs.processes import ServerProcess, free_port, log_tail
+
+DRIVER = Path(__file__).with_name("driver.py")
+PING = b"ping"
+LOG_LINES = 15
+
+
+class EnvServerError(RuntimeError):
+    """The environment's server is gone or refused a request; the message names the environment and what its log
+    says."""
+
+
+def driver_command(python: Path | str, *args: str) -> list[str]:
+    """The driver run by path in another interpreter, isolated (-I) from our PYTHONPATH and from this folder."""
+    return [str(python), "-I", str(DRIVER), *args]
+
+
+def run_driver(python: Path | str, command: str, module: str, *args: str, env: Mapping[str, str] | None = None,
+               timeout: float = 600) -> dict[str, Any]:
+    """One `check` or `describe` in the environment's interpreter; its JSON answer (or {'error': ...})."""
+    with tempfile.TemporaryDirectory(prefix="prime-lab-driver-") as folder:
+        out = Path(folder) / "out.json"
+        argv = driver_command(python, command, module, *args, str(out))
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=dict(env or {}) or None,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            return {"error": f"the driver did not answer within {timeout:g} s"}
+        except OSError as exc:  # its interpreter is gone (the release's environment was deleted)
+            return {"error": f"cannot run {python}: {exc.strerror or exc}", "missing_interpreter": True}
+        try:
+            answer = json.loads(out.read_text())
+        except (OSError, ValueError):
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-LOG_LINES:])
+            return {"error": f"the driver exited with code {done.returncode}:\n{tail}"}
+    return answer if isinstance(answer, dict) else {"error": f"unexpected answer {answer!r}"}
+
+
+def ping(address: str, timeout: float = 1.0) -> bool:
+    """Whether a server answers a health ping at `address` within `timeout` seconds (any answer: releases before
+    0.1.12 answer the ping with an error, which still says they are up)."""
+    import zmq
+
+    context: Any = zmq.Context.instance()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    try:
+        socket.connect(address)
+        socket.send_multipart([uuid.uuid4().hex.encode(), PING])
+        return bool(socket.poll(int(timeout * 1000)))
+    finally:
+        socket.close()
+
+
+class EnvServerProcess(ServerProcess):
+    """`driver.py serve` for one environment, at tcp://127.0.0.1:PORT."""
+
+    def __init__(self, python: Path | str, module: str, args: Mapping[str, Any], *, name: str, log_path: Path,
+                 env: Mapping[str, str]) -> None:
+        port = free_port()
+        self.address = f"tcp://127.0.0.1:{port}"
+        log_dir = log_path.parent / f"{log_path.stem}.d"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        super().__init__(driver_command(python, "serve", module, json.dumps(dict(args)), self.address, str(log_dir)),
+                         port=port, log_path=log_path, env=env, name=name)
+        self.log_dir = log_dir
+
+    def is_healthy(self, timeout: float = 2.0) -> bool:
+        return ping(self.address, timeout)
+
+    def tail(self) -> str:
+        """The last lines of its log and of the logs verifiers' server writes beside it."""
+        parts = [log_tail(self.log_path, LOG_LINES)]
+        parts += [log_tail(p, LOG_LINES) for p in sorted(self.log_dir.glob("*.log"))]
+        return "\n".join(p for p in parts if p)
+
+
+class EnvServerClient:
+    """Requests to one environment server; responses matched to requests by id."""
+
+    def __init__(self, server: EnvServerProcess) -> None:
+        self.server = server
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._socket: Any = None
+        self._pending: dict[bytes, asyncio.Future[dict[str, Any]]] = {}
+        self._receiver: asyncio.Task[None] | None = None
+
+    def _bind(self) -> Any:
+        import zmq
+        import zmq.asyncio
+
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self.close()
+            self._loop = loop
+            self._socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+            self._socket.setsockopt(zmq.LINGER, 0)
+            self._socket.connect(self.server.address)
+            self._receiver = loop.create_task(self._receive())
+        return self._socket
+
+    async def _receive(self) -> None:
+        while True:
+            request_id, payload = (await self._socket.recv_multipart())[-2:]
+            future = self._pending.pop(request_id, None)
+            if future is not None and not future.done():
+                try:
+                    future.set_result(msgspec.msgpack.decode(payload))
+                except msgspec.DecodeError as exc:
+                    future.set_exception(exc)
+
+    async def request(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """Send one request; wait for its response, failing if the server dies meanwhile."""
+        socket = self._bind()
+        request_id = uuid.uuid4().hex.encode()
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        await socket.send_multipart([request_id, msgspec.msgpack.encode(payload)])
+        try:
+            while True:
+                done, _ = await asyncio.wait({future}, timeout=0.5)
+                if done:
+                    return future.result()
+                code = self.server.poll()
+                if code is not None:
+                    raise EnvServerError(f"its server exited (code {code}); last lines of its log "
+                                         f"({self.server.log_path}):\n{self.server.tail()}")
+        finally:
+            self._pending.pop(request_id, None)
+
+    def close(self) -> None:
+        if self._receiver is not None and self._loop is not None and not self._loop.is_closed():
+            self._receiver.cancel()
+        if self._socket is not None:
+            self._socket.close()
+        self._socket = self._receiver = self._loop = None
+        for future in self._pending.values():
+            if not future.done() and not future.get_loop().is_closed():
+                future.cancel()
+        self._pending.clear()
+
+
+def group_request(inputs: Sequence[Mapping[str, Any]], base_url: str, key_var: str, model: str,
+                  sampling_args: Mapping[str, Any]) -> dict[str, Any]:
+    """verifiers' `run_group` request: the server builds its own OpenAI client from `client_config`."""
+    return {"request_type": "run_group", "group_inputs": [dict(i) for i in inputs],
+            "client_config": {"api_base_url": base_url, "api_key_var": key_var}, "model": model,
+            "sampling_args": dict(sampling_args), "max_retries": 0, "state_columns": ["trajectory"]}

@@ -1,0 +1,329 @@
+"""Environments: a dataset, a rollout through an OpenAI-compatible client, a rubric (verifiers' classic API).
+
+`MultiTurnEnv` is the general loop (model turn, environment response, until done or `max_turns`);
+`SingleTurnEnv` is one model turn. Each rollout keeps what RL needs: per-turn prompt and completion token ids and
+the sampler's logprobs (when the endpoint returns them, as vLLM and our built-in server do), truncation, the stop
+condition, timing and token usage. Failures (the endpoint, `env_response`, a reward function) are recorded on the
+rollout; they never end a whole evaluation or run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prime_lab.envs.parsers import Messages, Parser
+from prime_lab.envs.rubric import Rubric
+
+State = dict[str, Any]
+
+
+@dataclass
+class SamplingArgs:
+    """Per-request sampling settings; `rl_fields` asks for token ids and logprobs (vLLM's spelling)."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    rl_fields: bool = False
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def request_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature,
+                                  "top_p": self.top_p}
+        if self.stop:
+            kwargs["stop"] = self.stop
+        if self.seed is not None:
+            kwargs["seed"] = self.seed
+        extra = dict(self.extra_body)
+        if self.rl_fields:
+            kwargs["logprobs"] = True
+            extra["return_token_ids"] = True
+        if extra:
+            kwargs["extra_body"] = extra
+        return kwargs
+
+
+@dataclass
+class Turn:
+    """One model call inside a rollout."""
+
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    completion_logprobs: list[float] | None = None
+    finish_reason: str | None = None
+    prompt_messages: int = 0  # how many messages the model saw for this turn
+    generation_ms: float = 0.0
+
+
+@dataclass
+class Rollout:
+    example_id: Any
+    task: str
+    prompt: Messages
+    completion: Messages = field(default_factory=list)
+    answer: Any = ""
+    info: dict[str, Any] = field(default_factory=dict)
+    reward: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    turns: list[Turn] = field(default_factory=list)
+    is_truncated: bool = False
+    stop_condition: str = ""
+    error: str | None = None
+    timing: dict[str, float] = field(default_factory=dict)
+    token_usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0})
+    state: State = field(default_factory=dict)
+
+    def result_row(self) -> dict[str, Any]:
+        """One row of results.jsonl (the fields verifiers writes, plus ours)."""
+        return {"example_id": self.example_id, "task": self.task, "prompt": self.prompt,
+                "completion": self.completion, "answer": self.answer, "info": self.info, "reward": self.reward,
+                "metrics": self.metrics, "timing": self.timing, "is_truncated": self.is_truncated,
+                "stop_condition": self.stop_condition, "error": self.error, "token_usage": self.token_usage,
+                "turns": [asdict(t) for t in self.turns]}
+
+
+def normalize_rows(rows: Iterable[dict[str, Any]], system_prompt: str | None, task: str,
+                   few_shot: Messages | None = None) -> list[dict[str, Any]]:
+    """Rows with `prompt` (chat messages) or `question` become rows with `prompt`, `answer`, `info`, `task`,
+    `example_id` (verifiers' dataset format).
+
+    `system_prompt` opens every prompt, as in verifiers from 0.1.9: a `question` row gets it (then `few_shot`, then
+    the question); a `prompt` row without a system message gets it prepended; a `prompt` row that already opens with
+    a system message keeps its own (the row's author chose it), and `few_shot` does not apply to `prompt` rows.
+    """
+    out: list[dict[str, Any]] = []
+    for index, row in enumerate(rows):
+        if "prompt" in row:
+            prompt = [dict(m) for m in row["prompt"]]
+            if system_prompt and not (prompt and prompt[0].get("role") == "system"):
+                prompt.insert(0, {"role": "system", "content": system_prompt})
+        elif "question" in row:
+            prompt = ([{"role": "system", "content": system_prompt}] if system_prompt else []) \
+                + [dict(m) for m in (few_shot or [])] + [{"role": "user", "content": str(row["question"])}]
+        else:
+            raise ValueError(f"dataset row {index} has neither 'prompt' nor 'question'")
+        out.append({"example_id": row.get("example_id", index), "prompt": prompt, "answer": row.get("answer", ""),
+                    "info": dict(row.get("info") or {}), "task": row.get("task") or task})
+    return out
+
+
+def replace_system_prompt(row: dict[str, Any], system_prompt: str) -> dict[str, Any]:
+    """The row with its system message replaced by (or, without one, preceded by) `system_prompt`: how GEPA tries a
+    candidate prompt on any environment, and how an RL run (`[[env]] system_prompt`) or an evaluation
+    (`--system-prompt-file`) starts from one."""
+    prompt = [dict(m) for m in row["prompt"]]
+    if prompt and prompt[0].get("role") == "system":
+        prompt[0]["content"] = system_prompt
+    elif system_prompt:
+        prompt.insert(0, {"role": "system", "content": system_prompt})
+    return {**row, "prompt": prompt}
+
+
+def sample_rows(rows: list[dict[str, Any]], n: int = -1, seed: int | None = None) -> list[dict[str, Any]]:
+    """`n` rows (all for -1), shuffled by `seed` when one is given."""
+    chosen = list(rows)
+    if seed is not None:
+        random.Random(seed).shuffle(chosen)
+    return chosen if n is None or n < 0 else chosen[:n]
+
+
+class Environment:
+    """Base: holds the data, the parser and the rubric; subclasses define the rollout."""
+
+    def __init__(
+        self,
+        dataset: Iterable[dict[str, Any]] | None = None,
+        eval_dataset: Iterable[dict[str, Any]] | None = None,
+        system_prompt: str | None = None,
+        parser: Parser | None = None,
+        rubric: Rubric | None = None,
+        few_shot: Messages | None = None,
+        sampling_args: dict[str, Any] | None = None,
+        env_id: str = "",
+        **kwargs: Any,
+    ) -> None:
+        if kwargs:
+            raise TypeError(f"unexpected environment settings: {', '.join(sorted(kwargs))}")
+        self.env_id = env_id
+        self.system_prompt = system_prompt
+        self.few_shot = few_shot
+        self.parser = parser or (rubric.parser if rubric else Parser())
+        self.rubric = rubric or Rubric(parser=self.parser)
+        self.sampling_args = dict(sampling_args or {})
+        self._train_raw = list(dataset) if dataset is not None else []
+        self._eval_raw = list(eval_dataset) if eval_dataset is not None else None
+        if not self._train_raw and not self._eval_raw:
+            raise ValueError("an environment needs a dataset or an eval_dataset")
+
+    @property
+    def task(self) -> str:
+        return self.env_id.split("/")[-1] if self.env_id else type(self).__name__
+
+    def with_system_prompt(self, system_prompt: str | None) -> Environment:
+        """The same environment with another system prompt (GEPA's candidates go through here)."""
+        self.system_prompt = system_prompt
+        return self
+
+    def _rows(self, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return normalize_rows(raw, self.system_prompt, self.task, self.few_shot)
+
+    def get_dataset(self, n: int = -1, seed: int | None = None) -> list[dict[str, Any]]:
+        return sample_rows(self._rows(self._train_raw or self._eval_raw or []), n, seed)
+
+    def get_eval_dataset(self, n: int = -1, seed: int | None = None) -> list[dict[str, Any]]:
+        raw = self._eval_raw if self._eval_raw is not None else self._train_raw
+        return sample_rows(self._rows(raw), n, seed)
+
+    async def rollout(self, client: Any, model: str, row: dict[str, Any], sampling: SamplingArgs) -> Rollout:
+        raise NotImplementedError
+
+    async def score(self, rollout: Rollout) -> None:
+        start = time.perf_counter()
+        score = await self.rubric.score(prompt=rollout.prompt, completion=rollout.completion, answer=rollout.answer,
+                                        state=rollout.state, info=rollout.info, task=rollout.task)
+        rollout.reward, rollout.metrics = score.reward, score.metrics
+        if score.errors:
+            rollout.error = "\n".join(([rollout.error] if rollout.error else []) + score.errors)
+        rollout.timing["scoring_ms"] = (time.perf_counter() - start) * 1000
+
+    async def run_rollouts(
+        self,
+        client: Any,
+        model: str,
+        rows: Sequence[dict[str, Any]],
+        sampling: SamplingArgs,
+        *,
+        rollouts_per_example: int = 1,
+        max_concurrent: int = 32,
+        on_rollout: Callable[[Rollout], Awaitable[None] | None] | None = None,
+    ) -> list[Rollout]:
+        """Every row `rollouts_per_example` times, at most `max_concurrent` at once, scored; results in order."""
+        gate = asyncio.Semaphore(max(1, max_concurrent))
+        jobs = [row for row in rows for _ in range(rollouts_per_example)]
+
+        async def one(row: dict[str, Any]) -> Rollout:
+            async with gate:
+                rollout = await self.rollout(client, model, row, sampling)
+                await self.score(rollout)
+            if on_rollout is not None:
+                maybe = on_rollout(rollout)
+                if asyncio.iscoroutine(maybe):
+                    await maybe
+            return rollout
+
+        return list(await asyncio.gather(*(one(row) for row in jobs)))
+
+
+def _turn_from_response(response: Any, prompt_messages: int, elapsed_ms: float) -> tuple[Turn, dict[str, Any]]:
+    """The RL fields of a chat completion (vLLM's spelling) and the assistant message."""
+    if not getattr(response, "choices", None):
+        raise ValueError("the endpoint returned no choices")
+    choice = response.choices[0]
+    message = choice.message
+    content = message.content if message is not None else None
+    assistant: dict[str, Any] = {"role": "assistant", "content": content or ""}
+    tool_calls = getattr(message, "tool_calls", None) if message is not None else None
+    if tool_calls:
+        assistant["tool_calls"] = [tc.model_dump() if hasattr(tc, "model_dump") else tc for tc in tool_calls]
+    extra = getattr(response, "model_extra", None) or {}
+    choice_extra = getattr(choice, "model_extra", None) or {}
+    logprobs = None
+    if getattr(choice, "logprobs", None) is not None and choice.logprobs.content is not None:
+        logprobs = [float(t.logprob) for t in choice.logprobs.content]
+    turn = Turn(prompt_token_ids=extra.get("prompt_token_ids"), completion_token_ids=choice_extra.get("token_ids"),
+                completion_logprobs=logprobs, finish_reason=choice.finish_reason, prompt_messages=prompt_messages,
+                generation_ms=elapsed_ms)
+    return turn, assistant
+
+
+class MultiTurnEnv(Environment):
+    """Model turn, then `env_response`, until `is_completed` or `max_turns` model turns."""
+
+    def __init__(self, max_turns: int = 10, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if max_turns < 1:
+            raise ValueError("max_turns must be at least 1")
+        self.max_turns = max_turns
+
+    def setup_state(self, row: dict[str, Any]) -> State:
+        return {"turn": 0, "answer": row["answer"], "info": row["info"], "task": row["task"]}
+
+    async def is_completed(self, messages: Messages, state: State) -> bool:
+        return False
+
+    async def env_response(self, messages: Messages, state: State) -> tuple[Messages, State]:
+        raise NotImplementedError(f"{type(self).__name__} must define env_response")
+
+    async def get_model_response(self, client: Any, model: str, messages: Messages, sampling: SamplingArgs,
+                                 state: State) -> Any:
+        """One chat completion for the conversation so far (`ToolEnv` adds its tools here)."""
+        return await client.chat.completions.create(model=model, messages=messages, **sampling.request_kwargs())
+
+    async def rollout(self, client: Any, model: str, row: dict[str, Any], sampling: SamplingArgs) -> Rollout:
+        started = time.perf_counter()
+        prompt = [dict(m) for m in row["prompt"]]
+        rollout = Rollout(example_id=row["example_id"], task=row["task"], prompt=prompt, answer=row["answer"],
+                          info=row["info"])
+        state = rollout.state = self.setup_state(row)
+        messages = list(prompt)
+        generation_ms = 0.0
+        try:
+            while True:
+                t0 = time.perf_counter()
+                response = await self.get_model_response(client, model, messages, sampling, state)
+                elapsed = (time.perf_counter() - t0) * 1000
+                generation_ms += elapsed
+                turn, assistant = _turn_from_response(response, len(messages), elapsed)
+                rollout.turns.append(turn)
+                usage = getattr(response, "usage", None)
+                if usage is not None:
+                    rollout.token_usage["prompt_tokens"] += int(usage.prompt_tokens or 0)
+                    rollout.token_usage["completion_tokens"] += int(usage.completion_tokens or 0)
+                messages.append(assistant)
+                rollout.completion.append(assistant)
+                state["turn"] += 1
+                if turn.finish_reason == "length":  # this turn hit max_tokens; later turns still happen
+                    rollout.is_truncated = True
+                if await self.is_completed(messages, state):
+                    rollout.stop_condition = state.get("stop_condition", "completed")
+                    break
+                if state["turn"] >= self.max_turns:
+                    rollout.stop_condition = "max_turns"
+                    break
+                reply, state = await self.env_response(messages, state)
+                messages.extend(reply)
+                rollout.completion.extend(reply)
+                if await self.is_completed(messages, state):
+                    rollout.stop_condition = state.get("stop_condition", "completed")
+                    break
+        except Exception as exc:  # the endpoint or env_response failed: record it on this rollout, go on
+            rollout.error = f"{type(exc).__name__}: {exc}"
+            if not _is_api_error(exc):
+                rollout.error += "\n" + "".join(traceback.format_exception(exc)[-3:])
+            rollout.stop_condition = "error"
+        rollout.timing["generation_ms"] = generation_ms
+        rollout.timing["total_ms"] = (time.perf_counter() - started) * 1000
+        return rollout
+
+
+def _is_api_error(exc: Exception) -> bool:
+    return type(exc).__module__.startswith(("openai", "httpx", "httpcore"))
+
+
+class SingleTurnEnv(MultiTurnEnv):
+    """One model turn per rollout."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("max_turns", 1)
+        super().__init__(**kwargs)
+
+    async def is_completed(self, messages: Messages, state: State) -> bool:
+        return state["turn"] >= 1

@@ -1,0 +1,319 @@
+"""verifiers releases: which ones exist, which one an environment needs, and a virtual environment for each.
+
+An environment's release is what its metadata declares (`verifiers>=0.1.8`, `verifiers==0.1.12`), narrowed by what
+it imports when the declaration is too loose: a module or name that a release does not have (read from that
+release's wheel, without installing it) rules the release out. Releases from `DRIVABLE_FROM` on can be driven
+(`driver.py`: verifiers' own environment server from 0.1.10, ours before); 0.4.0 dropped the classic API.
+
+Each release gets one virtual environment, `releases_home()/<release>/` (`$PRIME_LAB_HOME/verifiers`, or
+`$PRIME_LAB_VERIFIERS_HOME`), shared by every environment that needs that release: created with pip from the
+package registry, through prime-lab's constraints file (which pins torch; verifiers does not need torch and none
+is installed for it), with the driver's transport (pyzmq, msgpack) beside verifiers. A lock file keeps two
+installs from building the same one at once.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from prime_lab.runs.paths import constraints_file, lab_home
+
+DRIVABLE_FROM, FIRST_UNDRIVABLE = Version("0.1.8"), Version("0.4")
+TRANSPORT = ("pyzmq>=25", "msgpack>=1.0")  # what driver.py needs beside verifiers (0.1.8/0.1.9 do not bring them)
+READY = ".prime-lab-ready"  # written last: a folder without it is a half-built environment, built again
+
+
+class ReleaseError(RuntimeError):
+    """A release cannot be listed, downloaded or set up; the message says why and what to do."""
+
+
+def releases_home() -> Path:
+    override = os.environ.get("PRIME_LAB_VERIFIERS_HOME")
+    return Path(override).expanduser() if override else lab_home() / "verifiers"
+
+
+def _pip(*args: str, python: str | None = None, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    command = [python or sys.executable, "-m", "pip", *args, "--disable-pip-version-check"]
+    constraints = constraints_file()
+    if args and args[0] in ("install", "download") and constraints is not None:
+        command += ["-c", str(constraints)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _last_lines(text: str, count: int = 8) -> str:
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("WARNING: Location")]
+    return "\n".join(lines[-count:])
+
+
+# Which releases exist, and which ones an environment accepts ---------------------------------------------------
+
+def available_releases() -> list[Version]:
+    """Every release of verifiers the package registry serves, newest first."""
+    done = _pip("index", "versions", "verifiers", timeout=120)
+    match = re.search(r"Available versions:\s*(.+)", done.stdout)
+    if done.returncode != 0 or match is None:
+        raise ReleaseError("cannot list verifiers' releases from the package registry (pip index versions "
+                           f"verifiers failed):\n{_last_lines(done.stderr or done.stdout)}")
+    versions = []
+    for text in match.group(1).split(","):
+        with contextlib.suppress(InvalidVersion):
+            versions.append(Version(text.strip()))
+    return sorted(versions, reverse=True)
+
+
+def drivable(version: Version) -> bool:
+    return DRIVABLE_FROM <= version < FIRST_UNDRIVABLE and not version.is_prerelease
+
+
+def candidates(specifier: str, releases: Iterable[Version]) -> list[Version]:
+    """The releases `specifier` accepts that can be driven, newest first; of a release's post-releases only the
+    newest (0.1.9.post3, not 0.1.9)."""
+    spec = SpecifierSet(specifier)
+    out: dict[tuple[int, ...], Version] = {}
+    for version in sorted(releases, reverse=True):
+        if drivable(version) and spec.contains(version, prereleases=False):
+            out.setdefault(version.release, version)
+    return list(out.values())
+
+
+def requirement_specifier(requirements: Iterable[str]) -> str | None:
+    """The version specifier of the `verifiers` requirement among `requirements` ('' when it has none; None when
+    there is no verifiers requirement)."""
+    for text in requirements:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue  # an extra's requirement, or another platform's
+        if requirement.name.lower().replace("_", "-") == "verifiers":
+            return str(requirement.specifier)
+    return None
+
+
+def declared_specifier(target: Path) -> str | None:
+    """What a package folder (its pyproject.toml) or a wheel (its METADATA) declares for verifiers."""
+    if target.is_dir():
+        try:
+            project = tomllib.loads((target / "pyproject.toml").read_text(encoding="utf-8")).get("project", {})
+        except (OSError, tomllib.TOMLDecodeError):
+            return None
+        return requirement_specifier(project.get("dependencies", []))
+    if target.suffix == ".whl":
+        with zipfile.ZipFile(target) as wheel:
+            meta = next((n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")), None)
+            text = wheel.read(meta).decode() if meta else ""
+        return requirement_specifier(line.split(":", 1)[1].strip() for line in text.splitlines()
+                                     if line.startswith("Requires-Dist:"))
+    return None
+
+
+def check_specifier(specifier: str) -> str:
+    try:
+        SpecifierSet(specifier)
+    except InvalidSpecifier as exc:
+        raise ReleaseError(f"'{specifier}' is not a version specifier ({exc})") from None
+    return specifier
+
+
+# What an environment imports from verifiers, and whether a release has it ---------------------------------------
+
+@dataclass(frozen=True)
+class VerifiersImport:
+    module: str  # verifiers.utils.token_utils
+    names: tuple[str, ...]  # from-imported names ('' for a plain `import`)
+    where: str  # file:line
+
+    def words(self) -> str:
+        return f"from {self.module} import {', '.join(self.names)}" if self.names else f"import {self.module}"
+
+
+def _sources(target: Path) -> Iterator[tuple[str, str]]:
+    """(name, source) of the package's Python files (a folder's, skipping virtual environments and builds; or a
+    wheel's)."""
+    if target.is_dir():
+        for path in sorted(target.rglob("*.py")):
+            parts = set(path.relative_to(target).parts)
+            if parts & {".venv", "venv", "build", "dist", ".git", "tests", "__pycache__"}:
+                continue
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                yield str(path.relative_to(target)), path.read_text(encoding="utf-8")
+    elif target.suffix == ".whl":
+        with zipfile.ZipFile(target) as wheel:
+            for name in wheel.namelist():
+                if name.endswith(".py"):
+                    yield name, wheel.read(name).decode("utf-8", errors="replace")
+
+
+def verifiers_imports(target: Path) -> list[VerifiersImport]:
+    """Every `import verifiers.X` and `from verifiers[.X] import ...` in the package's source."""
+    found: list[VerifiersImport] = []
+    for name, source in _sources(target):
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found += [VerifiersImport(a.name, (), f"{name}:{node.lineno}") for a in node.names
+                          if a.name.startswith("verifiers.")]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                    and (node.module == "verifiers" or node.module.startswith("verifiers.")):
+                found.append(VerifiersImport(node.module, tuple(a.name for a in node.names if a.name != "*"),
+                                             f"{name}:{node.lineno}"))
+    return found
+
+
+@dataclass(frozen=True)
+class ReleaseContents:
+    """The modules of one release (from its wheel or an installed copy) and their sources, to check imports."""
+
+    version: str
+    sources: dict[str, str]  # module name -> source
+
+    def _sources_of(self, module: str) -> list[str]:
+        """The module's source, and its classic-API twin where the release keeps that under `verifiers.legacy` and
+        aliases it at `verifiers.*` (0.3.1)."""
+        twin = "verifiers.legacy" + module[len("verifiers"):] if "verifiers.legacy" in self.sources else None
+        return [self.sources[m] for m in (module, twin) if m is not None and m in self.sources]
+
+    def lacks(self, wanted: VerifiersImport) -> str | None:
+        """What of `wanted` this release does not have, in words (None: it has all of it)."""
+        sources = self._sources_of(wanted.module)
+        if not sources:
+            return f"no module {wanted.module}"
+        for name in wanted.names:
+            if self._sources_of(f"{wanted.module}.{name}"):
+                continue
+            if not any(re.search(rf"\b{re.escape(name)}\b", source) for source in sources):
+                return f"no {name} in {wanted.module}"
+        return None
+
+
+def _module_name(path: str) -> str | None:
+    if not path.startswith("verifiers/") or not path.endswith(".py"):
+        return None
+    parts = path[:-3].split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def release_contents(version: Version) -> ReleaseContents:
+    """A release's modules, read from its wheel (downloaded once into `releases_home()/wheels`)."""
+    folder = releases_home() / "wheels"
+    wheel = next(folder.glob(f"verifiers-{version}-*.whl"), None) if folder.is_dir() else None
+    if wheel is None:
+        folder.mkdir(parents=True, exist_ok=True)
+        done = _pip("download", "-q", "--no-deps", "--only-binary", ":all:", f"verifiers=={version}", "-d",
+                    str(folder), timeout=300)
+        wheel = next(folder.glob(f"verifiers-{version}-*.whl"), None)
+        if done.returncode != 0 or wheel is None:
+            raise ReleaseError(f"cannot download verifiers {version} from the package registry:\n"
+                               f"{_last_lines(done.stderr or done.stdout)}")
+    sources: dict[str, str] = {}
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            module = _module_name(name)
+            if module is not None:
+                sources[module] = archive.read(name).decode("utf-8", errors="replace")
+    return ReleaseContents(str(version), sources)
+
+
+def installed_contents() -> ReleaseContents | None:
+    """The modules of the verifiers installed beside prime-lab (read from its files; nothing is imported)."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        version = importlib.metadata.version("verifiers")
+        spec = importlib.util.find_spec("verifiers")
+    except (importlib.metadata.PackageNotFoundError, ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0])
+    sources = {}
+    for path in root.rglob("*.py"):
+        module = _module_name("verifiers/" + path.relative_to(root).as_posix())
+        if module is not None:
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                sources[module] = path.read_text(encoding="utf-8")
+    return ReleaseContents(version, sources)
+
+
+# One virtual environment per release ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReleaseEnv:
+    """The virtual environment of one verifiers release."""
+
+    release: str
+
+    @property
+    def folder(self) -> Path:
+        return releases_home() / self.release
+
+    @property
+    def python(self) -> Path:
+        return self.folder / "bin" / "python"
+
+    def ready(self) -> bool:
+        return (self.folder / READY).is_file() and self.python.is_file()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        releases_home().mkdir(parents=True, exist_ok=True)
+        with open(releases_home() / f".{self.release}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def ensure(self, say: object = None) -> bool:
+        """Create it if it is not there yet (pip, from the registry; a minute or so). True when it was created."""
+        with self._locked():
+            if self.ready():
+                return False
+            if callable(say):
+                say(f"creating the virtual environment of verifiers {self.release} in {self.folder} (pip, from the "
+                    "package registry; once per release)")
+            shutil.rmtree(self.folder, ignore_errors=True)
+            made = subprocess.run([_base_python(), "-m", "venv", str(self.folder)], capture_output=True, text=True,
+                                  check=False)
+            if made.returncode != 0:
+                raise ReleaseError(f"cannot create a virtual environment in {self.folder}: "
+                                   f"{_last_lines(made.stderr or made.stdout)}")
+            done = self.pip("install", "-q", f"verifiers=={self.release}", *TRANSPORT)
+            if done.returncode != 0:
+                shutil.rmtree(self.folder, ignore_errors=True)
+                raise ReleaseError(f"pip could not install verifiers {self.release} into a new virtual environment:"
+                                   f"\n{_last_lines(done.stderr or done.stdout)}")
+            (self.folder / READY).write_text(self.release + "\n")
+            return True
+
+    def pip(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return _pip(*args, python=str(self.python))
+
+
+def _base_python() -> str:
+    """The interpreter prime-lab's own virtual environment was made from (a release's is made from it too)."""
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    return str(base)

@@ -1,0 +1,277 @@
+"""`prime env init`: a new environment package, ready for `prime env install` and `prime eval run NAME`.
+
+The package is one module named like the environment (verifiers' convention: `my-env` -> `my_env.py`), a
+pyproject that declares it under the `prime_lab.environments` entry point group (so `prime env list` finds it without
+importing it), a README and a test. Its environment is a small complete task (sums of two numbers, data generated in
+code, so it runs offline) to change into yours, written in prime-lab's protocol or, with `verifiers=True`, in
+verifiers' classic API (`import verifiers as vf`, `datasets.Dataset` data) so that it also runs under verifiers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import keyword
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from prime_lab.envs.installed import ENTRY_POINT_GROUP, canonical, module_name
+
+VERIFIERS_REQUIREMENT = "verifiers>=0.1.12,<0.4"  # the classic API with async rollouts (as prime-lab's extra)
+_NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
+
+
+class ScaffoldError(ValueError):
+    """The name or the folder cannot be used; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class NewPackage:
+    name: str  # the environment's id and the distribution's name, e.g. `my-env`
+    module: str  # `my_env`
+    folder: Path
+    files: tuple[Path, ...]
+
+
+def check_name(raw: str) -> tuple[str, str]:
+    """(name, module) for a requested environment name (`you/My_Env` -> `my-env`, `my_env`)."""
+    name = canonical(raw.rsplit("/", 1)[-1])
+    module = module_name(name)
+    if not _NAME.match(name) or keyword.iskeyword(module):
+        raise ScaffoldError(f"'{raw}' cannot name an environment: use lowercase letters, digits and dashes, "
+                            "starting with a letter (e.g. my-env)")
+    try:
+        taken = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        taken = True
+    if taken:
+        raise ScaffoldError(f"a module '{module}' is already installed in this environment, so '{name}' would "
+                            "collide with it; pick another name (or `pip uninstall` the old package first)")
+    return name, module
+
+
+def write_package(raw_name: str, parent: Path, *, verifiers: bool = False, force: bool = False) -> NewPackage:
+    """Write the package into `parent/<name>`; an existing file is overwritten only with `force`."""
+    name, module = check_name(raw_name)
+    folder = parent / name
+    contents = package_contents(name, module, verifiers=verifiers)
+    existing = [rel for rel in contents if (folder / rel).exists()]
+    if existing and not force:
+        raise ScaffoldError(f"{folder} already has {', '.join(existing)}; pass -f/--force to overwrite them")
+    written = []
+    for rel, text in contents.items():
+        path = folder / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return NewPackage(name, module, folder, tuple(written))
+
+
+def package_contents(name: str, module: str, *, verifiers: bool = False) -> dict[str, str]:
+    """The package's files (path relative to its folder -> text) for a checked `name` and its `module`."""
+    return {
+        "pyproject.toml": _PYPROJECT.format(
+            name=name, module=module, group=ENTRY_POINT_GROUP,
+            dependencies=json.dumps([VERIFIERS_REQUIREMENT, "datasets"] if verifiers else ["prime-lab"])),
+        f"{module}.py": (_VERIFIERS_MODULE if verifiers else _PRIME_LAB_MODULE).replace("{name}", name),
+        "README.md": _README.format(name=name, module=module,
+                                    api=("verifiers' classic API (`import verifiers as vf`)" if verifiers
+                                         else "prime-lab's environment protocol (`prime_lab.envs`)"),
+                                    data_arg=_README_DATA_ARG if verifiers else ""),
+        f"tests/test_{module}.py": (_VERIFIERS_TEST if verifiers else _PRIME_LAB_TEST).replace("{module}", module),
+    }
+
+
+_PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{name}"
+version = "0.1.0"
+description = "Sums of two numbers, in <answer> tags (a starting point: replace it with your task)."
+requires-python = ">=3.11"
+dependencies = {dependencies}
+
+[project.optional-dependencies]
+test = ["pytest"]
+
+# prime-lab finds the environment through this entry point (name = the id you type, value = the module).
+[project.entry-points."{group}"]
+{name} = "{module}"
+
+[tool.setuptools]
+py-modules = ["{module}"]
+"""
+
+_PRIME_LAB_MODULE = '''\
+"""{name}: add two numbers; reward 1 for the right sum inside <answer> tags.
+
+A starting point: change the rows, the system prompt and the reward, then `prime eval run {name}`. Rows are
+prime-lab's dataset format: `question` (or `prompt`, chat messages), `answer`, and optionally `info` and `task`.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from prime_lab.envs import Rubric, SingleTurnEnv, XMLParser
+
+SYSTEM_PROMPT = "Add the two numbers. Give only the sum, inside <answer></answer> tags."
+
+parser = XMLParser(["answer"])
+
+
+def make_rows(count: int, seed: int) -> list[dict[str, Any]]:
+    """`count` questions with their answers, the same for the same seed."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        rows.append({"question": f"{a} + {b}", "answer": str(a + b)})
+    return rows
+
+
+def correct_answer(completion: Any, answer: str) -> float:
+    """1.0 when the tagged answer is the sum."""
+    return float((parser.parse_answer(completion) or "").strip() == answer)
+
+
+def load_environment(
+    num_train_examples: int = 200,
+    num_eval_examples: int = 50,
+    seed: int = 0,
+    system_prompt: str = SYSTEM_PROMPT,
+) -> SingleTurnEnv:
+    return SingleTurnEnv(dataset=make_rows(num_train_examples, seed),
+                         eval_dataset=make_rows(num_eval_examples, seed + 1),
+                         system_prompt=system_prompt, parser=parser, rubric=Rubric([correct_answer], parser=parser))
+'''
+
+_VERIFIERS_MODULE = '''\
+"""{name}: add two numbers; reward 1 for the right sum inside <answer> tags (verifiers' classic API).
+
+A starting point: change the data, the system prompt and the reward, then `prime eval run {name}`. `dataset_name`
+takes a local folder of json, jsonl, csv or parquet files with `question` and `answer` columns (or a Hub id, which
+needs the Hub: prime-lab loads environments offline unless HF_HUB_OFFLINE=0).
+"""
+
+import random
+
+import verifiers as vf
+from datasets import Dataset, load_dataset
+
+SYSTEM_PROMPT = "Add the two numbers. Give only the sum, inside <answer></answer> tags."
+
+parser = vf.XMLParser(["answer"], answer_field="answer")
+
+
+def make_dataset(count: int, seed: int) -> Dataset:
+    """`count` questions with their answers, the same for the same seed."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        rows.append({"question": f"{a} + {b}", "answer": str(a + b)})
+    return Dataset.from_list(rows)
+
+
+def correct_answer(parser, completion, answer, **kwargs) -> float:
+    """1.0 when the tagged answer is the sum."""
+    return 1.0 if (parser.parse_answer(completion) or "").strip() == answer else 0.0
+
+
+def load_environment(
+    num_train_examples: int = 200,
+    num_eval_examples: int = 50,
+    seed: int = 0,
+    dataset_name: str | None = None,
+    system_prompt: str = SYSTEM_PROMPT,
+) -> vf.Environment:
+    if dataset_name is None:
+        dataset, eval_dataset = make_dataset(num_train_examples, seed), make_dataset(num_eval_examples, seed + 1)
+    else:
+        splits = load_dataset(dataset_name)
+        dataset = splits["train"]
+        eval_dataset = splits["test"] if "test" in splits else None
+    rubric = vf.Rubric(funcs=[correct_answer], weights=[1.0], parser=parser)
+    return vf.SingleTurnEnv(dataset=dataset, eval_dataset=eval_dataset, system_prompt=system_prompt,
+                            parser=parser, rubric=rubric)
+'''
+
+_PRIME_LAB_TEST = '''\
+"""The environment's data and reward, without a model (run: pytest)."""
+
+from {module} import SYSTEM_PROMPT, correct_answer, load_environment
+
+
+def test_rows_are_questions_with_the_system_prompt_and_answers() -> None:
+    env = load_environment(num_train_examples=5, num_eval_examples=3)
+    rows = env.get_eval_dataset()
+    assert len(rows) == 3 and len(env.get_dataset()) == 5
+    assert rows[0]["prompt"][0] == {"role": "system", "content": SYSTEM_PROMPT}
+    a, b = rows[0]["prompt"][-1]["content"].split(" + ")
+    assert rows[0]["answer"] == str(int(a) + int(b))
+
+
+def test_the_reward_is_one_for_the_right_sum_only() -> None:
+    env = load_environment(num_train_examples=1, num_eval_examples=1)
+    row = env.get_eval_dataset()[0]
+
+    def score(reply: str) -> float:
+        completion = [{"role": "assistant", "content": reply}]
+        return env.rubric.score_sync(prompt=row["prompt"], completion=completion, answer=row["answer"], state={},
+                                     info=row["info"], task=row["task"]).reward
+
+    assert score(f"<answer>{row['answer']}</answer>") == 1.0
+    assert score("<answer>-1</answer>") == 0.0
+    assert correct_answer([{"role": "assistant", "content": "no tags"}], row["answer"]) == 0.0
+'''
+
+_VERIFIERS_TEST = '''\
+"""The environment's data and reward, without a model (run: pytest)."""
+
+from {module} import correct_answer, load_environment, parser
+
+
+def test_rows_are_questions_with_answers() -> None:
+    env = load_environment(num_train_examples=5, num_eval_examples=3)
+    rows = env.get_eval_dataset(n=3)
+    assert len(rows) == 3
+    first = rows[0]
+    question = first["question"] if "question" in first else first["prompt"][-1]["content"]
+    a, b = question.split(" + ")
+    assert first["answer"] == str(int(a) + int(b))
+
+
+def test_the_reward_is_one_for_the_right_sum_only() -> None:
+    def reward(reply: str, answer: str) -> float:
+        return correct_answer(parser, [{"role": "assistant", "content": reply}], answer)
+
+    assert reward("<answer>12</answer>", "12") == 1.0
+    assert reward("<answer>13</answer>", "12") == 0.0
+    assert reward("no tags", "12") == 0.0
+'''
+
+_README = """\
+# {name}
+
+Sums of two numbers: the model answers inside `<answer>` tags; the reward is 1 for the right sum. A starting
+point written in {api}: change the data, the system prompt and the reward in `{module}.py`.
+
+```bash
+prime env install .                  # editable: edits to {module}.py apply at the next run
+prime env list                       # {name} is listed as installed, with its arguments
+prime eval run {name} -n 5 -r 3      # SmolLM2 served locally; -m/-b for other models
+python -m pytest tests               # the data and the reward, without a model (needs pytest)
+```
+
+Arguments of `load_environment` (`-a '{{"seed": 1}}'`): `num_train_examples` (200), `num_eval_examples` (50),
+`seed` (0), `system_prompt`{data_arg}.
+"""
+
+_README_DATA_ARG = (", `dataset_name` (a local folder of json, jsonl, csv or parquet files with `question` and "
+                    "`answer` columns, instead of the generated rows)")

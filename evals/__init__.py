@@ -1,0 +1,1 @@
+"""Evaluation: `prime eval run`'s engine, comparisons of evaluations, trained policies to evaluate."""

@@ -1,0 +1,289 @@
+"""Evaluation: an environment's rollouts against an OpenAI-compatible endpoint, scored, written as verifiers does.
+
+Writes `results.jsonl` (one row per rollout, appended as each finishes, so nothing done is lost to a crash) and
+`metadata.json`, streams `eval` events into the run's event log, and ends with a difficulty report: the reference
+guide's pre-training check (baseline reward above 0 and below 0.8, rewards that vary within an example).
+
+A system prompt given for the evaluation (`--system-prompt-file`, a GEPA run's best prompt) replaces each row's
+system message (or opens a prompt that has none), as GEPA's environment adapter does with a candidate's: the
+environment's rollout reads the row's prompt, so it sees the prompt exactly as GEPA scored it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from prime_lab.envs import (
+    Environment,
+    Rollout,
+    SamplingArgs,
+    isolated,
+    load_environment,
+    redact,
+    replace_system_prompt,
+)
+from prime_lab.problems.validation import Validation, validate_file
+from prime_lab.runs.registry import Run, RunError, RunRegistry
+
+SAMPLE_EVENTS = 3  # rollouts sent whole as `sample` events (the rest are summarised)
+
+
+@dataclass
+class EvalSpec:
+    env_id: str
+    model: str  # the name sent to the endpoint
+    base_url: str
+    env_args: dict[str, Any] = field(default_factory=dict)
+    num_examples: int = 5
+    rollouts_per_example: int = 3
+    sampling: SamplingArgs = field(default_factory=SamplingArgs)
+    max_concurrent: int = 32
+    api_key_var: str | None = None
+    seed: int | None = None
+    request_timeout: float = 600.0
+    system_prompt: str | None = None  # replaces every row's system message
+    metadata: dict[str, Any] = field(default_factory=dict)  # more for metadata.json: the policy, the prompt's source
+
+
+@dataclass(frozen=True)
+class SystemPrompt:
+    """A system prompt for an evaluation and where it came from."""
+
+    text: str
+    path: Path
+    gepa_run: str | None = None  # the GEPA run whose best prompt it is
+
+    def metadata(self) -> dict[str, Any]:
+        return {"text": self.text, "source": str(self.path), "gepa_run": self.gepa_run}
+
+
+class SystemPromptError(ValueError):
+    """`--system-prompt-file` names neither a readable file nor a GEPA run with a best prompt."""
+
+
+def read_system_prompt(spec: str, registry: RunRegistry | None = None) -> SystemPrompt:
+    """The prompt in the file `spec`, or the best prompt of the GEPA run `spec` (`gepa/best_prompt.txt`)."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        try:
+            return SystemPrompt(path.read_text(encoding="utf-8").strip(), path.resolve())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SystemPromptError(f"--system-prompt-file {spec}: cannot read it: {exc}") from None
+    if path.exists() or "/" in spec:
+        raise SystemPromptError(f"--system-prompt-file {spec}: not a file" if path.exists() else
+                                f"--system-prompt-file {spec}: no such file")
+    try:
+        run = (registry or RunRegistry()).get(spec)
+    except RunError:
+        raise SystemPromptError(f"--system-prompt-file {spec}: neither a file nor a GEPA run's id "
+                                "(`prime gepa list`)") from None
+    kind = run.read_status().get("kind")
+    if kind != "gepa":
+        raise SystemPromptError(f"--system-prompt-file {spec}: run {run.id} is a {kind} run, not a GEPA run: only a "
+                                "GEPA run has a best prompt")
+    best = run.gepa_dir / "best_prompt.txt"
+    if not best.is_file():
+        raise SystemPromptError(f"--system-prompt-file {spec}: GEPA run {run.id} has no best prompt yet ({best})")
+    return SystemPrompt(best.read_text(encoding="utf-8").strip(), best.resolve(), gepa_run=run.id)
+
+
+def with_system_prompt(rows: list[dict[str, Any]], system_prompt: str | None) -> list[dict[str, Any]]:
+    """The rows with their system message replaced by `system_prompt` as GEPA replaces it (None: the rows as
+    they are)."""
+    if system_prompt is None:
+        return rows
+    return [replace_system_prompt(row, system_prompt) for row in rows]
+
+
+@dataclass
+class DifficultyReport:
+    """Per-example reward statistics and the pre-training verdict."""
+
+    avg_reward: float
+    mean_example_std: float
+    zero_variance_share: float
+    examples: int
+    verdict: list[str]
+    ok: bool
+
+    @classmethod
+    def from_rollouts(cls, rollouts: list[Rollout], rollouts_per_example: int) -> DifficultyReport:
+        by_example: dict[str, list[float]] = defaultdict(list)
+        for r in rollouts:
+            by_example[f"{r.task}/{r.example_id}"].append(r.reward)
+        stds = [_std(v) for v in by_example.values()]
+        avg = sum(r.reward for r in rollouts) / len(rollouts) if rollouts else 0.0
+        mean_std = sum(stds) / len(stds) if stds else 0.0
+        zero = sum(s < 1e-9 for s in stds) / len(stds) if stds else 0.0
+        verdict: list[str] = []
+        ok = True
+        if avg <= 0.0:
+            ok = False
+            verdict.append(f"baseline reward is {avg:.3f}: the task is too hard for this model (no reward signal); "
+                           "make it easier or start from a stronger model")
+        elif avg >= 0.8:
+            ok = False
+            verdict.append(f"baseline reward is {avg:.3f} (>= 0.8): the task is too easy; little left to learn")
+        else:
+            verdict.append(f"baseline reward {avg:.3f} is within (0, 0.8): there is room to learn")
+        if rollouts_per_example < 2:
+            verdict.append("one rollout per example: within-example variance cannot be measured (use -r 2 or more)")
+        elif zero >= 0.5:
+            ok = False
+            verdict.append(f"{zero:.0%} of examples got the same reward on every rollout: group advantages will be "
+                           "zero for them; raise the temperature or use a continuous reward")
+        else:
+            verdict.append(f"rewards vary within examples (mean per-example std {mean_std:.3f}, "
+                           f"{zero:.0%} with zero variance)")
+        return cls(avg, mean_std, zero, len(by_example), verdict, ok)
+
+
+def _std(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+@dataclass
+class EvalResult:
+    rollouts: list[Rollout]
+    metadata: dict[str, Any]
+    report: DifficultyReport
+    output_dir: Path
+
+    @property
+    def failed(self) -> int:
+        return sum(r.stop_condition == "error" for r in self.rollouts)
+
+
+def default_output_dir(env_id: str, model: str, run_id: str, root: Path | None = None) -> Path:
+    """`outputs/evals/<env>--<model>/<run-id>/`, the place verifiers and Prime's Lab look for evaluations."""
+    return (root or Path("outputs") / "evals") / f"{_short_name(env_id)}--{_short_name(model)}" / run_id
+
+
+def _short_name(name: str) -> str:
+    """`owner/name` -> `name`; a path -> its last part."""
+    return Path(name.rstrip("/")).name or name
+
+
+def run_evaluation(
+    spec: EvalSpec,
+    output_dir: Path,
+    *,
+    run: Run | None = None,
+    env: Environment | None = None,
+    on_progress: Callable[[int, int, Rollout], None] | None = None,
+) -> EvalResult:
+    """Evaluate; raises EnvironmentLoadError for a bad id or args (before anything is written)."""
+    from openai import AsyncOpenAI
+
+    if run is not None:  # an environment at its own verifiers release serves this run: its log goes with the run's
+        isolated.serve_for(run)
+    env = env or load_environment(spec.env_id, **spec.env_args)
+    rows = with_system_prompt(env.get_eval_dataset(spec.num_examples, seed=spec.seed), spec.system_prompt)
+    total = len(rows) * spec.rollouts_per_example
+    output_dir.mkdir(parents=True, exist_ok=True)
+    results_path = output_dir / "results.jsonl"
+    results_path.write_text("")
+    writer = run.writer("eval") if run is not None else None
+    api_key = os.environ.get(spec.api_key_var, "") if spec.api_key_var else ""
+    client = AsyncOpenAI(base_url=spec.base_url, api_key=api_key or "EMPTY", max_retries=1,
+                         timeout=spec.request_timeout)
+    done = 0
+    rewards: list[float] = []
+    started = time.perf_counter()
+
+    def on_rollout(rollout: Rollout) -> None:
+        nonlocal done
+        done += 1
+        rewards.append(rollout.reward)
+        row = redact(rollout.result_row())
+        with open(results_path, "a") as fh:
+            fh.write(json.dumps(row, default=str) + "\n")
+        if writer is not None:
+            writer.emit("eval", {"done": done, "total": total, "reward": rollout.reward,
+                                 "avg_reward": sum(rewards) / len(rewards), "example_id": rollout.example_id,
+                                 "error": bool(rollout.error)}, step=done)
+            if done <= SAMPLE_EVENTS:
+                writer.emit("sample", {"task": rollout.task, "example_id": rollout.example_id,
+                                       "prompt": row["prompt"], "completion": row["completion"],
+                                       "answer": row["answer"], "reward": rollout.reward,
+                                       "metrics": rollout.metrics}, step=done)
+        if run is not None:
+            run.update_status(step=done, max_steps=total, reward=sum(rewards) / len(rewards))
+        if on_progress is not None:
+            on_progress(done, total, rollout)
+
+    async def evaluate() -> list[Rollout]:
+        try:
+            return await env.run_rollouts(client, spec.model, rows, spec.sampling,
+                                          rollouts_per_example=spec.rollouts_per_example,
+                                          max_concurrent=spec.max_concurrent, on_rollout=on_rollout)
+        finally:
+            await client.close()
+
+    try:
+        rollouts = asyncio.run(evaluate())
+    finally:
+        if writer is not None:
+            writer.close()
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    report = DifficultyReport.from_rollouts(rollouts, spec.rollouts_per_example)
+    metric_names = sorted({k for r in rollouts for k in r.metrics})
+    metadata = redact({
+        "env_id": spec.env_id, "env_args": spec.env_args, "model": spec.model, "base_url": spec.base_url,
+        "num_examples": len(rows), "rollouts_per_example": spec.rollouts_per_example,
+        "sampling_args": asdict(spec.sampling), "date": datetime.now().isoformat(timespec="seconds"),
+        "time_ms": elapsed_ms, "avg_reward": report.avg_reward,
+        "avg_metrics": {k: sum(r.metrics.get(k, 0.0) for r in rollouts) / len(rollouts) for k in metric_names}
+        if rollouts else {},
+        "difficulty": asdict(report), "errors": sum(r.stop_condition == "error" for r in rollouts),
+        "run_id": run.id if run is not None else None, **spec.metadata,
+    })
+    (output_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str) + "\n")
+    return EvalResult(rollouts, metadata, report, output_dir)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The TOML form of `prime eval run @eval.toml`.
+
+class EvalEnvSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvalFileConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    env: EvalEnvSection
+    model: str | None = None
+    num_examples: int = 5
+    rollouts_per_example: int = Field(default=3, ge=1)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    base_url: str | None = None
+    adapter: str | None = None  # RUN[:STEP], as --adapter
+    system_prompt_file: str | None = None  # a file (relative to this config) or a GEPA run's id
+
+    @field_validator("num_examples")
+    @classmethod
+    def _num(cls, value: int) -> int:
+        if value == -1 or value >= 1:
+            return value
+        raise ValueError("must be -1 (all examples) or at least 1")
+
+
+def validate_eval_file(path: Path) -> Validation[EvalFileConfig]:
+    return validate_file(path, EvalFileConfig)

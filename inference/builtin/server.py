@@ -1,0 +1,133 @@
+"""Build a built-in server from a model folder (load weights, tokenizer, adapters) and run it with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prime_lab.inference.builtin.adapters import ModelRegistry, ServedModel
+from prime_lab.inference.builtin.completions import CompletionService, SamplingDefaults
+from prime_lab.inference.builtin.prompts import PromptCodec
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+DEFAULT_MAX_MODEL_LEN = 32768
+
+
+@dataclass(frozen=True)
+class BuiltinServerSettings:
+    model: Path
+    served_model_name: str | None = None  # default: the model folder's name
+    adapters: dict[str, Path] = field(default_factory=dict)
+    dtype: str = "float32"
+    device: str | None = None  # default: cuda when available, else cpu
+    max_model_len: int | None = None  # default: the model's max_position_embeddings (capped at 32768)
+    max_batch_rows: int = 64
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model).name
+
+
+def torch_dtype(name: str, device: str) -> Any:
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return getattr(torch, name)
+
+
+def sampling_defaults(generation_config: Any) -> SamplingDefaults:
+    """The model's own sampling defaults from generation_config.json, as vLLM applies them."""
+    if generation_config is None:
+        return SamplingDefaults()
+    temperature = getattr(generation_config, "temperature", None)
+    top_p = getattr(generation_config, "top_p", None)
+    top_k = getattr(generation_config, "top_k", None)
+    return SamplingDefaults(
+        temperature=1.0 if temperature is None else float(temperature),
+        top_p=1.0 if top_p is None else float(top_p),
+        top_k=0 if top_k is None else max(int(top_k), 0),
+    )
+
+
+def eos_token_ids(tokenizer: Any, model: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, list | tuple):
+            ids.update(int(i) for i in source)
+    return frozenset(ids)
+
+
+def load_model(path: Path, dtype: Any) -> Any:
+    """The causal LM, with the grouped-query decode attention where the model supports SDPA."""
+    from transformers import AutoModelForCausalLM
+
+    from prime_lab.inference.builtin.attention import GROUPED_DECODE_SDPA
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=GROUPED_DECODE_SDPA)
+    except (ValueError, NotImplementedError) as error:  # a model without SDPA support: its default attention
+        log.info("grouped decode attention unavailable for %s (%s); using the model's default", path, error)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
+def build_service(settings: BuiltinServerSettings) -> CompletionService:
+    """Load the model and tokenizer, start the engine, load the startup adapters."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from prime_lab.inference.builtin.cpu_kernels import use_onednn_linears
+    from prime_lab.inference.builtin.engine import GenerationEngine
+
+    device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(settings.model)
+    module = use_onednn_linears(load_model(settings.model, torch_dtype(settings.dtype, device)).to(device).eval())
+    module.requires_grad_(False)
+    max_model_len = settings.max_model_len or min(
+        int(getattr(module.config, "max_position_embeddings", DEFAULT_MAX_MODEL_LEN)), DEFAULT_MAX_MODEL_LEN
+    )
+    codec = PromptCodec(tokenizer)
+    registry = ModelRegistry(
+        ServedModel(name=settings.model_name, module=module, root=str(settings.model)), prepare=use_onednn_linears
+    )
+    engine = GenerationEngine(
+        codec,
+        eos_token_ids(tokenizer, module),
+        int(module.config.get_text_config().vocab_size),
+        torch.device(device),
+        max_batch_rows=settings.max_batch_rows,
+        resolve=registry.current,
+    )
+    for name, path in settings.adapters.items():
+        registry.load_adapter(name, str(path))
+    return CompletionService(
+        registry=registry,
+        engine=engine.start(),
+        codec=codec,
+        max_model_len=max_model_len,
+        defaults=sampling_defaults(getattr(module, "generation_config", None)),
+    )
+
+
+def run_server(
+    settings: BuiltinServerSettings,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM stop uvicorn, then the engine). `on_ready` runs once it serves."""
+    import uvicorn
+
+    from prime_lab.inference.builtin.app import create_app
+
+    service = build_service(settings)
+    app = create_app(service, on_startup=on_ready, on_shutdown=service.engine.stop)
+    log.info("serving %s on http://%s:%d/v1", settings.model_name, host, port)
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)

@@ -1,0 +1,1 @@
+"""Watching a run: the W&B mirror of its event log, and the training alerts."""

@@ -1,0 +1,1 @@
+"""Config problems with their lines: parsing, validation against a schema, pydantic's errors in words."""

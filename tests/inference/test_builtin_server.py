@@ -1,0 +1,327 @@
+"""The built-in server, through real HTTP and the real `openai` client (one server per session: `builtin_server`).
+
+Behaviour that only the built-in engine has (batching, merged adapters, its own errors) is tested here; what both
+engines must do alike is in test_conformance.py.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from prime_lab.inference.builtin.launcher import BuiltinServer, start_builtin_server
+from prime_lab.inference.builtin.server import BuiltinServerSettings
+from prime_lab.runs.processes import ServerProcess, ServerStartError, free_port
+from prime_lab.runs.registry import pid_alive
+from tests.plugins.servers import ReferenceForward
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+LOGPROB_TOLERANCE = 1e-4
+
+
+def client_for(server: BuiltinServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def chat(server: BuiltinServer, **fields: Any) -> dict[str, Any]:
+    fields.setdefault("model", server.model_name)
+    fields.setdefault("messages", MESSAGES)
+    fields.setdefault("max_tokens", 8)
+    return client_for(server).chat.completions.create(**fields).model_dump()
+
+
+def post(server: BuiltinServer, route: str, payload: Any) -> httpx.Response:
+    content = payload if isinstance(payload, bytes) else None
+    return httpx.post(
+        server.root_url + route,
+        content=content,
+        json=None if content is not None else payload,
+        headers={"content-type": "application/json"},
+        timeout=120,
+    )
+
+
+def test_health_and_models_list_the_base_model(builtin_server: BuiltinServer) -> None:
+    assert httpx.get(builtin_server.root_url + "/health").status_code == 200
+    ids = [m.id for m in client_for(builtin_server).models.list().data]
+    assert ids[0] == builtin_server.model_name
+
+
+def test_n_choices_share_the_prompt_and_report_rl_fields(
+    builtin_server: BuiltinServer, reference_forward: ReferenceForward
+) -> None:
+    body = chat(builtin_server, n=3, max_tokens=6, logprobs=True, seed=5, extra_body={"return_token_ids": True})
+    expected_prompt = reference_forward.tokenizer.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, tokenize=False
+    )
+    assert body["prompt_token_ids"] == reference_forward.tokenizer.encode(expected_prompt, add_special_tokens=False)
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert len({tuple(c["token_ids"]) for c in body["choices"]}) > 1, "three samples at temperature 1 all equal"
+    completion_tokens = sum(len(c["token_ids"]) for c in body["choices"])
+    usage = body["usage"]
+    assert usage["prompt_tokens"] == len(body["prompt_token_ids"])
+    assert usage["completion_tokens"] == completion_tokens
+    assert usage["total_tokens"] == len(body["prompt_token_ids"]) + completion_tokens
+    for choice in body["choices"]:
+        assert len(choice["logprobs"]["content"]) == len(choice["token_ids"])
+        expected = reference_forward.logprobs(body["prompt_token_ids"], choice["token_ids"])
+        reported = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+        assert reported == pytest.approx(expected, abs=LOGPROB_TOLERANCE)
+
+
+def test_greedy_follows_the_argmax_and_the_same_seed_repeats(
+    builtin_server: BuiltinServer, reference_forward: ReferenceForward
+) -> None:
+    greedy = chat(builtin_server, temperature=0, max_tokens=6, logprobs=True, top_logprobs=3,
+                  extra_body={"return_token_ids": True})  # fmt: skip
+    for entry in greedy["choices"][0]["logprobs"]["content"]:
+        assert entry["logprob"] == pytest.approx(entry["top_logprobs"][0]["logprob"], abs=1e-6)
+        assert len(entry["top_logprobs"]) == 3
+    first = chat(builtin_server, seed=1234, max_tokens=10, extra_body={"return_token_ids": True})
+    again = chat(builtin_server, seed=1234, max_tokens=10, extra_body={"return_token_ids": True})
+    other = chat(builtin_server, seed=4321, max_tokens=10, extra_body={"return_token_ids": True})
+    assert first["choices"][0]["token_ids"] == again["choices"][0]["token_ids"]
+    assert first["choices"][0]["token_ids"] != other["choices"][0]["token_ids"]
+
+
+def test_concurrent_requests_are_batched_without_changing_results(
+    builtin_server: BuiltinServer, reference_forward: ReferenceForward
+) -> None:
+    prompts = [[{"role": "user", "content": "Count to ten. " * k}] for k in range(1, 9)]
+
+    def one(index: int) -> dict[str, Any]:
+        return chat(builtin_server, messages=prompts[index], seed=index, max_tokens=5 + index, logprobs=True,
+                    extra_body={"return_token_ids": True})  # fmt: skip
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(one, range(8)))
+    alone = [one(i) for i in (0, 7)]
+    assert together[0]["choices"][0]["token_ids"] == alone[0]["choices"][0]["token_ids"]
+    assert together[7]["choices"][0]["token_ids"] == alone[1]["choices"][0]["token_ids"]
+    for index, body in enumerate(together):
+        choice = body["choices"][0]
+        assert len(choice["token_ids"]) == 5 + index or choice["finish_reason"] == "stop"
+        expected = reference_forward.logprobs(body["prompt_token_ids"], choice["token_ids"])
+        assert [e["logprob"] for e in choice["logprobs"]["content"]] == pytest.approx(expected, abs=LOGPROB_TOLERANCE)
+
+
+def test_text_completions_with_token_prompts_and_logprobs(
+    builtin_server: BuiltinServer, reference_forward: ReferenceForward
+) -> None:
+    prompt_ids = reference_forward.tokenizer.encode("The capital of France is")
+    completion = client_for(builtin_server).completions.create(
+        model=builtin_server.model_name, prompt=prompt_ids, max_tokens=5, logprobs=2, n=2, seed=3,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    ).model_dump()  # fmt: skip
+    assert len(completion["choices"]) == 2
+    for choice in completion["choices"]:
+        assert choice["prompt_token_ids"] == prompt_ids
+        assert len(choice["token_ids"]) == 5 and choice["finish_reason"] == "length"
+        expected = reference_forward.logprobs(prompt_ids, choice["token_ids"])
+        assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=LOGPROB_TOLERANCE)
+        assert choice["text"] == reference_forward.tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
+
+
+def test_chat_template_kwargs_reach_the_template(builtin_server: BuiltinServer) -> None:
+    thinking = chat(builtin_server, max_tokens=1, extra_body={"return_token_ids": True})
+    template_kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
+    no_thinking = chat(builtin_server, max_tokens=1, extra_body={"return_token_ids": True, **template_kwargs})
+    assert len(no_thinking["prompt_token_ids"]) > len(thinking["prompt_token_ids"])
+    assert no_thinking["prompt_token_ids"][: len(thinking["prompt_token_ids"])] == thinking["prompt_token_ids"]
+
+
+def test_min_tokens_and_ignore_eos_hold_back_the_stop(builtin_server: BuiltinServer) -> None:
+    body = chat(builtin_server, max_tokens=12, seed=0, extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert len(body["choices"][0]["token_ids"]) == 12 and body["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        ({"messages": MESSAGES, "n": 0}, 400, "n"),
+        ({"messages": MESSAGES, "temperature": -0.5}, 400, "temperature"),
+        ({"messages": MESSAGES, "top_p": 0}, 400, "top_p"),
+        ({"messages": MESSAGES, "top_logprobs": 50, "logprobs": True}, 400, "top_logprobs"),
+        ({"messages": []}, 400, "messages"),
+        ({"messages": MESSAGES, "stream": True}, 400, "stream=true"),
+        ({"messages": MESSAGES, "max_tokens": 10_000}, 400, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "word " * 3000}]}, 400, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0]"),
+        ({"messages": MESSAGES, "model": "no-such-model"}, 404, "model"),
+    ],
+)
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
+    builtin_server: BuiltinServer, payload: Any, status: int, param: str | None
+) -> None:
+    response = post(builtin_server, "/v1/chat/completions", payload)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == status and error["message"]
+    assert error["param"] == param
+    assert chat(builtin_server, max_tokens=2)["choices"][0]["message"]["content"] is not None
+
+
+def test_adapters_merge_load_replace_and_unload(
+    builtin_server: BuiltinServer, tiny_lora_adapters: tuple[Path, Path], reference_forward: ReferenceForward
+) -> None:
+    first, second = tiny_lora_adapters
+    load = {"lora_name": "builtin-a", "lora_path": str(first)}
+    assert post(builtin_server, "/v1/load_lora_adapter", load).status_code == 200
+    assert post(builtin_server, "/v1/load_lora_adapter", load).status_code == 400
+    assert "builtin-a" in [m.id for m in client_for(builtin_server).models.list().data]
+
+    def sampled(model: str) -> dict[str, Any]:
+        return chat(builtin_server, model=model, max_tokens=6, logprobs=True, seed=7,
+                    extra_body={"return_token_ids": True})  # fmt: skip
+
+    def check(body: dict[str, Any], adapter: Path | None) -> list[float]:
+        choice = body["choices"][0]
+        reported = [e["logprob"] for e in choice["logprobs"]["content"]]
+        assert reported == pytest.approx(
+            reference_forward.logprobs(body["prompt_token_ids"], choice["token_ids"], adapter), abs=LOGPROB_TOLERANCE
+        )
+        return reported
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # base and adapter requests at the same time
+        base_body, adapter_body = pool.map(sampled, [builtin_server.model_name, "builtin-a"])
+    check(base_body, None)
+    check(adapter_body, first)
+
+    replace = {"lora_name": "builtin-a", "lora_path": str(second), "load_inplace": True}
+    assert post(builtin_server, "/v1/load_lora_adapter", replace).status_code == 200
+    check(sampled("builtin-a"), second)
+    check(sampled(builtin_server.model_name), None)  # the base weights are untouched by merging
+
+    assert post(builtin_server, "/v1/unload_lora_adapter", {"lora_name": "builtin-a"}).status_code == 200
+    assert post(builtin_server, "/v1/unload_lora_adapter", {"lora_name": "builtin-a"}).status_code == 404
+    with pytest.raises(openai.NotFoundError):
+        sampled("builtin-a")
+    missing = {"lora_name": "builtin-missing", "lora_path": "/no/such/adapter"}
+    assert post(builtin_server, "/v1/load_lora_adapter", missing).status_code == 404
+
+
+def test_metrics_count_answered_requests_and_policy_loads(
+    builtin_server: BuiltinServer, tiny_lora_adapters: tuple[Path, Path]
+) -> None:
+    def counters() -> dict[str, int]:
+        response = httpx.get(builtin_server.root_url + "/metrics", timeout=10)
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+        lines = [line.rsplit(" ", 1) for line in response.text.splitlines() if not line.startswith("#")]
+        return {name: int(value) for name, value in lines}
+
+    base = f'prime_lab_requests_total{{route="chat",model="{builtin_server.model_name}"}}'
+    before = counters()
+    chat(builtin_server)
+    chat(builtin_server)
+    load = {"lora_name": "builtin-metrics", "lora_path": str(tiny_lora_adapters[0])}
+    assert post(builtin_server, "/v1/load_lora_adapter", load).status_code == 200
+    chat(builtin_server, model="builtin-metrics")
+    assert post(builtin_server, "/v1/unload_lora_adapter", {"lora_name": "builtin-metrics"}).status_code == 200
+    after = counters()
+    assert after[base] - before.get(base, 0) == 2
+    assert after['prime_lab_requests_total{route="chat",model="builtin-metrics"}'] == 1
+    assert after['prime_lab_policy_loads_total{kind="adapter",name="builtin-metrics"}'] == 1
+    assert "loaded LoRA adapter 'builtin-metrics' from" in builtin_server.log_path.read_text()
+
+
+def test_requests_running_on_an_adapter_move_to_its_in_place_replacement(
+    builtin_server: BuiltinServer, tiny_lora_adapters: tuple[Path, Path]
+) -> None:
+    """As vLLM's in-place load does: a long request keeps its place in the batch and continues on the new weights,
+    and a request for the replaced adapter joins that batch at once. (Were the running batch still on the old
+    weights, the new request would wait for it to finish: one batch serves one set of weights.)"""
+    first, second = tiny_lora_adapters
+    name = "builtin-inplace"
+    assert post(builtin_server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(first)}).status_code \
+        == 200
+    finished: dict[str, float] = {}
+
+    def timed(label: str, max_tokens: int) -> dict[str, Any]:
+        body = chat(builtin_server, model=name, max_tokens=max_tokens, temperature=1.0, seed=3,
+                    extra_body={"ignore_eos": True})  # fmt: skip
+        finished[label] = time.monotonic()
+        return body
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        long = pool.submit(timed, "long", 1800)
+        time.sleep(0.5)  # the long request is decoding
+        replace = {"lora_name": name, "lora_path": str(second), "load_inplace": True}
+        assert post(builtin_server, "/v1/load_lora_adapter", replace).status_code == 200
+        short = pool.submit(timed, "short", 4)
+        assert short.result()["choices"][0]["finish_reason"] == "length"
+        assert not long.done(), "the long request ended before the check: make it longer"
+        body = long.result()
+    assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 1800
+    assert finished["short"] < finished["long"]
+    assert post(builtin_server, "/v1/unload_lora_adapter", {"lora_name": name}).status_code == 200
+
+
+def test_a_server_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
+    not_a_model = tmp_path / "not-a-model"
+    not_a_model.mkdir()
+    (not_a_model / "config.json").write_text("{}")
+    with pytest.raises(ServerStartError) as failure:
+        start_builtin_server(BuiltinServerSettings(model=not_a_model), log_path=tmp_path / "server.log", timeout=60)
+    assert "exited with code" in str(failure.value)
+    assert "Error" in str(failure.value) and "log" in str(failure.value)
+
+
+def test_server_process_stops_its_process_group(tmp_path: Path) -> None:
+    sleeper = ServerProcess([sys.executable, "-c", "import time; time.sleep(600)"], port=free_port(),
+                            log_path=tmp_path / "sleep.log")  # fmt: skip
+    with sleeper:
+        with pytest.raises(ServerStartError, match="did not answer"):
+            sleeper.wait_ready(timeout=1)
+    assert sleeper.poll() is not None
+    assert sleeper.stop() == sleeper.poll()
+
+
+def test_a_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A `prime eval run` (or any owner) killed with -9 leaves no server behind: the parent-death signal."""
+    owner_code = ("import sys, time; from pathlib import Path; "
+                  "from prime_lab.runs.processes import ServerProcess; "
+                  "p = ServerProcess([sys.executable, '-c', 'import time; time.sleep(600)'], port=1, "
+                  "log_path=Path(sys.argv[1])).start(); print(p.pid, flush=True); time.sleep(600)")
+    owner = subprocess.Popen([sys.executable, "-c", owner_code, str(tmp_path / "server.log")], stdout=subprocess.PIPE,
+                             text=True)
+    assert owner.stdout is not None
+    server = int(owner.stdout.readline())
+    assert pid_alive(server)
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 10
+    while pid_alive(server):
+        assert time.monotonic() < deadline, "the server outlived the process that started it"
+        time.sleep(0.05)
+
+
+def test_prime_serve_runs_the_builtin_server_in_the_foreground(tiny_model_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    prime = [sys.executable, "-c", "from prime_lab.workbench.cli.app import main; main()"]
+    serve = ServerProcess([*prime, "serve", str(tiny_model_dir), "--port", str(port)], port=port,
+                          log_path=tmp_path / "serve.log", name="prime serve")  # fmt: skip
+    with serve.start():
+        serve.wait_ready(timeout=120)
+        models = openai.OpenAI(base_url=serve.base_url, api_key="unused").models.list()
+        assert [m.id for m in models.data] == [tiny_model_dir.name]
+    assert f"http://127.0.0.1:{port}/v1" in (tmp_path / "serve.log").read_text()
+
+
+def test_prime_serve_explains_a_missing_model_without_a_traceback(tmp_path: Path) -> None:
+    import subprocess
+
+    prime = [sys.executable, "-c", "from prime_lab.workbench.cli.app import main; main()"]
+    result = subprocess.run([*prime, "serve", "no-such-model-anywhere", "--port", str(free_port())],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.startswith("Error: model 'no-such-model-anywhere' is not a preset")
+    assert "Traceback" not in result.stderr
