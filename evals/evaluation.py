@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from prime_lab.envs import (
     Environment,
@@ -34,6 +34,7 @@ from prime_lab.envs import (
     redact,
     replace_system_prompt,
 )
+from prime_lab.problems.schema import ConfigSection
 from prime_lab.problems.validation import Validation, validate_file
 from prime_lab.runs.registry import Run, RunError, RunRegistry
 
@@ -260,14 +261,12 @@ def run_evaluation(
 # ------------------------------------------------------------------------------------------------------------
 # The TOML form of `prime eval run @eval.toml`.
 
-class EvalEnvSection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class EvalEnvSection(ConfigSection):
     id: str
     args: dict[str, Any] = Field(default_factory=dict)
 
 
-class EvalFileConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class EvalFileConfig(ConfigSection):
     env: EvalEnvSection
     model: str | None = None
     num_examples: int = 5

@@ -9,23 +9,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 
+from prime_lab.problems.schema import ConfigSection
 from prime_lab.problems.validation import CheckContext, Validation, validate_file, validate_toml
 
 DEFAULT_MODEL = "smollm2-135m"
 
 
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class GepaEnvSection(Section):
+class GepaEnvSection(ConfigSection):
     id: str = Field(description="Environment id: `owner/name` or a built-in name.")
     args: dict[str, Any] = Field(default_factory=dict, description="Arguments passed to load_environment().")
 
 
-class GepaSearchSection(Section):
+class GepaSearchSection(ConfigSection):
     max_calls: int = Field(default=500, ge=1, validation_alias=AliasChoices("max_calls", "max_metric_calls"),
                            description="Metric-call budget (one rollout each), a hard cap; the seed's validation "
                                        "counts.")
@@ -47,7 +44,7 @@ class GepaSearchSection(Section):
     max_merge_invocations: int = Field(default=5, ge=0)
 
 
-class GepaConfig(Section):
+class GepaConfig(ConfigSection):
     env: GepaEnvSection
     model: str = Field(default=DEFAULT_MODEL, description="Task model: a local preset/path or a served name.")
     reflection_model: str | None = Field(default=None, description="Proposes new prompts (default: the model).")

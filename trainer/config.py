@@ -15,20 +15,15 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
+from prime_lab.problems.schema import ConfigSection
 from prime_lab.problems.validation import CheckContext, Validation, validate_file, validate_toml
 
 ENV_ID_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
 TAILSCALE_HOSTNAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,29}$")
 
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
-
-
-class Section(BaseModel):
-    # strict: TOML has real types, so "16" for an int, 1.5 for an int or true for a number is a mistake to report,
-    # not something to coerce (ints are still accepted where a float is expected).
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_default=True, strict=True)
 
 
 def _num_examples(value: int) -> int:
@@ -49,7 +44,7 @@ def _one_table_as_list(value: Any) -> Any:
     return [value] if isinstance(value, dict) else value
 
 
-class EnvConfig(Section):
+class EnvConfig(ConfigSection):
     id: str = Field(description="Environment id: `owner/name` (Environments Hub style) or a bare local name.")
     args: dict[str, Any] = Field(default_factory=dict, description="Arguments passed to load_environment().")
     name: str | None = Field(default=None, description="Display name for this environment in metrics.")
@@ -62,7 +57,7 @@ class EnvConfig(Section):
     _id = field_validator("id")(_env_id)
 
 
-class SamplingConfig(Section):
+class SamplingConfig(ConfigSection):
     max_tokens: int = Field(ge=1, description="Maximum tokens the model can generate per response turn.")
     temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature (>= 0).")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling probability mass.")
@@ -78,13 +73,13 @@ class SamplingConfig(Section):
         return [value] if isinstance(value, str) else value
 
 
-class WandbConfig(Section):
+class WandbConfig(ConfigSection):
     project: str | None = Field(default=None, description="W&B project name.")
     name: str | None = Field(default=None, description="W&B run name.")
     entity: str | None = Field(default=None, description="W&B team/entity.")
 
 
-class EvalEnvConfig(Section):
+class EvalEnvConfig(ConfigSection):
     id: str = Field(description="Environment id to evaluate: `owner/name` or a bare local name.")
     args: dict[str, Any] = Field(default_factory=dict, description="Arguments passed to load_environment().")
     name: str | None = Field(default=None, description="Display name in eval metrics.")
@@ -99,7 +94,7 @@ class EvalEnvConfig(Section):
         return None if value is None else _num_examples(value)
 
 
-class EvalConfig(Section):
+class EvalConfig(ConfigSection):
     interval: int = Field(default=100, ge=0, description="Evaluate every N steps (0: only at the end).")
     num_examples: int = Field(default=-1, description="Eval examples per environment (-1 = all).")
     rollouts_per_example: int = Field(default=1, ge=1)
@@ -110,7 +105,7 @@ class EvalConfig(Section):
     _env_list = field_validator("env", mode="before")(_one_table_as_list)
 
 
-class ValConfig(Section):
+class ValConfig(ConfigSection):
     num_examples: int = Field(default=64, description="Validation examples per check (-1 = all).")
     rollouts_per_example: int = Field(default=1, ge=1)
     interval: int = Field(default=5, ge=0, description="Validate every N steps (0: never).")
@@ -118,7 +113,7 @@ class ValConfig(Section):
     _num = field_validator("num_examples")(_num_examples)
 
 
-class BufferConfig(Section):
+class BufferConfig(ConfigSection):
     online_difficulty_filtering: bool = False
     easy_threshold: Fraction = 0.8
     hard_threshold: Fraction = 0.2
@@ -128,20 +123,20 @@ class BufferConfig(Section):
     seed: int = 42
 
 
-class DifficultyFilterConfig(Section):
+class DifficultyFilterConfig(ConfigSection):
     enabled: bool = False
     min_reward_variance: float = Field(default=0.0, ge=0.0)
     max_reward: float = 1.0
     min_reward: float = 0.0
 
 
-class KLPenaltyConfig(Section):
+class KLPenaltyConfig(ConfigSection):
     enabled: bool = False
     target_kl: float | None = Field(default=None, gt=0.0)
     beta: float = Field(default=0.1, ge=0.0)
 
 
-class LoraConfig(Section):
+class LoraConfig(ConfigSection):
     enabled: bool = Field(default=True, description="false = full fine-tuning (every weight; learning rate ~1e-6).")
     r: int = Field(default=16, ge=1, description="LoRA rank.")
     alpha: float = Field(default=16, gt=0, description="LoRA alpha (same setting as top-level lora_alpha).")
@@ -163,24 +158,24 @@ class LoraConfig(Section):
         return self
 
 
-class CheckpointsConfig(Section):
+class CheckpointsConfig(ConfigSection):
     interval: int | None = Field(default=None, ge=0, description="Checkpoint every N steps (local default 10).")
     keep_cloud: int = Field(default=5, ge=-1, description="Checkpoints kept (hosted: in cloud storage; locally: in the "
                             "run directory, the newest; -1 = all).")
 
 
-class AdaptersConfig(Section):
+class AdaptersConfig(ConfigSection):
     """Which published policy versions stay on disk: adapters/step_N, or weights/step_N with full fine-tuning."""
 
     interval: int = Field(default=0, ge=0, description="Keep an adapter every N steps (0: only the final one).")
     keep_last: int = Field(default=3, ge=-1, description="Adapters kept (-1 = all).")
 
 
-class InfrastructureConfig(Section):
+class InfrastructureConfig(ConfigSection):
     compute_size: Literal["S", "M", "L"] = "M"
 
 
-class TailscaleConfig(Section):
+class TailscaleConfig(ConfigSection):
     enabled: bool = False
     auth_key: str | None = None
     hostname_prefix: str = "prime-hosted-training"
@@ -201,7 +196,7 @@ class TailscaleConfig(Section):
         return value
 
 
-class InferenceConfig(Section):
+class InferenceConfig(ConfigSection):
     backend: Literal["auto", "builtin", "vllm", "external"] = Field(
         default="auto", description="Sampler engine: auto, builtin (transformers), vllm, or external (base_url).")
     base_url: str | None = Field(default=None, description="OpenAI-compatible URL when backend = external.")
@@ -224,7 +219,7 @@ class InferenceConfig(Section):
     startup_timeout: float = Field(default=600.0, gt=0.0, description="Seconds to wait for the server.")
 
 
-class TrainerConfig(Section):
+class TrainerConfig(ConfigSection):
     micro_batch_size: int | None = Field(
         default=None, ge=1, description="Samples per forward/backward pass at most (a packed row); default: as many "
         "as fit in micro_batch_tokens.")
@@ -267,7 +262,7 @@ class TrainerConfig(Section):
                                     "machine, 29500 across several).")
 
 
-class TeacherSamplingConfig(Section):
+class TeacherSamplingConfig(ConfigSection):
     max_tokens: int | None = Field(default=None, ge=1, description="Teacher's max tokens per turn (loss = \"sft\"; "
                                    "default: [sampling].max_tokens).")
     temperature: float | None = Field(default=None, ge=0.0, description="Teacher's sampling temperature (default: "
@@ -277,7 +272,7 @@ class TeacherSamplingConfig(Section):
     reasoning_effort: Literal["low", "medium", "high"] | None = None
 
 
-class TeacherClientConfig(Section):
+class TeacherClientConfig(ConfigSection):
     base_url: str | None = Field(default=None, description="An OpenAI-compatible endpoint serving the teacher "
                                  "(default: a local sampler the run starts).")
     api_key_var: str = Field(default="OPENAI_API_KEY", description="Env var holding the endpoint's API key.")
@@ -286,7 +281,7 @@ class TeacherClientConfig(Section):
     skip_model_check: bool = Field(default=False, description="Do not ask the endpoint whether it serves the model.")
 
 
-class TeacherConfig(Section):
+class TeacherConfig(ConfigSection):
     model: str = Field(description="Teacher model: a preset, a Hugging Face id, a local path or an SFT run id (a local "
                        "sampler serves it), or the model name at [teacher.client].base_url.")
     sampling: TeacherSamplingConfig = Field(default_factory=TeacherSamplingConfig)
@@ -295,7 +290,7 @@ class TeacherConfig(Section):
         default="auto", description="Engine of the local teacher sampler (prime-lab only; like [inference].backend).")
 
 
-class RLConfig(Section):
+class RLConfig(ConfigSection):
     # Core (required)
     model: str = Field(validation_alias=AliasChoices("model", "model_name"),
                        description="Model: a preset (`prime rl models`), a Hugging Face id or a local path.")

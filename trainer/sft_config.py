@@ -17,13 +17,13 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
+from prime_lab.problems.schema import ConfigSection
 from prime_lab.problems.validation import CheckContext, Validation, validate_file, validate_toml
 from prime_lab.trainer.config import (
     AdaptersConfig,
     CheckpointsConfig,
     KLPenaltyConfig,
     LoraConfig,
-    Section,
     TrainerConfig,
     WandbConfig,
 )
@@ -31,7 +31,7 @@ from prime_lab.trainer.config import (
 DEFAULT_DATASET = "PrimeIntellect/Reverse-Text-SFT"  # prime-rl's default [data] name
 
 
-class LossMaskConfig(Section):
+class LossMaskConfig(ConfigSection):
     """Which messages' tokens are trained on, by role (prime-rl's default: the assistant's only)."""
 
     system: bool = False
@@ -40,14 +40,14 @@ class LossMaskConfig(Section):
     tool: bool = False
 
 
-class DataSourceConfig(Section):
+class DataSourceConfig(ConfigSection):
     dataset: str = Field(description="A local file or folder (jsonl, json, parquet, a `datasets` folder) or a "
                          "Hugging Face dataset id in the local cache.")
     subsets: list[str] | None = Field(default=None, description="Dataset configurations (Hub datasets).")
     splits: list[str] | None = Field(default=None, description="Splits (default: [data].splits).")
 
 
-class DataConfig(Section):
+class DataConfig(ConfigSection):
     type: Literal["sft"] = Field(default="sft", description="prime-rl's data kind; only sft here.")
     name: str | None = Field(default=None, description="A local file or folder (jsonl, json, parquet, a `datasets` "
                              "folder) or a Hugging Face dataset id in the local cache (default: "
@@ -72,21 +72,21 @@ class DataConfig(Section):
                                  splits=s.splits if s.splits is not None else self.splits) for s in sources]
 
 
-class ValDataConfig(Section):
+class ValDataConfig(ConfigSection):
     name: str | None = Field(default=None, description="Validation dataset (default: the training dataset).")
     source: list[DataSourceConfig] = Field(default_factory=list)
     subsets: list[str] | None = None
     splits: list[str] = Field(default_factory=lambda: ["validation"], description="Splits to validate on.")
 
 
-class SFTValConfig(Section):
+class SFTValConfig(ConfigSection):
     interval: int = Field(default=0, ge=0, description="Validate every N steps (0: only at the end).")
     eval_on_start: bool = Field(default=False, description="Also validate before step 1.")
     num_examples: int | None = Field(default=None, ge=1, description="Validation examples (default: all).")
     data: ValDataConfig = Field(default_factory=ValDataConfig)
 
 
-class ModelSection(Section):
+class ModelSection(ConfigSection):
     """prime-rl's `[model]` table; `model = "..."` is the same as `[model] name = "..."`."""
 
     name: str = Field(description="Model: a preset (`prime rl models`), a Hugging Face id, a local path, or a "
@@ -94,7 +94,7 @@ class ModelSection(Section):
     lora: LoraConfig | None = Field(default=None, description="prime-rl's [model.lora] (alternative to [lora]).")
 
 
-class OptimConfig(Section):
+class OptimConfig(ConfigSection):
     lr: float | None = Field(default=None, gt=0.0, description="Learning rate (alternative to learning_rate).")
     weight_decay: float | None = Field(default=None, ge=0.0, description="AdamW weight decay (alternative to "
                                        "[trainer].weight_decay).")
@@ -102,18 +102,18 @@ class OptimConfig(Section):
                                    "[trainer].max_grad_norm).")
 
 
-class CkptConfig(Section):
+class CkptConfig(ConfigSection):
     interval: int | None = Field(default=None, ge=0, description="Checkpoint every N steps (alternative to "
                                  "[checkpoints].interval).")
     keep_last: int | None = Field(default=None, ge=-1, description="Checkpoints kept (alternative to "
                                   "[checkpoints].keep_cloud).")
 
 
-class MonitorsConfig(Section):
+class MonitorsConfig(ConfigSection):
     wandb: WandbConfig | None = None
 
 
-class SFTConfig(Section):
+class SFTConfig(ConfigSection):
     model: ModelSection = Field(validation_alias=AliasChoices("model", "model_name"))
     max_steps: int = Field(ge=1, description="Training steps (the data loops until then).")
     learning_rate: float = Field(default=1e-4, gt=0.0)

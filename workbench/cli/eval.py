@@ -6,24 +6,27 @@ difference; and the verbs on evaluations: list, get, samples, logs, stop, delete
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
+from prime_lab.evals.launcher import DEFAULT_MODEL
 from prime_lab.workbench.cli import run_views
 from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, config_path, err, fail, print_json
 from prime_lab.workbench.cli.render import live_output, print_table, progress_console
 from prime_lab.workbench.cli.run_verbs import add_run_verbs
 
 if TYPE_CHECKING:
+    from prime_lab.envs import Environment, Rollout
     from prime_lab.evals.compare import Comparison
     from prime_lab.evals.evaluation import SystemPrompt
+    from prime_lab.evals.launcher import EvalJob, OnProgress
     from prime_lab.evals.policies import TrainedPolicy
 
 eval_app = typer.Typer(help="Evaluate models on environments.", no_args_is_help=True)
-
-DEFAULT_MODEL = "smollm2-135m"
 
 
 def _json_arg(value: str | None, flag: str) -> dict[str, Any]:
@@ -36,19 +39,6 @@ def _json_arg(value: str | None, flag: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         fail(f"{flag} must be a JSON object, not {type(data).__name__}")
     return data
-
-
-def _sampling(sampling_json: dict[str, Any], max_tokens: int | None, temperature: float | None) -> Any:
-    from prime_lab.envs import SamplingArgs
-
-    known = {"max_tokens", "temperature", "top_p", "stop", "seed"}
-    args = SamplingArgs(**{k: v for k, v in sampling_json.items() if k in known})
-    args.extra_body = {k: v for k, v in sampling_json.items() if k not in known}
-    if max_tokens is not None:
-        args.max_tokens = max_tokens
-    if temperature is not None:
-        args.temperature = temperature
-    return args
 
 
 @eval_app.command("run")
@@ -79,156 +69,89 @@ def run(
 ) -> None:
     """Evaluate MODEL on ENV: results.jsonl, metadata.json, and a difficulty report for RL."""
     from prime_lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
+    from prime_lab.evals import launcher
     from prime_lab.workbench.cli.secret import inject_secrets
 
-    settings: dict[str, Any] = {"env": env, "model": model, "num_examples": num_examples, "rollouts": rollouts,
-                                "env_args": _json_arg(env_args, "-a/--env-args"),
-                                "sampling": _json_arg(sampling_args, "-S/--sampling-args"),
-                                "base_url": base_url, "adapter": adapter, "system_prompt_file": system_prompt_file}
+    given_env_args = _json_arg(env_args, "-a/--env-args")
+    given_sampling = _json_arg(sampling_args, "-S/--sampling-args")
     if env.startswith("@") or env.endswith(".toml"):
-        settings.update(_from_toml(config_path(env), adapter=adapter, system_prompt_file=system_prompt_file))
-    env_id = settings["env"]
+        # the file's settings; --adapter and --system-prompt-file given on the command line win over its own
+        job = _read_config(config_path(env))
+        job.adapter = adapter or job.adapter
+        job.system_prompt_file = system_prompt_file or job.system_prompt_file
+    else:
+        job = launcher.EvalJob(env_id=env, model=model, env_args=given_env_args, num_examples=num_examples,
+                               rollouts_per_example=rollouts, sampling=given_sampling, base_url=base_url,
+                               adapter=adapter, system_prompt_file=system_prompt_file)
+    job.max_tokens, job.temperature, job.max_concurrent = max_tokens, temperature, concurrency
+    job.api_key_var, job.seed = api_key_var, seed
     if num_examples == 0 or num_examples < -1:
         fail("-n/--num-examples must be -1 (all) or at least 1")
     if backend not in ("builtin", "vllm"):
         fail("--backend must be builtin or vllm")
-    policy, prompt = _policy(settings), _system_prompt(settings)
+    try:
+        policy, prompt = launcher.trained_policy(job), launcher.system_prompt(job)
+    except launcher.EvalLaunchError as exc:
+        fail(str(exc))
     try:
         load_env_files(env_file)
-        inject_secrets([env_id])  # `prime secret`: under the shell's variables and --env-file's
-        environment = load_environment(env_id, **settings["env_args"])
+        inject_secrets([job.env_id])  # `prime secret`: under the shell's variables and --env-file's
+        environment = load_environment(job.env_id, **job.env_args)
     except (EnvironmentLoadError, MissingKeyError) as exc:
         fail(str(exc))
-    model_name = settings["model"] or (policy.base_model if policy is not None else DEFAULT_MODEL)
-    _evaluate(environment, env_id, model_name, settings, concurrency=concurrency, api_key_var=api_key_var,
-              sampling=_sampling(settings["sampling"], max_tokens, temperature), seed=seed, output_dir=output_dir,
-              backend=backend, verbose=verbose, policy=policy, prompt=prompt)
+    _evaluate(job, environment, policy=policy, prompt=prompt, output_dir=output_dir, backend=backend, verbose=verbose)
 
 
-def _policy(settings: dict[str, Any]) -> TrainedPolicy | None:
-    """The trained policy `--adapter` names (None without it); refuses -b and a -m other than the run's base."""
-    from prime_lab.evals.policies import PolicyNotFoundError, resolve_policy
+def _read_config(path: Path) -> EvalJob:
+    from prime_lab.evals.launcher import EvalConfigError, read_config
 
-    if not settings["adapter"]:
-        return None
-    if settings["base_url"]:
-        fail("--adapter starts a local sampler with the run's policy loaded: leave out -b (to use your own server, "
-             "load the adapter there and give -b with -m ADAPTER_NAME)")
     try:
-        return resolve_policy(settings["adapter"], settings["model"])
-    except PolicyNotFoundError as exc:
+        return read_config(path)
+    except EvalConfigError as exc:
+        for problem in exc.problems:
+            err(problem.format())
         fail(str(exc))
 
 
-def _system_prompt(settings: dict[str, Any]) -> SystemPrompt | None:
-    from prime_lab.evals.evaluation import SystemPromptError, read_system_prompt
+def _evaluate(job: EvalJob, environment: Environment, *, policy: TrainedPolicy | None, prompt: SystemPrompt | None,
+              output_dir: Path | None, backend: str, verbose: bool) -> None:
+    from prime_lab.evals.launcher import EvalLaunchError, create_run, evaluate
+    from prime_lab.runs.registry import RunStopped
 
-    if not settings["system_prompt_file"]:
-        return None
+    target, out = create_run(job, policy, output_dir=output_dir)
     try:
-        return read_system_prompt(settings["system_prompt_file"])
-    except SystemPromptError as exc:
-        fail(str(exc))
-
-
-def _from_toml(path: Path, *, adapter: str | None, system_prompt_file: str | None) -> dict[str, Any]:
-    """The file's settings; `--adapter` and `--system-prompt-file` given on the command line win over its own."""
-    from prime_lab.evals.evaluation import EvalFileConfig, validate_eval_file
-
-    result = validate_eval_file(path)
-    for problem in result.problems:
-        err(problem.format())
-    if not result.ok or result.config is None:
-        fail(f"invalid eval config {path}")
-    cfg: EvalFileConfig = result.config
-    beside = path.parent / cfg.system_prompt_file if cfg.system_prompt_file else None
-    if beside is not None and beside.is_file():
-        cfg.system_prompt_file = str(beside)
-    return {"env": cfg.env.id, "env_args": cfg.env.args, "model": cfg.model, "num_examples": cfg.num_examples,
-            "rollouts": cfg.rollouts_per_example, "sampling": cfg.sampling, "base_url": cfg.base_url,
-            "adapter": adapter or cfg.adapter, "system_prompt_file": system_prompt_file or cfg.system_prompt_file}
-
-
-def _evaluate(environment: Any, env_id: str, model_name: str, settings: dict[str, Any], *, concurrency: int,
-              api_key_var: str, sampling: Any, seed: int | None, output_dir: Path | None, backend: str,
-              verbose: bool, policy: TrainedPolicy | None = None, prompt: SystemPrompt | None = None) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from prime_lab.evals.evaluation import EvalSpec, default_output_dir, run_evaluation
-    from prime_lab.evals.policies import start_policy_sampler
-    from prime_lab.inference.launch import start_run_sampler
-    from prime_lab.inference.vllm import AdapterLoadError, VLLMNotInstalledError
-    from prime_lab.models import ModelNotFoundError
-    from prime_lab.runs.processes import ServerStartError
-    from prime_lab.runs.registry import RunRegistry, RunStopped, working
-
-    run = RunRegistry().create("eval", config_text=json.dumps(settings, indent=2), resolved=settings,
-                               name=f"eval {env_id}", model=model_name, envs=[env_id])
-    evaluated = policy.name if policy is not None else model_name
-    out = output_dir or default_output_dir(env_id, evaluated, run.id)
-    run.update_status(output_dir=str(out.resolve()), **({"adapter": policy.name} if policy is not None else {}))
-    what = f"{model_name} with {policy.run_id}'s {policy.source}" if policy is not None else model_name
-    err(f"Evaluation {run.id}: {env_id} on {what}" + (f", system prompt from {prompt.path}" if prompt else "")
-        + f" -> {out}")
-    try:
-        with working(run, "eval") as cleanup:
-            base_url = settings["base_url"]
-            served = model_name
-            if policy is not None:
-                sampler = start_policy_sampler(policy, run, backend, announce=err)
-                cleanup.callback(sampler.stop)
-                base_url, served = sampler.base_url, policy.name
-            elif base_url is None:
-                sampler = start_run_sampler(model_name, run, backend, announce=err)
-                cleanup.callback(sampler.stop)
-                base_url, served = sampler.base_url, sampler.model_name
-            records = {"base_model": policy.base_model if policy is not None else model_name,
-                       "policy": policy.metadata() if policy is not None else None,
-                       "system_prompt": prompt.metadata() if prompt is not None else None}
-            spec = EvalSpec(env_id=env_id, model=served, base_url=base_url, env_args=settings["env_args"],
-                            num_examples=settings["num_examples"], rollouts_per_example=settings["rollouts"],
-                            sampling=sampling, max_concurrent=concurrency,
-                            api_key_var=api_key_var if settings["base_url"] else None, seed=seed,
-                            system_prompt=prompt.text if prompt is not None else None, metadata=records)
-            run.set_state("running", source="eval")
-            columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("avg reward {task.fields[avg]:.3f}"), TimeElapsedColumn())
-            with Progress(*columns, transient=False, disable=not live_output(),
-                          console=progress_console()) as progress:
-                task = progress.add_task("rollouts", total=None, avg=0.0)
-                rewards: list[float] = []
-
-                def on_progress(done: int, total: int, rollout: Any) -> None:
-                    rewards.append(rollout.reward)
-                    progress.update(task, completed=done, total=total, avg=sum(rewards) / len(rewards))
-                    if verbose:
-                        err(f"[{done}/{total}] example {rollout.example_id}: reward {rollout.reward:.3f}"
-                            + (f"  error: {rollout.error.splitlines()[0]}" if rollout.error else ""))
-
-                result = run_evaluation(spec, out, run=run, env=environment, on_progress=on_progress)
+        result = evaluate(target, out, job, environment, policy=policy, prompt=prompt, backend=backend,
+                          progress=_progress_bar(verbose), announce=err)
     except RunStopped:
-        err(f"{run.id} stopped; results so far are in {out}")
+        err(f"{target.id} stopped; results so far are in {out}")
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
-        err(f"{run.id} interrupted; results so far are in {out}")
+        err(f"{target.id} interrupted; results so far are in {out}")
         raise typer.Exit(130) from None
-    except ModelNotFoundError as exc:
-        run.set_state("failed", source="eval", reason=str(exc))
+    except EvalLaunchError as exc:
         fail(str(exc))
-    except (ServerStartError, VLLMNotInstalledError) as exc:
-        run.set_state("failed", source="eval", reason=f"the sampler did not start: {exc}")
-        fail(f"the local sampler did not start:\n{exc}")
-    except AdapterLoadError as exc:
-        run.set_state("failed", source="eval", reason=f"the sampler did not load the policy: {exc}")
-        fail(f"the local sampler did not load {policy.run_id}'s {policy.source}:\n{exc}" if policy is not None
-             else str(exc))
-    if result.rollouts and result.failed == len(result.rollouts):
-        first = next(r.error for r in result.rollouts if r.error)
-        reason = f"every rollout failed; the first error: {(first or '').splitlines()[0]}"
-        run.set_state("failed", source="eval", reason=reason)
-        fail(f"{reason}\n(is the endpoint {spec.base_url} up and serving model '{spec.model}'?)")
     _summarise(result)
-    run.set_state("completed", source="eval")
+
+
+@contextmanager
+def _progress_bar(verbose: bool) -> Iterator[OnProgress]:
+    """A bar of the rollouts done and their average reward (on a terminal); -v prints each rollout's reward too."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("avg reward {task.fields[avg]:.3f}"), TimeElapsedColumn())
+    with Progress(*columns, transient=False, disable=not live_output(), console=progress_console()) as progress:
+        task = progress.add_task("rollouts", total=None, avg=0.0)
+        rewards: list[float] = []
+
+        def on_progress(done: int, total: int, rollout: Rollout) -> None:
+            rewards.append(rollout.reward)
+            progress.update(task, completed=done, total=total, avg=sum(rewards) / len(rewards))
+            if verbose:
+                err(f"[{done}/{total}] example {rollout.example_id}: reward {rollout.reward:.3f}"
+                    + (f"  error: {rollout.error.splitlines()[0]}" if rollout.error else ""))
+
+        yield on_progress
 
 
 def _summarise(result: Any) -> None:
