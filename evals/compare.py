@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prime_lab.runs.display import one_line
 from prime_lab.runs.registry import RunError, RunRegistry
 
 RESAMPLES = 10_000
@@ -189,8 +190,8 @@ def compare(evaluations: Sequence[Evaluation], *, resamples: int = RESAMPLES, se
             key = differ[0]
             raise ComparisonError(
                 f"{len(differ)} of the {len(shared)} examples {first.source} and {other.source} share by example_id "
-                f"ask different things (example {key[1]}: {_one_line(first.asks.get(key, ''), 80)!r} vs "
-                f"{_one_line(other.asks.get(key, ''), 80)!r}): they are not the same examples (different "
+                f"ask different things (example {key[1]}: {one_line(first.asks.get(key, ''), 80)!r} vs "
+                f"{one_line(other.asks.get(key, ''), 80)!r}): they are not the same examples (different "
                 "environment args?)")
     names = _names(shared)
     notes: list[str] = []
@@ -293,7 +294,7 @@ def load_evaluation(source: str | Path, registry: RunRegistry | None = None) -> 
         errors += bool(row.get("error"))
         if key not in asks:
             asks[key] = json.dumps(_without_system(row.get("prompt")), sort_keys=True)
-            excerpts[key] = _one_line(_last_user(row.get("prompt")), EXCERPT)
+            excerpts[key] = one_line(_last_user(row.get("prompt")), EXCERPT)
     if not by_example:
         raise ComparisonError(f"{source}: {path / 'results.jsonl'} holds no scored rollout")
     policy = metadata.get("policy") if isinstance(metadata.get("policy"), dict) else None
@@ -328,11 +329,6 @@ def _last_user(prompt: Any) -> str:
     if isinstance(content, list):  # content parts
         return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return str(content or "")
-
-
-def _one_line(text: str, width: int) -> str:
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
 def _ordered(rewards: dict[ExampleKey, float]) -> list[ExampleKey]:

@@ -13,7 +13,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from prime_lab.runs.registry import RunError, RunRegistry
-from prime_lab.workbench.launch import LaunchError, find_run, launch
+from prime_lab.workbench.launch import LaunchError, launch, wait_for_run
 
 STYLES = Path(__file__).parent / "styles"
 
@@ -95,10 +95,10 @@ class LabApp(App[None]):
         """The page of run `run_id`, or None (the error shown)."""
         if run_id is None:
             return None
-        from prime_lab.workbench.screens.run import run_screen
+        from prime_lab.workbench.screens.run_pages import page_for
 
         try:
-            return run_screen(self.registry.get(run_id))
+            return page_for(self.registry.get(run_id))
         except RunError as exc:
             self.report(str(exc))
             return None
@@ -110,7 +110,7 @@ class LabApp(App[None]):
 
     def _launch(self, argv: list[str]) -> None:
         launched = launch(argv, cwd=self.settings.root)
-        run = find_run(launched, self.registry)
+        run = wait_for_run(launched, self.registry)
         self.call_from_thread(self.open_run, run.id)
 
     # Errors: one handler ------------------------------------------------------------------------------------

@@ -99,7 +99,8 @@ def launch(argv: list[str], *, cwd: Path | None = None, log_dir: Path | None = N
     return Launched(process.pid, log_path, argv, process)
 
 
-def find_run(launched: Launched, registry: RunRegistry, *, timeout: float = 120.0, poll: float = 0.1) -> Run:
+def wait_for_run(launched: Launched, registry: RunRegistry, *, timeout: float = 120.0,
+                 poll: float = 0.1) -> Run:
     """The run the launched process registered (its pid is one of the run's processes). Blocks: call in a worker.
 
     `prime rl run` (and `prime sft run`) builds a model preset met for the first time before it creates the run

@@ -218,11 +218,11 @@ def test_bad_configs_and_models_fail_before_a_run_exists(tmp_path: Path) -> None
 
 
 def test_the_workbench_launch_path_starts_an_rl_run(learnable_model_dir: Path, tmp_path: Path) -> None:
-    from prime_lab.workbench.launch import config_argv, find_run, launch
+    from prime_lab.workbench.launch import config_argv, launch, wait_for_run
 
     config = write_config(tmp_path / "rl.toml", learnable_model_dir, steps=3)
     launched = launch(config_argv("rl", config))
-    run = find_run(launched, RunRegistry())
+    run = wait_for_run(launched, RunRegistry())
     assert wait_final(run)["state"] == "completed"
     assert [e.step for e in run.event_log().events() if isinstance(e, Event) and e.kind == "metrics"
             and e.source == "trainer"] == [1, 2, 3]

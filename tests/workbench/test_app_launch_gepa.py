@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from prime_lab.runs.registry import RunRegistry
-from prime_lab.workbench.launch import config_argv, find_run, launch
+from prime_lab.workbench.launch import config_argv, launch, wait_for_run
 from tests.gepa.reflection_standin import reflection_standin
 
 
@@ -27,7 +27,7 @@ def test_a_gepa_config_launched_from_the_workbench_completes(builtin_server: Any
         assert argv == ["gepa", "run", f"@{config}"]
         launched = launch(argv, cwd=tmp_path)
         try:
-            run = find_run(launched, RunRegistry(), timeout=60)
+            run = wait_for_run(launched, RunRegistry(), timeout=60)
             assert run.dir.parent == lab_home / "runs"
             assert run.read_status().get("kind") == "gepa"
             deadline = time.monotonic() + 120

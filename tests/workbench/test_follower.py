@@ -12,9 +12,10 @@ import time
 
 from prime_lab.runs.events import BadLine
 from prime_lab.runs.registry import Run, RunRegistry
+from prime_lab.workbench.dashboards.event_folds import RawEvent
 from prime_lab.workbench.dashboards.files import MAX_READ
 from prime_lab.workbench.dashboards.follower import RunFollower
-from prime_lab.workbench.dashboards.rl_model import RawEvent, RLRunModel
+from prime_lab.workbench.dashboards.rl_model import RLRunModel
 
 
 class ModelTarget:

@@ -53,23 +53,6 @@ def when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "-"
 
 
-def duration(seconds: float | None) -> str:
-    """`45s`, `3m 40s`, `2h 05m`, `1d 3h`: as long as a person needs, no longer."""
-    if seconds is None:
-        return "-"
-    whole = max(0, round(seconds))
-    if whole < 60:
-        return f"{whole}s"
-    minutes, secs = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h {minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d {hours}h"
-
-
 def size(num_bytes: int) -> str:
     value = float(num_bytes)
     for unit in ("B", "KiB", "MiB", "GiB"):

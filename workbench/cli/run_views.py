@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from prime_lab.runs.display import duration, one_line
 from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, err, fail, print_json
-from prime_lab.workbench.cli.render import duration, is_plain, number, print_table, size, steps_of, when
+from prime_lab.workbench.cli.render import is_plain, number, print_table, size, steps_of, when
 
 if TYPE_CHECKING:
     from prime_lab.runs.events import Event
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 RUN_ID = typer.Argument(..., help="Run id (or a unique prefix).")
 RATE_WINDOW = 10  # the last steps the time per step (and so the ETA) is measured over
+ROLLOUT_LINE = 160  # characters of a rollout's prompt, completion, answer or error shown
 # The metrics table's columns (what fits 80 columns); a run that logs none of them shows its first few names.
 TABLE_METRICS = ("reward/mean", "policy/entropy", "policy/kl", "loss", "perf/tokens_per_s")
 # an SFT run's (prime-rl's names)
@@ -200,11 +202,6 @@ def step_ranges(steps: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-def _one_line(text: Any, width: int = 160) -> str:
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= width else flat[: width - 1] + "…"
-
-
 def _last_content(messages: Any, role: str | None = None) -> str:
     """The content of the last message (of `role`); a plain string stays as it is."""
     if isinstance(messages, str):
@@ -256,9 +253,9 @@ def rollouts_text(title: str, rows: list[dict[str, Any]]) -> str:
         prompt = _last_content(row.get("prompt"), "user") or _last_content(row.get("prompt"))
         lines += ["", f"#{i}  {row.get('env') or row.get('task') or '-'}  {row.get('example_id', '-')}  reward "
                       f"{number(row.get('reward', '-'))}{advantage}{flags}",
-                  f"    prompt      {_one_line(prompt)}",
-                  f"    completion  {_one_line(_last_content(row.get('completion')))}"]
-        lines += [f"    {key:<11} {_one_line(row[key])}" for key in ("answer", "error")
+                  f"    prompt      {one_line(prompt, ROLLOUT_LINE)}",
+                  f"    completion  {one_line(_last_content(row.get('completion')), ROLLOUT_LINE)}"]
+        lines += [f"    {key:<11} {one_line(row[key], ROLLOUT_LINE)}" for key in ("answer", "error")
                   if row.get(key) not in (None, "")]
     return "\n".join(lines)
 

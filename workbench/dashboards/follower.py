@@ -20,8 +20,8 @@ from typing import Protocol
 
 from prime_lab.runs.events import BadLine, Event
 from prime_lab.runs.registry import Run
+from prime_lab.workbench.dashboards.event_folds import RawEvent
 from prime_lab.workbench.dashboards.files import MAX_READ, read_events
-from prime_lab.workbench.dashboards.rl_model import RawEvent
 
 STATUS_EVERY = 0.5  # seconds between status.json reads while following
 CHUNK = 5000  # events folded per lock hold

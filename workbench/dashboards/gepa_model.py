@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from prime_lab.workbench.dashboards.rl_model import EventFold, RawEvent, is_number
+from prime_lab.workbench.dashboards.event_folds import EventFold, RawEvent, is_number
 from prime_lab.workbench.dashboards.series import DownsampledSeries
 
 MAX_ITERATIONS = 200

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prime_lab.workbench.dashboards.rl_model import MetricsFold, RawEvent
+from prime_lab.workbench.dashboards.event_folds import MetricsFold, RawEvent
 from prime_lab.workbench.dashboards.series import DEFAULT_CAPACITY
 
 TRAIN_LOSS = "loss/mean"

@@ -16,11 +16,12 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, ProgressBar, RichLog, Static, TabbedContent, TabPane
 
+from prime_lab.runs.display import duration
 from prime_lab.runs.events import BadLine
 from prime_lab.runs.registry import FINAL_STATES, Run
+from prime_lab.workbench.dashboards.event_folds import MetricsFold, RawEvent
 from prime_lab.workbench.dashboards.files import read_events
 from prime_lab.workbench.dashboards.follower import cyclic_gc_paused
-from prime_lab.workbench.dashboards.rl_model import MetricsFold, RawEvent
 from prime_lab.workbench.screens.pick_many import PickManyScreen
 from prime_lab.workbench.screens.run import LOG_LINES, DashboardScreen
 from prime_lab.workbench.widgets.alerts_pane import AlertsPane
@@ -31,15 +32,6 @@ M = TypeVar("M", bound=MetricsFold)
 
 CHART_EVERY = 0.25  # seconds between chart redraws while data flows
 CHART_WIDTH = 48  # columns per chart when the grid decides how many fit side by side
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None or seconds < 0:
-        return "-"
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 def human(value: float) -> str:

@@ -18,8 +18,8 @@ from textual_plot import HiResMode, LegendLocation, PlotWidget
 
 from prime_lab.runs.events import BadLine
 from prime_lab.runs.registry import Run
+from prime_lab.workbench.dashboards.event_folds import RawEvent
 from prime_lab.workbench.dashboards.gepa_model import CandidateInfo, GepaRunModel
-from prime_lab.workbench.dashboards.rl_model import RawEvent
 from prime_lab.workbench.screens.run import DashboardScreen
 from prime_lab.workbench.widgets.logs_pane import LogsPane
 

@@ -3,7 +3,8 @@
 (replayed from zero on open), folds new events into the page's model under a lock, and marks it changed; a UI timer
 redraws what changed. Once the replay caught up the page is `live` and draws at once (`CaughtUp`). The evaluation page
 (`EvalRunScreen`) shows status, progress, the event tail and the results; RL, SFT and GEPA runs get their dashboards
-(workbench.screens.dashboard_rl / dashboard_sft / dashboard_gepa). `run_screen(run)` picks the page for a run.
+(workbench.screens.dashboard_rl / dashboard_sft / dashboard_gepa, built on `DashboardScreen`).
+`workbench.screens.run_pages.page_for(run)` picks the page for a run (this module does not import the dashboards).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from textual.worker import get_current_worker
 
 from prime_lab.runs.events import BadLine
 from prime_lab.runs.registry import ACTIVE_STATES, Run
+from prime_lab.workbench.dashboards.event_folds import EventFold, RawEvent
 from prime_lab.workbench.dashboards.files import TextLogs, read_jsonl_from
 from prime_lab.workbench.dashboards.follower import RunFollower
-from prime_lab.workbench.dashboards.rl_model import EventFold, RawEvent
 from prime_lab.workbench.screens.confirm import ConfirmScreen
 from prime_lab.workbench.screens.reporting import ReportingScreen
 from prime_lab.workbench.widgets.logs_pane import LogsPane
@@ -319,20 +320,3 @@ class EvalRunScreen(RunScreen):
             table.add_row(*row)
         self.new_results.clear()
 
-
-def run_screen(run: Run) -> RunScreen:
-    """The page for a run: the RL, SFT or GEPA dashboard, or the evaluation page."""
-    kind = run.read_status().get("kind")
-    if kind == "rl":
-        from prime_lab.workbench.screens.dashboard_rl import RLDashboard
-
-        return RLDashboard(run)
-    if kind == "sft":
-        from prime_lab.workbench.screens.dashboard_sft import SFTDashboard
-
-        return SFTDashboard(run)
-    if kind == "gepa":
-        from prime_lab.workbench.screens.dashboard_gepa import GepaDashboard
-
-        return GepaDashboard(run)
-    return EvalRunScreen(run)

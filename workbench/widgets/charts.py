@@ -13,7 +13,7 @@ from textual.app import RenderResult
 from textual.css.query import NoMatches
 from textual_plot import HiResMode, LegendLocation, PlotWidget
 
-from prime_lab.workbench.dashboards.rl_model import MetricsFold
+from prime_lab.workbench.dashboards.event_folds import MetricsFold
 from prime_lab.workbench.dashboards.series import ema
 
 PALETTE = ("#4EBF71", "#0178D4", "#FFA62B", "#E06C75", "#C678DD", "#56B6C2", "#D19A66", "#98C379")

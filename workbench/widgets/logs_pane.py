@@ -11,7 +11,7 @@ from textual.containers import Vertical
 from textual.widgets import RichLog, Static
 
 from prime_lab.runs.events import LEVELS
-from prime_lab.workbench.dashboards.rl_model import LogLine
+from prime_lab.workbench.dashboards.event_folds import LogLine
 
 ALL = "all"
 LEVEL_STYLE = {"DEBUG": "dim", "WARNING": "yellow", "ERROR": "bold red", "SUCCESS": "green"}
