@@ -34,8 +34,8 @@ import openai  # noqa: E402
 
 from prime_lab.inference.builtin.launcher import BuiltinServer, start_builtin_server  # noqa: E402
 from prime_lab.inference.builtin.server import BuiltinServerSettings  # noqa: E402
+from prime_lab.inference.control import AdapterLoadError  # noqa: E402
 from prime_lab.inference.vllm import (  # noqa: E402
-    AdapterLoadError,
     VLLMNotInstalledError,
     VLLMServer,
     VLLMSettings,

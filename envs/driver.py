@@ -112,7 +112,7 @@ def load(module: str, args: dict[str, Any]) -> Any:
     return loader(module, **args)
 
 
-def split_rows(env: Any, split: str) -> list[dict[str, Any]] | None:
+def dataset_rows(env: Any, split: str) -> list[dict[str, Any]] | None:
     """A split's rows as the release formats them (None when the environment has no such split)."""
     if getattr(env, split, None) is None and getattr(env, f"{split}_source", None) is None:
         return None
@@ -143,7 +143,7 @@ def describe(module: str, args: dict[str, Any]) -> dict[str, Any]:
             "sampling_args": jsonable(dict(getattr(env, "sampling_args", None) or {})),
             "message_type": getattr(env, "message_type", "chat"), "takes_system_prompt": takes_prompt,
             "parser": {"format": str(fmt()) if callable(fmt) else ""}, "rubric": rubric_of(env),
-            "dataset": split_rows(env, "dataset"), "eval_dataset": split_rows(env, "eval_dataset")}
+            "dataset": dataset_rows(env, "dataset"), "eval_dataset": dataset_rows(env, "eval_dataset")}
 
 
 # serve -------------------------------------------------------------------------------------------------------------

@@ -190,10 +190,10 @@ def start_policy_sampler(policy: TrainedPolicy, run: Run, backend: str, *, role:
     An adapter is loaded at runtime into a sampler on the base model; weights are loaded at runtime into a sampler
     on the base model (they come without a tokenizer) that serves them under the policy's name; an SFT run's model
     folder is served as the model. Raises what `inference.launch.start_sampler` raises, and
-    `inference.vllm.AdapterLoadError` (WeightLoadError for weights) when the server refuses the policy; the
+    `inference.control.AdapterLoadError` (WeightLoadError for weights) when the server refuses the policy; the
     server is stopped then."""
+    from prime_lab.inference.control import RuntimeAdapters, RuntimeWeights
     from prime_lab.inference.launch import SamplerOptions, start_sampler
-    from prime_lab.inference.vllm import RuntimeAdapters, RuntimeWeights
 
     log = run.log_path(role)
     if policy.kind == "model":

@@ -12,8 +12,8 @@ def _key(row: dict[str, Any]) -> str:
     return json.dumps(row["prompt"], sort_keys=True, default=str)
 
 
-def split_rows(env: Environment, num_train: int, num_val: int, num_test: int,
-               seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+def train_val_test(env: Environment, num_train: int, num_val: int, num_test: int,
+                   seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Training rows from the environment's dataset; validation and then test rows from its eval dataset (or
     from what is left of the dataset when it has none), never repeating a training prompt."""
     train = env.get_dataset(-1, seed=seed)[:num_train]

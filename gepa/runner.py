@@ -12,7 +12,7 @@ from typing import Any
 
 from prime_lab.envs import Environment, SamplingArgs, isolated, load_environment
 from prime_lab.gepa.config import DEFAULT_MODEL, GepaSearchSection
-from prime_lab.gepa.data_split import split_rows
+from prime_lab.gepa.data_split import train_val_test
 from prime_lab.gepa.engine import EngineConfig, GepaEngine
 from prime_lab.gepa.env_adapter import SYSTEM_PROMPT, Endpoint, EnvironmentAdapter
 from prime_lab.gepa.outputs import STATE_FILE, write_outputs
@@ -89,7 +89,7 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
     if run is not None:  # an environment at its own verifiers release serves this run: its log goes with the run's
         isolated.serve_for(run)
     env = env or load_environment(settings.env_id, **settings.env_args)
-    train, val, test = split_rows(env, settings.num_train, settings.num_val, settings.num_test, settings.seed)
+    train, val, test = train_val_test(env, settings.num_train, settings.num_val, settings.num_test, settings.seed)
     if not train or not val:
         raise ValueError(f"{settings.env_id} gave {len(train)} training and {len(val)} validation rows; "
                          "GEPA needs at least one of each")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from prime_lab.inference.vllm import VLLMNotInstalledError, cuda_available, vllm_installed
+from prime_lab.inference.vllm import VLLMNotInstalledError, vllm_installed
+from prime_lab.runs.hardware import cuda_available
 
 Backend = Literal["builtin", "vllm", "external"]
 BACKENDS = ("auto", "builtin", "vllm", "external")

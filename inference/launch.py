@@ -1,7 +1,7 @@
 """Start a sampler for a job (evaluation, RL, GEPA): the built-in server or vLLM, each as its own process.
 
 Both engines answer the same protocol and return a `RunningServer` (base URL, served model name, stop()). With
-`SamplerOptions.lora` off (full fine-tuning) both take full weights at runtime (`inference.vllm.RuntimeWeights`):
+`SamplerOptions.lora` off (full fine-tuning) both take full weights at runtime (`inference.control.RuntimeWeights`):
 the built-in server always can; vLLM starts with our worker extension and its developer routes. `env` (e.g.
 CUDA_VISIBLE_DEVICES) and `wait=False` let a caller place several servers on their own devices and boot them side
 by side.

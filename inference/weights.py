@@ -4,7 +4,7 @@ A full fine-tuning trainer publishes each policy version as a model folder of Hu
 (`save_pretrained`: `model.safetensors` or shards, beside `config.json`). A running server takes it in place through
 vLLM's developer routes (`VLLM_SERVER_DEV_MODE=1`): `POST /collective_rpc` calling `UPDATE_METHOD` with the folder,
 then `POST /reset_prefix_cache`. In vLLM the method is our worker extension's (`vllm_worker.py`); the built-in server
-answers the same two routes, so one client (`inference.vllm.RuntimeWeights`) drives both engines.
+answers the same two routes, so one client (`inference.control.RuntimeWeights`) drives both engines.
 
 Nothing here imports torch at module import: the vLLM worker extension imports this module in the server process.
 """

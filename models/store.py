@@ -1,25 +1,31 @@
 """Model folders on disk: what counts as one, and writing one atomically.
 
-A model is materialised into a temporary sibling folder and renamed into place only when it is complete, so a
-crash (or Ctrl-C during a 15 s dequantisation) never leaves half a model where a loader would find it.
+A model is materialised into a temporary sibling folder and renamed into place only when it is complete
+(runs/atomic.py's folder publisher), so a crash (or Ctrl-C during a 15 s dequantisation) never leaves half a model
+where a loader would find it.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-PARTIAL_MARK = ".partial-"
+from prime_lab.runs.atomic import staging_leftovers, write_folder_atomic
+
 STALE_PARTIAL_SECONDS = 3600
 
 
 def is_model_folder(path: Path) -> bool:
     """A Hugging Face model folder: a directory with a `config.json`."""
     return path.is_dir() and (path / "config.json").is_file()
+
+
+def holds_full_weights(path: Path) -> bool:
+    """A model folder with its weights as safetensors (what full fine-tuning starts from and publishes), not only a
+    config (a LoRA adapter's base, a folder being written)."""
+    return is_model_folder(path) and any(path.glob("*.safetensors"))
 
 
 def experts_of(path: Path) -> int:
@@ -44,27 +50,22 @@ def materialise(final: Path, build: Callable[[Path], None]) -> Path:
     """
     if is_model_folder(final):
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(final)
-    partial = Path(tempfile.mkdtemp(prefix=f".{final.name}{PARTIAL_MARK}", dir=final.parent))
     try:
-        build(partial)
-        if not is_model_folder(partial):
-            raise RuntimeError(f"building {final.name} wrote no config.json into {partial}")
-        try:
-            os.rename(partial, final)
-        except OSError:
-            if not is_model_folder(final):
-                raise
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+        with write_folder_atomic(final, replace=False) as partial:
+            build(partial)
+            if not is_model_folder(partial):
+                raise RuntimeError(f"building {final.name} wrote no config.json into {partial}")
+    except FileExistsError:
+        if not is_model_folder(final):
+            raise
     return final
 
 
 def _remove_stale_partials(final: Path) -> None:
     """Remove temporary folders that crashed builds of `final` left behind (older than an hour)."""
     cutoff = time.time() - STALE_PARTIAL_SECONDS
-    for leftover in final.parent.glob(f".{final.name}{PARTIAL_MARK}*"):
+    for leftover in staging_leftovers(final):
         try:
             if leftover.stat().st_mtime < cutoff:
                 shutil.rmtree(leftover, ignore_errors=True)

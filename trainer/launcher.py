@@ -30,11 +30,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from prime_lab.inference.backend import BackendChoice
-from prime_lab.inference.vllm import cuda_available
 from prime_lab.models.store import experts_of
 from prime_lab.monitors.alerts import AlertMonitor
 from prime_lab.monitors.wandb_mirror import mirror_argv, wanted
 from prime_lab.runs.events import Event, EventLog
+from prime_lab.runs.hardware import cuda_available, usable_cores, visible_gpus
 from prime_lab.runs.paths import child_python
 from prime_lab.runs.processes import RunningServer, log_tail
 from prime_lab.runs.reaper import ReaperHandle, die_with_parent, start_reaper
@@ -42,7 +42,7 @@ from prime_lab.runs.registry import Run
 from prime_lab.trainer.batch import batch_path
 from prime_lab.trainer.config import InferenceConfig, RLConfig
 from prime_lab.trainer.distributed import NODE_VARIABLES, Topology, TopologyError, topology, torchrun_argv
-from prime_lab.trainer.placement import Placement, PlacementError, plan_gpus, visible_gpus
+from prime_lab.trainer.placement import Placement, PlacementError, plan_gpus
 from prime_lab.trainer.runtime import StopFlag, checkpoint_to_resume, load_run_config, log_both
 from prime_lab.trainer.sft_config import SFTConfig
 from prime_lab.trainer.versions import drop_versions_after, weights_dir
@@ -307,12 +307,10 @@ class Supervisor:
         """On a CPU-only machine with the built-in sampler, the cores split between trainer and sampler: (trainer,
         sampler) thread counts, or (0, 0) to leave both to their defaults (a GPU, vLLM binding its own cores,
         an external sampler, or a user's OMP_NUM_THREADS)."""
-        from prime_lab.inference.vllm import cuda_available
-
         if "OMP_NUM_THREADS" in os.environ or backend != "builtin" or self.config.trainer.device == "cuda" \
                 or cuda_available():
             return 0, 0
-        cores = len(os.sched_getaffinity(0))
+        cores = usable_cores()
         if cores < 2:
             return 0, 0
         return cores // 2, cores - cores // 2

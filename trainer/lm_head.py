@@ -40,7 +40,7 @@ def sampling_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float
     outside the top-p nucleus at -inf. The nucleus is chosen without gradient (the sampled token is always inside
     it); the gradient flows through the kept logits. Temperature 0 (greedy) is left as 1, as the samplers report
     it. The dense form, for tests and for the dense head (`lm_head_chunk_size = 0`)."""
-    from prime_lab.inference.builtin.sampling import keep_top_p
+    from prime_lab.inference.nucleus import keep_top_p
 
     logits = logits.float()
     if _scales(temperature):
@@ -78,17 +78,19 @@ def _nucleus(temperature: float, top_p: float) -> bool:
 
 def nucleus_threshold(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
     """[n, vocab] scaled logits -> [n]: the smallest logit inside each row's top-p nucleus, by the samplers' rule
-    (`keep_top_p`: a token stays while the probability of the tokens ranked above it is at most top_p). A token is
-    in the nucleus iff its logit >= the threshold (up to exact ties at the boundary). Sorted a sub-chunk of rows at
-    a time, so the sort's int64 indices stay small."""
+    (inference/nucleus.py: a token stays while the probability of the tokens ranked above it is at most top_p). A
+    token is in the nucleus iff its logit >= the threshold (up to exact ties at the boundary). Sorted a sub-chunk of
+    rows at a time, so the sort's int64 indices stay small."""
     import torch
+
+    from prime_lab.inference.nucleus import outside_nucleus
 
     rows = max(1, SORT_ELEMENTS // max(1, scaled.shape[-1]))
     out = []
     for part in scaled.split(rows):
         ordered = part.sort(dim=-1, descending=True).values
         probs = torch.softmax(ordered, dim=-1)
-        kept = ((probs.cumsum(dim=-1) - probs) <= top_p).sum(dim=-1, keepdim=True).clamp(min=1)
+        kept = outside_nucleus(probs, top_p).logical_not_().sum(dim=-1, keepdim=True).clamp(min=1)
         out.append(ordered.gather(-1, kept - 1).squeeze(-1))
         del ordered, probs
     return torch.cat(out)

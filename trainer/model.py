@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 def pick_device(requested: str = "auto") -> str:
-    from prime_lab.inference.vllm import cuda_available
+    from prime_lab.runs.hardware import cuda_available
 
     if requested == "auto":
         return "cuda" if cuda_available() else "cpu"

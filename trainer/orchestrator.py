@@ -43,7 +43,7 @@ from prime_lab.envs import (
     load_environment,
     replace_system_prompt,
 )
-from prime_lab.inference.vllm import AdapterLoadError, policy_cache_salt
+from prime_lab.inference.control import AdapterLoadError, policy_cache_salt
 from prime_lab.runs.events import EventWriter
 from prime_lab.runs.processes import answers_health
 from prime_lab.runs.registry import Run

@@ -1,12 +1,12 @@
 """Which GPUs of this machine each of a run's processes gets: the sampler servers first, then the trainer.
 
-`plan_gpus` is pure. From the GPUs this process sees and the config's `num_gpus` (default: all of them),
-`[inference]` tensor_parallel_size, data_parallel_size and num_servers, and `[trainer]` nproc_per_node, it gives
-each local sampler server tensor_parallel_size x data_parallel_size GPUs (vLLM's engines behind one server; the
-built-in server takes one) and the trainer the next nproc_per_node. Unset, data_parallel_size fills what num_gpus
-leaves after the trainer; unset num_gpus, it is 1. GPUs are positions among the visible ones (CUDA_VISIBLE_DEVICES
-applies); `Placement.cuda_env` turns them into a child's CUDA_VISIBLE_DEVICES. On a CPU-only machine (or with
-`num_gpus = 0`) the plan is "no GPUs" and nothing is checked.
+`plan_gpus` is pure. From the GPUs this process sees (`runs.hardware.visible_gpus`) and the config's `num_gpus`
+(default: all of them), `[inference]` tensor_parallel_size, data_parallel_size and num_servers, and `[trainer]`
+nproc_per_node, it gives each local sampler server tensor_parallel_size x data_parallel_size GPUs (vLLM's engines
+behind one server; the built-in server takes one) and the trainer the next nproc_per_node. Unset,
+data_parallel_size fills what num_gpus leaves after the trainer; unset num_gpus, it is 1. GPUs are positions among
+the visible ones (CUDA_VISIBLE_DEVICES applies); `Placement.cuda_env` turns them into a child's
+CUDA_VISIBLE_DEVICES. On a CPU-only machine (or with `num_gpus = 0`) the plan is "no GPUs" and nothing is checked.
 """
 
 from __future__ import annotations
@@ -30,19 +30,6 @@ class Placement:
     def cuda_env(self, gpus: Sequence[int]) -> dict[str, str]:
         """The CUDA_VISIBLE_DEVICES a process placed on `gpus` gets ({} without GPUs: leave it alone)."""
         return {"CUDA_VISIBLE_DEVICES": ",".join(self.devices[i] for i in gpus)} if gpus else {}
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs this process sees, as CUDA_VISIBLE_DEVICES names them (indices or UUIDs); [] without CUDA."""
-    from prime_lab.inference.vllm import cuda_available
-
-    if not cuda_available():
-        return []
-    import torch
-
-    count = torch.cuda.device_count()
-    named = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    return named[:count] if named else [str(i) for i in range(count)]
 
 
 def plan_gpus(devices: Sequence[str], *, backend: str, num_gpus: int | None = None, tensor_parallel_size: int = 1,

@@ -4,7 +4,7 @@ and a stop flag set by SIGTERM/SIGINT.
 Steps are counted from 1. The batch of step k is `rollouts/step_k.jsonl`; the trainer's adapter after step k is
 `adapters/step_k/` (policy version k; version 0 is the base model, or the warm-start / resume adapter), and a
 resumable checkpoint after step k is `checkpoints/step_k/` (the adapter plus `trainer_state.pt`). Folders appear
-whole: they are written under a temporary name and renamed.
+whole: they are written under a temporary name and renamed (runs/atomic.py's `publish_folder`).
 """
 
 from __future__ import annotations
@@ -58,14 +58,6 @@ def latest_step(root: Path) -> int | None:
     return max(steps) if steps else None
 
 
-def publish_dir(tmp: Path, final: Path) -> Path:
-    """Move a fully written folder into place (replacing an older one of the same name)."""
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    return final
-
-
 def link_or_copy(src: str, dst: str) -> None:
     """A hard link of `src` at `dst` (a file written whole and never changed in place), or a copy where the file
     system has no links."""
@@ -73,14 +65,6 @@ def link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
-
-
-def staging_dir(root: Path, name: str) -> Path:
-    tmp = root / f".{name}.{os.getpid()}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    return tmp
 
 
 def checkpoint_to_resume(run: Run) -> tuple[int, Path] | None:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from prime_lab.inference.vllm import RuntimeAdapters, RuntimeWeights
+from prime_lab.inference.control import RuntimeAdapters, RuntimeWeights
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI

@@ -24,12 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prime_lab.runs.atomic import write_folder_atomic
 from prime_lab.runs.registry import Run
 from prime_lab.trainer.attention import packs_prefixes, row_inputs
 from prime_lab.trainer.batch import Sample
 from prime_lab.trainer.model import accumulate_batch_gradients, peak_memory_gib, score_row
 from prime_lab.trainer.packing import pack
-from prime_lab.trainer.runtime import load_sft_config, publish_dir, staging_dir
+from prime_lab.trainer.runtime import load_sft_config
 from prime_lab.trainer.sft_config import SFTConfig
 from prime_lab.trainer.sft_data import SFTDataError, SFTExamples, SFTStream, read_source, to_sample
 from prime_lab.trainer.train import Trainer, trainer_main
@@ -180,17 +181,16 @@ class SFTTrainer(Trainer):
         final = self.run.model_dir
         if not self.dist.is_main:
             return final
-        tmp = staging_dir(self.run.dir, "model")
-        if self.config.lora.enabled:
-            merged = self.model.merge_and_unload()
-            merged.save_pretrained(tmp)
-        else:
-            self.model.save_pretrained(tmp, **({"state_dict": full} if full is not None else {}))
-        self.tokenizer.save_pretrained(tmp)
-        for name in TOKENIZER_FILES:  # what save_pretrained may not write (a generation config, a .jinja template)
-            if (self.model_path / name).is_file() and not (tmp / name).exists():
-                shutil.copy2(self.model_path / name, tmp / name)
-        publish_dir(tmp, final)
+        with write_folder_atomic(final) as tmp:
+            if self.config.lora.enabled:
+                merged = self.model.merge_and_unload()
+                merged.save_pretrained(tmp)
+            else:
+                self.model.save_pretrained(tmp, **({"state_dict": full} if full is not None else {}))
+            self.tokenizer.save_pretrained(tmp)
+            for name in TOKENIZER_FILES:  # what save_pretrained may not write (a generation config, a .jinja template)
+                if (self.model_path / name).is_file() and not (tmp / name).exists():
+                    shutil.copy2(self.model_path / name, tmp / name)
         self.events.emit("checkpoint", {"path": str(final), "step": self.config.max_steps, "model": True},
                          step=self.config.max_steps)
         self.log(f"model written to {final}: use it as `model = \"{self.run.id}\"` in RL and SFT configs, or "

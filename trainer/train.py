@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from prime_lab.runs.atomic import publish_folder, staging_folder
 from prime_lab.runs.events import EventWriter
 from prime_lab.runs.registry import Run
 from prime_lab.trainer.attention import choose_attention, default_row_tokens
@@ -57,8 +58,6 @@ from prime_lab.trainer.runtime import (
     link_or_copy,
     load_config,
     log_both,
-    publish_dir,
-    staging_dir,
     step_dirs,
     warm_start_adapter,
 )
@@ -370,12 +369,12 @@ class Trainer:
     def writing(self, root: Path, name: str) -> Iterator[Path | None]:
         """A folder `root/name` written whole: rank 0 stages it (yielded to every rank, which may write into it
         collectively; None on the others when they write nothing), then moves it into place."""
-        tmp = staging_dir(root, name) if self.dist.is_main else None
+        tmp = staging_folder(root / name) if self.dist.is_main else None
         shared = self.dist.share(tmp) if self.strategy == "fsdp" else tmp
         yield shared
         self.dist.barrier()
         if tmp is not None:
-            publish_dir(tmp, root / name)
+            publish_folder(tmp, root / name)
 
     def prune_versions(self, newest: int) -> None:
         """Keep the newest few (the sampler may still be loading one), every `[adapters].interval`-th, and the last

@@ -2,10 +2,10 @@
 
 A LoRA run publishes `adapters/step_N/` (a peft adapter); full fine-tuning publishes `weights/step_N/`, the whole
 model as `save_pretrained` writes it (`config.json` and HF-named safetensors: a folder transformers and vLLM load,
-and the orchestrator hands to the sampler through `inference.vllm.RuntimeWeights`). Version N is the policy
+and the orchestrator hands to the sampler through `inference.control.RuntimeWeights`). Version N is the policy
 after step N; version 0, published only on a resume or a warm start, is the policy the run starts from. Both kinds
-are written under a temporary name and renamed (trainer/runtime.py), and the same `[adapters]` settings decide how
-many are kept.
+are written under a temporary name and renamed (runs/atomic.py's `publish_folder`), and the same `[adapters]`
+settings decide how many are kept.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from prime_lab.models.store import holds_full_weights
 from prime_lab.runs.registry import Run
 from prime_lab.trainer.config import RLConfig
 from prime_lab.trainer.runtime import checkpoint_to_resume, step_dirs
@@ -38,18 +39,14 @@ def drop_versions_after(root: Path, step: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def is_model_folder(path: Path) -> bool:
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
-
-
 def warm_start_weights(checkpoint_id: str, runs_root: Path) -> Path:
     """`checkpoint_id` as full weights to start a full fine-tuning run from: a model folder (a full fine-tuning run's
     checkpoints/step_N or weights/step_N), or a run id (its newest checkpoint). Raises ValueError with what to do."""
     path = Path(checkpoint_id).expanduser()
-    if path.is_dir() and is_model_folder(path):
+    if holds_full_weights(path):
         return path
     found = checkpoint_to_resume(Run(runs_root / checkpoint_id)) if (runs_root / checkpoint_id).is_dir() else None
-    if found and is_model_folder(found[1]):
+    if found and holds_full_weights(found[1]):
         return found[1]
     if found or (path / "adapter_config.json").is_file():
         raise ValueError(f"checkpoint_id: {checkpoint_id!r} holds a LoRA adapter, and [lora] enabled = false trains "

@@ -1,13 +1,13 @@
 """What this machine offers a run: cores, memory, GPUs, which sampler engines work, which models are here, disk.
 
-Cheap by design (`prime lab setup` and `doctor` print it): torch is imported only when an NVIDIA driver is present,
-to ask CUDA for its devices; vLLM is looked up, never imported.
+Cheap by design (`prime lab setup` and `doctor` print it): the cores, memory and GPUs come from the hardware probe
+(`runs.hardware`), which imports torch only when an NVIDIA driver is present, to ask CUDA for its devices; vLLM is
+looked up, never imported.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import os
 import platform
 import shutil
@@ -19,15 +19,8 @@ import prime_lab
 from prime_lab.inference.backend import choose_backend
 from prime_lab.inference.vllm import VLLMNotInstalledError, vllm_installed
 from prime_lab.models.presets import Availability, list_presets
+from prime_lab.runs.hardware import GPU, gpu_devices, memory_bytes, usable_cores
 from prime_lab.runs.paths import runs_dir
-
-NVIDIA_DRIVER_FILES = (Path("/proc/driver/nvidia/version"), Path("/dev/nvidiactl"))
-
-
-@dataclass(frozen=True)
-class GPU:
-    name: str
-    memory_bytes: int
 
 
 @dataclass(frozen=True)
@@ -83,51 +76,6 @@ def survey() -> Machine:
         gpus=gpus, gpu_note=gpu_note, engines=engines, auto_engine=auto.reason,
         models=model_facts(), runs_dir=str(runs), disk_free_bytes=free, disk_total_bytes=total,
     )
-
-
-def usable_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def memory_bytes() -> tuple[int | None, int | None]:
-    """(total, available) physical memory; None where the system does not say."""
-    meminfo = Path("/proc/meminfo")
-    if meminfo.is_file():
-        values: dict[str, int] = {}
-        for line in meminfo.read_text().splitlines():
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts and parts[0].isdigit():
-                values[key] = int(parts[0]) * 1024  # kB
-        return values.get("MemTotal"), values.get("MemAvailable")
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), None
-    except (ValueError, OSError, AttributeError):
-        return None, None
-
-
-def nvidia_driver_present() -> bool:
-    return any(path.exists() for path in NVIDIA_DRIVER_FILES)
-
-
-def gpu_devices() -> tuple[tuple[GPU, ...], str]:
-    """The CUDA GPUs torch sees, and a note; torch is imported only when an NVIDIA driver is there to find."""
-    if not nvidia_driver_present():
-        return (), "no NVIDIA driver: runs use the CPU"
-    if importlib.util.find_spec("torch") is None:
-        return (), "an NVIDIA driver is present, but torch is not installed"
-    import torch
-
-    if not torch.cuda.is_available():
-        return (), (f"an NVIDIA driver is present, but torch {torch.__version__} sees no CUDA device "
-                    f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
-    gpus = []
-    for index in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(index)
-        gpus.append(GPU(props.name, int(props.total_memory)))
-    return tuple(gpus), f"torch {torch.__version__}, CUDA {torch.version.cuda}"
 
 
 def _distribution_version(*names: str) -> str | None:

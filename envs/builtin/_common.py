@@ -33,8 +33,8 @@ NAMES = (
 _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
-def split_rows(make: Callable[[random.Random, int], T], *, seed: int, num_train: int, num_eval: int,
-               key: Callable[[T], Any] = repr) -> tuple[list[T], list[T]]:
+def generate_splits(make: Callable[[random.Random, int], T], *, seed: int, num_train: int, num_eval: int,
+                    key: Callable[[T], Any] = repr) -> tuple[list[T], list[T]]:
     """Generate distinct items and cut them into disjoint train and eval splits (deterministic by seed)."""
     rng = random.Random(seed)
     seen: set[Any] = set()

@@ -10,7 +10,7 @@ import random
 from typing import Any
 
 from prime_lab.envs import MultiTurnEnv, Rubric, XMLParser
-from prime_lab.envs.builtin._common import NAMES, lcs_ratio, limit, split_rows
+from prime_lab.envs.builtin._common import NAMES, generate_splits, lcs_ratio, limit
 from prime_lab.envs.environment import State
 from prime_lab.envs.parsers import Messages
 
@@ -59,8 +59,8 @@ def load_environment(
         return {"question": "Sort these names:\n" + _names_block(turns[0]),
                 "answer": _names_block(sorted(n for t in turns for n in t)), "info": {"turns": turns}}
 
-    train, test = split_rows(make, seed=seed, num_train=num_train_examples, num_eval=num_eval_examples,
-                             key=lambda r: r["question"] + repr(r["info"]))
+    train, test = generate_splits(make, seed=seed, num_train=num_train_examples, num_eval=num_eval_examples,
+                                  key=lambda r: r["question"] + repr(r["info"]))
 
     def sorted_lists(completion: Messages, info: dict[str, Any], parser: XMLParser) -> float:
         """Mean over the turns of the LCS ratio between the model's list and the expected sorted list."""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prime_lab.envs import Rubric, SingleTurnEnv, ThinkParser, XMLParser
-from prime_lab.envs.builtin._common import NAMES, correct_answer, limit, pick_split, split_rows
+from prime_lab.envs.builtin._common import NAMES, correct_answer, generate_splits, limit, pick_split
 
 SYSTEM_PROMPT = ("Solve the math problem. Think step by step, then give the final number inside "
                  "<answer> tags, e.g. <answer>42</answer>.")
@@ -74,8 +74,8 @@ def load_environment(
         steps = STEPS[difficulty] if difficulty != "mixed" else rng.randint(1, 3)
         return make_problem(rng, steps)
 
-    train, test = split_rows(make, seed=seed, num_train=num_train_examples, num_eval=num_eval_examples,
-                             key=lambda r: r["question"])
+    train, test = generate_splits(make, seed=seed, num_train=num_train_examples, num_eval=num_eval_examples,
+                                  key=lambda r: r["question"])
     parser = ThinkParser(XMLParser(["answer"]))
 
     return SingleTurnEnv(dataset=limit(pick_split(split, train, test), max_examples),

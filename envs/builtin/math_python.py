@@ -12,7 +12,7 @@ import random
 from typing import Any
 
 from prime_lab.envs import Rubric, ThinkParser, ToolEnv, XMLParser
-from prime_lab.envs.builtin._common import correct_answer, limit, pick_split, split_rows
+from prime_lab.envs.builtin._common import correct_answer, generate_splits, limit, pick_split
 
 SYSTEM_PROMPT = ("Compute the answer to the arithmetic question. Use the calculate tool for the arithmetic, then "
                  "give the final number inside <answer> tags.")
@@ -62,8 +62,9 @@ def load_environment(
     terms = {"easy": 2, "medium": 3, "hard": 4}.get(difficulty)
     if terms is None:
         raise ValueError(f"difficulty must be easy, medium or hard (not {difficulty!r})")
-    train, test = split_rows(lambda rng, _: make_question(rng, terms), seed=seed, num_train=num_train_examples,
-                             num_eval=num_eval_examples, key=lambda r: r["question"])
+    train, test = generate_splits(lambda rng, _: make_question(rng, terms), seed=seed,
+                                  num_train=num_train_examples, num_eval=num_eval_examples,
+                                  key=lambda r: r["question"])
     parser = ThinkParser(XMLParser(["answer"]))
 
     return ToolEnv(tools=[calculate], dataset=limit(pick_split(split, train, test), max_examples),

@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 from prime_lab.envs import Rubric, SingleTurnEnv, XMLParser
-from prime_lab.envs.builtin._common import WORDS, lcs_ratio, limit, split_rows
+from prime_lab.envs.builtin._common import WORDS, generate_splits, lcs_ratio, limit
 from prime_lab.envs.parsers import last_assistant_text
 
 SYSTEM_PROMPT = ("Reverse the text you are given, character by character. "
@@ -34,8 +34,8 @@ def load_environment(
         text = _text(rng, min_words, max_words)
         return {"question": text, "answer": text[::-1]}
 
-    train, test = split_rows(make, seed=seed, num_train=num_train_examples, num_eval=num_eval_examples,
-                             key=lambda r: r["question"])
+    train, test = generate_splits(make, seed=seed, num_train=num_train_examples, num_eval=num_eval_examples,
+                                  key=lambda r: r["question"])
 
     def lcs_reward(completion: Any, answer: str, parser: XMLParser) -> float:
         """LCS ratio between the reversed text (tagged, or the whole reply if untagged) and the answer."""

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from prime_lab.envs import MultiTurnEnv, Rubric, XMLParser
-from prime_lab.envs.builtin._common import limit, split_rows
+from prime_lab.envs.builtin._common import generate_splits, limit
 from prime_lab.envs.environment import State
 from prime_lab.envs.parsers import Messages
 
@@ -106,8 +106,8 @@ def load_environment(
         return {"question": "Make your first guess.", "answer": rng.choice(words)}
 
     total = len(words)
-    train, test = split_rows(make, seed=seed, num_train=total - num_eval_examples, num_eval=num_eval_examples,
-                             key=lambda r: r["answer"])
+    train, test = generate_splits(make, seed=seed, num_train=total - num_eval_examples, num_eval=num_eval_examples,
+                                  key=lambda r: r["answer"])
 
     def wordle_reward(completion: Messages, answer: str, parser: XMLParser) -> float:
         """1.0 if solved; else half the share of green letters in the best guess."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prime_lab.inference.builtin.server import BuiltinServerSettings
-from prime_lab.inference.vllm import RuntimeAdapters
+from prime_lab.inference.control import RuntimeAdapters
 from prime_lab.runs.paths import child_python, lab_home
 from prime_lab.runs.processes import RunningServer, ServerProcess, free_port
 

@@ -2,10 +2,11 @@
 
 Reported logprobs are those of the distribution each token was drawn from, as vLLM's
 `--logprobs-mode processed_logprobs` returns them (and as the trainer recomputes them, trainer/lm_head.py): the
-log-softmax of the logits after banned tokens, temperature, then the top-k and top-p masks, renormalised. A greedy
-row reports the log-softmax of its logits (banned tokens excluded), with no temperature, top-k or top-p, as vLLM
-does. Tokens are drawn by inverting each row's CDF at one uniform number: one random draw per row (not per
-vocabulary entry), so rows with a request seed draw theirs from that request's own generator at no cost to the rest.
+log-softmax of the logits after banned tokens, temperature, then the top-k and top-p masks (the top-p rule is the
+one the trainer shares, inference/nucleus.py), renormalised. A greedy row reports the log-softmax of its logits
+(banned tokens excluded), with no temperature, top-k or top-p, as vLLM does. Tokens are drawn by inverting each
+row's CDF at one uniform number: one random draw per row (not per vocabulary entry), so rows with a request seed
+draw theirs from that request's own generator at no cost to the rest.
 
 Prompt logprobs (`position_logprobs`) are those of the model's raw distribution, as vLLM reports them in either
 logprobs mode: prompt tokens are not sampled, so no temperature, top-k or top-p applies.
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from prime_lab.inference.nucleus import keep_top_p
 
 if TYPE_CHECKING:
     import torch
@@ -139,19 +142,6 @@ def keep_top_k(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     threshold = kth.gather(1, index)
     threshold = torch.where(top_k.unsqueeze(1) > 0, threshold, torch.full_like(threshold, float("-inf")))
     return scaled.masked_fill(scaled < threshold, float("-inf"))
-
-
-def keep_top_p(scaled: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:
-    """`scaled` [..., V] with every token outside the nucleus set to -inf: a token stays while the probability of
-    the tokens ranked above it is at most `top_p` (a float, or a tensor that broadcasts over [..., 1]), so the most
-    likely token always stays. vLLM's rule (`apply_top_k_top_p`), up to ties at the boundary."""
-    import torch
-
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    sorted_logits = sorted_logits.masked_fill(mass_before > top_p, float("-inf"))
-    return torch.empty_like(scaled).scatter_(-1, order, sorted_logits)
 
 
 def position_logprobs(

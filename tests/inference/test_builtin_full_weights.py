@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from prime_lab.inference.builtin.launcher import BuiltinServer
-from prime_lab.inference.vllm import RuntimeWeights, WeightLoadError
+from prime_lab.inference.control import RuntimeWeights, WeightLoadError
 from prime_lab.inference.weights import UPDATE_METHOD
 from prime_lab.models.random_lora import build_random_lora_adapter
 from tests.inference.full_weights import (

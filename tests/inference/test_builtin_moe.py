@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from prime_lab.inference.builtin.launcher import BuiltinServer
-from prime_lab.inference.vllm import RuntimeWeights
+from prime_lab.inference.control import RuntimeWeights
 from prime_lab.models.random_lora import build_random_lora_adapter
 from tests.inference.full_weights import (
     LOGPROB_TOLERANCE,

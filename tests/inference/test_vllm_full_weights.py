@@ -18,12 +18,11 @@ from typing import Any
 import httpx
 import pytest
 
+from prime_lab.inference.control import RuntimeWeights, WeightLoadError
 from prime_lab.inference.vllm import (
-    RuntimeWeights,
     VLLMNotInstalledError,
     VLLMServer,
     VLLMSettings,
-    WeightLoadError,
     start_vllm,
     vllm_installed,
 )

@@ -12,7 +12,6 @@ import pytest
 from prime_lab.inference.backend import CPU_TOKENS_PER_S_16_VIA_ADAPTER, BackendUnavailableError, choose_backend
 from prime_lab.inference.vllm import (
     VLLMSettings,
-    all_cores_binding,
     start_vllm,
     vllm_argv,
     vllm_env,
@@ -46,11 +45,6 @@ def test_gpu_launch_uses_bfloat16_and_the_memory_setting(tiny_model_dir: Path) -
     assert "--data-parallel-size" not in argv  # one engine: vLLM's default, not passed
     argv = vllm_argv(replace(settings, data_parallel_size=3), 8123, on_gpu=True)
     assert argv[argv.index("--data-parallel-size") + 1] == "3"
-
-
-def test_all_cores_binding_is_a_core_list() -> None:
-    binding = all_cores_binding()
-    assert binding and all(part.replace("-", "").isdigit() for part in binding.split(","))
 
 
 @pytest.mark.slow

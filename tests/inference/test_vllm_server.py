@@ -10,7 +10,8 @@ import httpx
 import openai
 import pytest
 
-from prime_lab.inference.vllm import AdapterLoadError, VLLMServer
+from prime_lab.inference.control import AdapterLoadError
+from prime_lab.inference.vllm import VLLMServer
 from prime_lab.models.random_lora import build_random_lora_adapter
 from tests.plugins.servers import ReferenceForward, TrainedAdapter
 from tests.plugins.vllm import RUN_ADAPTER_NAME

@@ -69,7 +69,7 @@ def test_chunk_size_one_equals_one_chunk() -> None:
 
 
 def test_nucleus_threshold_keeps_what_the_sampler_keeps() -> None:
-    from prime_lab.inference.builtin.sampling import keep_top_p
+    from prime_lab.inference.nucleus import keep_top_p
 
     logits = torch.randn(50, 300, generator=torch.Generator().manual_seed(3)) * 3
     for top_p in (0.1, 0.5, 0.9, 0.999):

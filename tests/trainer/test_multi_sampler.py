@@ -22,11 +22,12 @@ import pytest
 
 from prime_lab.inference.builtin.launcher import BuiltinServer, start_builtin_server
 from prime_lab.inference.builtin.server import BuiltinServerSettings
+from prime_lab.runs.atomic import write_folder_atomic
 from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.trainer.batch import batch_path, read_batch
 from prime_lab.trainer.config import validate_rl_config
 from prime_lab.trainer.orchestrator import Orchestrator
-from prime_lab.trainer.runtime import load_config, publish_dir, staging_dir
+from prime_lab.trainer.runtime import load_config
 from prime_lab.trainer.versions import versions_dir
 
 FIXTURE_ENVS = Path(__file__).resolve().parents[1] / "fixtures" / "envs"
@@ -88,9 +89,8 @@ def orchestrate(run: Run, servers: list[BuiltinServer], versions: list[Path]) ->
         for step in range(1, STEPS):
             while not batch_path(run.rollouts_dir, step).exists():
                 await asyncio.sleep(0.02)
-            tmp = staging_dir(root, f"step_{step}")
-            shutil.copytree(versions[step % len(versions)], tmp, dirs_exist_ok=True)
-            publish_dir(tmp, root / f"step_{step}")
+            with write_folder_atomic(root / f"step_{step}") as tmp:
+                shutil.copytree(versions[step % len(versions)], tmp, dirs_exist_ok=True)
 
     async def both() -> int:
         stand_in = asyncio.create_task(trainer_stand_in())

@@ -213,7 +213,8 @@ def test_the_machine_survey_says_what_runs_here() -> None:
 
 
 def test_the_machine_survey_imports_torch_only_where_a_gpu_driver_is() -> None:
-    code = ("import sys; from prime_lab.workspace.machine import nvidia_driver_present, survey; survey(); "
+    code = ("import sys; from prime_lab.runs.hardware import nvidia_driver_present; "
+            "from prime_lab.workspace.machine import survey; survey(); "
             "print(nvidia_driver_present(), 'torch' in sys.modules)")
     driver, imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                       check=True).stdout.split()
@@ -226,11 +227,12 @@ def test_the_survey_lists_the_gpus_torch_sees_where_a_driver_is(tmp_path: Path,
     from importlib.machinery import ModuleSpec
     from types import ModuleType, SimpleNamespace
 
+    from prime_lab.runs import hardware
     from prime_lab.workspace import machine as machine_module
 
     driver = tmp_path / "version"
     driver.write_text("NVRM version: 550")
-    monkeypatch.setattr(machine_module, "NVIDIA_DRIVER_FILES", (driver,))
+    monkeypatch.setattr(hardware, "NVIDIA_DRIVER_FILES", (driver,))
     devices = [SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30),
                SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30)]
     cuda = SimpleNamespace(is_available=lambda: True, device_count=lambda: 2,
