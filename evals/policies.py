@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from prime_lab.models.store import is_model_folder
+from prime_lab.models.store import holds_full_weights, is_model_folder
 from prime_lab.runs.registry import Run, RunError, RunRegistry
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def step_folders(run: Run) -> dict[int, list[Path]]:
 def _policy_kind(folder: Path) -> PolicyKind | None:
     if (folder / "adapter_config.json").is_file():
         return "adapter"
-    if is_model_folder(folder) and any(folder.glob("*.safetensors")):
+    if holds_full_weights(folder):
         return "weights"
     return None
 

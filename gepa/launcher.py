@@ -2,8 +2,9 @@
 `gepa/config.py`), its run in the registry, the samplers it starts, the search and the run's states.
 
 `prime gepa run` is the front end (it prints; the workbench launches that same command, `workbench/launch.py`);
-`trainer/launcher.py` is the RL counterpart. Everything a user can fix comes out as `GepaLaunchError`, the run
-already marked `failed` where one exists; a stop comes out as `runs.registry.RunStopped`, the run `stopped`.
+`trainer/launcher.py` and `evals/launcher.py` are the RL and evaluation counterparts. Everything a user can fix
+comes out as `GepaLaunchError`, the run already marked `failed` where one exists; a stop comes out as
+`runs.registry.RunStopped`, the run `stopped`.
 """
 
 from __future__ import annotations
