@@ -1,1 +1,3 @@
-"""Evaluation: `prime eval run`'s engine, comparisons of evaluations, trained policies to evaluate."""
+"""Evaluation: `evaluation` (`prime eval run`'s engine: rollouts, rewards, results files, the difficulty verdict),
+`launcher` (an evaluation run's lifecycle: its run, its sampler or trained policy, its states), `compare` (`prime
+eval compare`: paired bootstrap intervals), `policies` (a trained run's adapter, weights or model to evaluate)."""
