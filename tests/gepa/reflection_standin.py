@@ -1,4 +1,4 @@
-"""A deterministic reflection model for end-to-end GEPA tests: the scripted endpoint of tests/lab/envs, answering
+"""A deterministic reflection model for end-to-end GEPA tests: the scripted endpoint of tests/envs, answering
 with a function of the prompt it is sent (not of arrival order, which parallel proposals make vary), optionally
 after a delay so that a test can stop a run while reflections are in flight."""
 
