@@ -207,7 +207,7 @@ def test_oldest_supported_release(oldest_release: Path, builtin_server: Any, too
     assert all(r["roles"] == ["assistant", "tool", "assistant"] for r in result["vf-tool-test"])
     # the adapter's unit tests (conversions, stop conditions, tool calls, GEPA's prompts, failures) under it
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(Path(__file__).parents[1] / "lab" / "envs" / "test_verifiers_adapter.py")],
+                           str(Path(__file__).parents[1] / "envs" / "test_verifiers_adapter.py")],
                           capture_output=True, text=True, timeout=300, env=env, cwd=Path(__file__).parents[2])
     assert proc.returncode == 0, proc.stdout[-3000:]
     # and the CLI under it
