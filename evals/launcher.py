@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.runs.registry import Run, RunRegistry, working
 
 if TYPE_CHECKING:
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     from prime_lab.evals.policies import TrainedPolicy
     from prime_lab.problems.validation import Problem
 
-DEFAULT_MODEL = "smollm2-135m"
 SAMPLING_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "stop", "seed"})  # the rest go in extra_body
 
 Announce = Callable[[str], None]

@@ -11,10 +11,9 @@ from typing import Any
 
 from pydantic import AliasChoices, Field, field_validator
 
+from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.problems.schema import ConfigSection
 from prime_lab.problems.validation import CheckContext, Validation, validate_file, validate_toml
-
-DEFAULT_MODEL = "smollm2-135m"
 
 
 class GepaEnvSection(ConfigSection):

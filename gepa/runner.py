@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from prime_lab.envs import Environment, SamplingArgs, isolated, load_environment
-from prime_lab.gepa.config import DEFAULT_MODEL, GepaSearchSection
+from prime_lab.gepa.config import GepaSearchSection
 from prime_lab.gepa.data_split import train_val_test
 from prime_lab.gepa.engine import EngineConfig, GepaEngine
 from prime_lab.gepa.env_adapter import SYSTEM_PROMPT, Endpoint, EnvironmentAdapter
 from prime_lab.gepa.outputs import STATE_FILE, write_outputs
 from prime_lab.gepa.state import GepaState
+from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.runs.registry import Run
 
 _D = GepaSearchSection()  # the defaults: gepa/config.py's, the TOML form's

@@ -15,6 +15,9 @@ from prime_lab.models.store import is_model_folder
 from prime_lab.models.tiny import build_tiny_mixtral, build_tiny_olmoe, build_tiny_qwen3, build_tiny_qwen3_moe
 from prime_lab.runs.paths import models_dir
 
+# The model `prime eval run` and `prime gepa run` serve locally when none is named (a preset below).
+DEFAULT_MODEL = "smollm2-135m"
+
 
 class Availability(StrEnum):
     PRESENT = "present"  # materialised in the models folder; loads right away

@@ -17,7 +17,6 @@ from prime_lab.runs.paths import child_python, lab_home
 from prime_lab.runs.registry import Run, RunRegistry
 
 CLI_BOOTSTRAP = "import sys; from prime_lab.workbench.cli import main; sys.argv[0] = 'prime'; main()"
-LOCAL_DEFAULT_MODEL = "smollm2-135m"  # what `prime eval run` and `prime gepa run` serve when no model is named
 FIRST_USE_SECONDS = {"smollm2-135m": 20}  # building a preset on first use (SmolLM2: its GGUF dequantised, 15-30 s)
 
 
@@ -75,8 +74,9 @@ def first_use_note(model: object, *, served_locally: bool = True) -> str | None:
     """What to say while a launched command builds its model preset before the run exists (the preset is not on
     this machine yet: SmolLM2 is converted from its GGUF on first use); None when there is nothing to wait for."""
     from prime_lab.models import PRESETS, Availability
+    from prime_lab.models.presets import DEFAULT_MODEL
 
-    name = model if isinstance(model, str) and model else LOCAL_DEFAULT_MODEL
+    name = model if isinstance(model, str) and model else DEFAULT_MODEL
     preset = PRESETS.get(name)
     if not served_locally or preset is None or preset.availability() is not Availability.BUILDABLE:
         return None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from prime_lab.evals.launcher import DEFAULT_MODEL
+from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.workbench.cli import run_views
 from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, config_path, err, fail, print_json
 from prime_lab.workbench.cli.render import live_output, print_table, progress_console

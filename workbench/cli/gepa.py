@@ -8,7 +8,8 @@ from typing import Any
 
 import typer
 
-from prime_lab.gepa.config import DEFAULT_MODEL, GepaSearchSection
+from prime_lab.gepa.config import GepaSearchSection
+from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.workbench.cli.common import config_path, err, fail, write_new_file
 from prime_lab.workbench.cli.eval import _json_arg
 from prime_lab.workbench.cli.render import live_output
