@@ -35,6 +35,14 @@ class SamplingArgs:
     rl_fields: bool = False
     extra_body: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> SamplingArgs:
+        """Sampling settings as a user gives them (`-S`, a config's `[sampling]`): the fields above by name
+        (max_tokens, temperature, top_p, stop, seed), everything else sent to the endpoint as `extra_body`."""
+        known = {"max_tokens", "temperature", "top_p", "stop", "seed"}
+        return cls(**{k: v for k, v in settings.items() if k in known},
+                   extra_body={k: v for k, v in settings.items() if k not in known})
+
     def request_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature,
                                   "top_p": self.top_p}

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from prime_lab.evals.policies import TrainedPolicy
     from prime_lab.problems.validation import Problem
 
-SAMPLING_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "stop", "seed"})  # the rest go in extra_body
 
 Announce = Callable[[str], None]
 OnProgress = Callable[[int, int, "Rollout"], None]  # rollouts done, rollouts in all, the one just finished
@@ -75,8 +74,7 @@ class EvalJob:
         max_tokens and temperature over them."""
         from prime_lab.envs import SamplingArgs
 
-        args = SamplingArgs(**{k: v for k, v in self.sampling.items() if k in SAMPLING_FIELDS})
-        args.extra_body = {k: v for k, v in self.sampling.items() if k not in SAMPLING_FIELDS}
+        args = SamplingArgs.from_settings(self.sampling)
         if self.max_tokens is not None:
             args.max_tokens = self.max_tokens
         if self.temperature is not None:

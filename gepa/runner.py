@@ -23,7 +23,6 @@ from prime_lab.runs.registry import Run
 _D = GepaSearchSection()  # the defaults: gepa/config.py's, the TOML form's
 
 OnEvent = Callable[[str, dict[str, Any]], None]
-SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "stop", "seed"}
 
 
 @dataclass
@@ -69,9 +68,7 @@ class GepaSettings:
         return cls(**settings)
 
     def sampling_args(self) -> SamplingArgs:
-        args = SamplingArgs(**{k: v for k, v in self.sampling.items() if k in SAMPLING_KEYS})
-        args.extra_body = {k: v for k, v in self.sampling.items() if k not in SAMPLING_KEYS}
-        return args
+        return SamplingArgs.from_settings(self.sampling)
 
 
 @dataclass

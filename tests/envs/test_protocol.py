@@ -211,3 +211,13 @@ def test_the_public_face_is_the_same_api() -> None:
     from prime_lab.envs.scaffold import package_contents
 
     assert any("from prime_lab.envs import" in text for text in package_contents("my-env", "my_env").values())
+
+
+def test_sampling_settings_split_into_fields_and_extra_body() -> None:
+    """What `-S` or a `[sampling]` table gives: the known fields by name, the rest (min_p, top_k) to the endpoint."""
+    args = SamplingArgs.from_settings({"max_tokens": 12, "temperature": 0.5, "stop": ["\n"], "top_k": 20,
+                                       "min_p": 0.1})
+    assert (args.max_tokens, args.temperature, args.top_p, args.stop) == (12, 0.5, 1.0, ["\n"])
+    assert args.extra_body == {"top_k": 20, "min_p": 0.1}
+    assert args.request_kwargs()["extra_body"] == {"top_k": 20, "min_p": 0.1}
+    assert SamplingArgs.from_settings({}) == SamplingArgs()
