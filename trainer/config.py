@@ -205,7 +205,9 @@ class InferenceConfig(ConfigSection):
                       "servers: port, port + 1, ...).")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="Serving dtype (auto: float32 on CPU, bfloat16 on GPU).")
-    max_model_len: int | None = Field(default=None, ge=1)
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="Longest prompt + completion the server accepts (default: the model's own "
+        "context length).")
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per vLLM engine (vLLM's tensor parallelism).")
     data_parallel_size: int | None = Field(
         default=None, ge=1, description="vLLM engines behind one server (vLLM's data parallelism); default: from "
@@ -214,7 +216,10 @@ class InferenceConfig(ConfigSection):
                              "requests over them and loads each new policy into every one.")
     base_urls: list[str] = Field(default_factory=list, description="Several OpenAI-compatible URLs (backend = "
                                  "external): the orchestrator spreads requests over them.")
-    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="Fraction of a GPU's memory each vLLM engine on it may take "
+        "(sampler and local teacher alike). Default: 0.9 on a GPU of its own; a share when it shares the GPU with "
+        "the trainer or a teacher (trainer/placement.py).")
     kv_cache_gb: float = Field(default=2.0, gt=0.0, description="vLLM CPU KV-cache space (GiB).")
     startup_timeout: float = Field(default=600.0, gt=0.0, description="Seconds to wait for the server.")
 

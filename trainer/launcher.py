@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from prime_lab.inference.backend import BackendChoice
+from prime_lab.inference.vllm import vllm_installed
 from prime_lab.models.store import experts_of
 from prime_lab.monitors.alerts import AlertMonitor
 from prime_lab.monitors.wandb_mirror import mirror_argv, wanted
@@ -42,7 +43,15 @@ from prime_lab.runs.registry import Run
 from prime_lab.trainer.batch import batch_path
 from prime_lab.trainer.config import InferenceConfig, RLConfig
 from prime_lab.trainer.distributed import NODE_VARIABLES, Topology, TopologyError, topology, torchrun_argv
-from prime_lab.trainer.placement import Placement, PlacementError, plan_gpus
+from prime_lab.trainer.placement import (
+    ChildDevices,
+    Placement,
+    PlacementError,
+    child_devices,
+    describe_devices,
+    plan_gpus,
+    sampler_role,
+)
 from prime_lab.trainer.runtime import StopFlag, checkpoint_to_resume, load_run_config, log_both
 from prime_lab.trainer.sft_config import SFTConfig
 from prime_lab.trainer.versions import drop_versions_after, weights_dir
@@ -73,11 +82,6 @@ def spawn(run: Run, *, resume: bool = False, env: dict[str, str] | None = None) 
     with open(run.log_path("launcher"), "ab") as log:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ, **(env or {})})
-
-
-def sampler_role(index: int) -> str:
-    """The role (and log name) of local sampler server `index`: `inference`, `inference-2`, ..."""
-    return "inference" if index == 0 else f"inference-{index + 1}"
 
 
 def prepare_resume(run: Run) -> int:
@@ -151,6 +155,7 @@ class Supervisor:
         self.servers: list[RunningServer] = []  # the local sampler servers, in role order
         self.teacher_server: RunningServer | None = None  # distillation's local teacher
         self.placement = Placement([], [], 1)  # planned in start(), before any process starts
+        self.devices: dict[str, ChildDevices] = {}  # each local process's GPUs, environment and memory share
         self.topology = Topology()  # likewise
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.reaper: ReaperHandle | None = None
@@ -223,7 +228,7 @@ class Supervisor:
         (trainer/distributed.py), on the trainer's GPUs of the placement."""
         topo = self.topology
         argv = [module, str(self.run.dir), "--model-path", str(self.model_path), *resume]
-        env = self.placement.cuda_env(self.placement.trainer_gpus)
+        env = dict(self.devices["trainer"].env)
         if threads:
             env["OMP_NUM_THREADS"] = str(max(1, threads // topo.nproc_per_node))
         if topo.distributed:
@@ -284,7 +289,8 @@ class Supervisor:
         return self.config
 
     def plan_placement(self, backend: str) -> Placement:
-        """GPUs for the samplers, then the trainer (an SFT run's trainer gets them all: `backend` "external")."""
+        """GPUs for the samplers, then the trainer (an SFT run's trainer gets them all: `backend` "external"); each
+        local process's devices (`self.devices`), logged."""
         cfg = self.config
         inf = cfg.inference if isinstance(cfg, RLConfig) else InferenceConfig()
         try:
@@ -296,11 +302,16 @@ class Supervisor:
                                   trainer_on_gpu=cfg.trainer.device != "cpu")
         except PlacementError as exc:
             raise LaunchFailed(str(exc)) from exc
+        teacher = cfg.teacher if isinstance(cfg, RLConfig) else None
+        local_teacher = teacher is not None and teacher.client.base_url is None and bool(placement.sampler_gpus)
+        self.devices = child_devices(placement, local_teacher=local_teacher,
+                                     memory_override=inf.gpu_memory_utilization)
         if placement.devices:
-            servers = "; ".join(f"{sampler_role(i)} {placement.cuda_env(g)['CUDA_VISIBLE_DEVICES']}"
-                                for i, g in enumerate(placement.sampler_gpus))
-            trainer = placement.cuda_env(placement.trainer_gpus).get("CUDA_VISIBLE_DEVICES", "none")
-            self.log(f"GPUs: {servers or 'no local sampler'}; trainer {trainer}")
+            vllm_roles = [role for role in self.devices if role.startswith("inference") and backend == "vllm"]
+            if local_teacher and teacher is not None and (teacher.backend == "vllm" or teacher.backend == "auto"
+                                                          and vllm_installed()):
+                vllm_roles.append("teacher")
+            self.log(describe_devices(placement, self.devices, vllm_roles))
         return placement
 
     def cpu_split(self, backend: str) -> tuple[int, int]:
@@ -341,12 +352,14 @@ class Supervisor:
         try:
             for i in range(inf.num_servers):
                 role = sampler_role(i)
-                env = self.placement.cuda_env(self.placement.sampler_gpus[i])
+                devices = self.devices[role]
+                env = dict(devices.env)
                 if threads:
                     env["OMP_NUM_THREADS"] = str(max(1, threads // inf.num_servers))
                 server = start_sampler(choice.backend, self.model_path, self.run.log_path(role),
                                        served_name=served, timeout=inf.startup_timeout, env=env, wait=False,
-                                       options=replace(options, port=inf.port + i if inf.port else None))
+                                       options=replace(options, port=inf.port + i if inf.port else None,
+                                                       gpu_memory_utilization=devices.gpu_memory_utilization))
                 self.servers.append(server)
                 if server.process.pid:
                     self.run.register_process(role, server.process.pid)
@@ -383,11 +396,12 @@ class Supervisor:
         except (ModelNotFoundError, BackendUnavailableError) as exc:
             raise LaunchFailed(f"[teacher]: {exc}") from exc
         inf = self.rl.inference
-        env = self.placement.cuda_env(self.placement.sampler_gpus[0]) if self.placement.sampler_gpus else {}
+        devices = self.devices.get("teacher", ChildDevices([], {}))
+        env = dict(devices.env)
         if threads:
             env["OMP_NUM_THREADS"] = str(max(1, threads // 2))
         options = SamplerOptions(dtype=inf.dtype, max_model_len=inf.max_model_len,
-                                 gpu_memory_utilization=inf.gpu_memory_utilization, kv_cache_gb=inf.kv_cache_gb,
+                                 gpu_memory_utilization=devices.gpu_memory_utilization, kv_cache_gb=inf.kv_cache_gb,
                                  lora=False)
         try:
             server = start_sampler(choice.backend, path, self.run.log_path("teacher"), timeout=inf.startup_timeout,
