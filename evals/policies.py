@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 PolicyKind = Literal["adapter", "weights", "model"]
 STEP_DIR = re.compile(r"^step_(\d+)$")
 VERSION_FOLDERS = ("adapters", "weights", "checkpoints")  # where a step's policy is looked for, in this order
-VLLM_LORA_RANKS = (16, 32, 64, 128, 256, 320, 512)  # --max-lora-rank values vLLM accepts (>= our default)
 
 
 class PolicyNotFoundError(LookupError):
@@ -169,18 +168,17 @@ def _check_base(spec: str, model: str, base: str, base_path: Path) -> None:
 
 
 def lora_rank(adapter: Path) -> int:
-    """The adapter's rank (`r` in adapter_config.json; 16 where it says nothing readable)."""
+    """The adapter's largest rank (`r` in adapter_config.json, or a larger one of its `rank_pattern`; 16 where it
+    says nothing readable). A vLLM start rounds it up to a rank vLLM accepts (`inference.vllm.vllm_lora_rank`)."""
     try:
         config = json.loads((adapter / "adapter_config.json").read_text())
     except (OSError, ValueError):
         return 16
-    rank = config.get("r") if isinstance(config, dict) else None
-    return rank if isinstance(rank, int) and rank > 0 else 16
-
-
-def max_lora_rank(rank: int) -> int:
-    """The smallest `--max-lora-rank` vLLM accepts that holds `rank`."""
-    return next((r for r in VLLM_LORA_RANKS if r >= rank), rank)
+    if not isinstance(config, dict):
+        return 16
+    pattern = config.get("rank_pattern")
+    ranks = [config.get("r"), *(pattern.values() if isinstance(pattern, dict) else ())]
+    return max((r for r in ranks if isinstance(r, int) and r > 0), default=16)
 
 
 def start_policy_sampler(policy: TrainedPolicy, run: Run, backend: str, *, role: str = "inference",
@@ -189,10 +187,11 @@ def start_policy_sampler(policy: TrainedPolicy, run: Run, backend: str, *, role:
 
     An adapter is loaded at runtime into a sampler on the base model; weights are loaded at runtime into a sampler
     on the base model (they come without a tokenizer) that serves them under the policy's name; an SFT run's model
-    folder is served as the model. Raises what `inference.launch.start_sampler` raises, and
+    folder is served as the model; vLLM is started for the adapter's rank and, for an adapter on MoE experts (peft
+    `target_parameters`), with expert LoRA on. Raises what `inference.launch.start_sampler` raises, and
     `inference.control.AdapterLoadError` (WeightLoadError for weights) when the server refuses the policy; the
     server is stopped then."""
-    from prime_lab.inference.control import RuntimeAdapters, RuntimeWeights
+    from prime_lab.inference.control import RuntimeAdapters, RuntimeWeights, adapter_targets_parameters
     from prime_lab.inference.launch import SamplerOptions, start_sampler
 
     log = run.log_path(role)
@@ -206,7 +205,8 @@ def start_policy_sampler(policy: TrainedPolicy, run: Run, backend: str, *, role:
     else:
         announce(f"Starting the {backend} sampler on {policy.base_model_path} with adapter {policy.source} ...")
         server = start_sampler(backend, policy.base_model_path, log,
-                               options=SamplerOptions(max_lora_rank=max_lora_rank(lora_rank(policy.path))))
+                               options=SamplerOptions(max_lora_rank=lora_rank(policy.path),
+                                                      expert_lora=adapter_targets_parameters(policy.path)))
     if server.process.pid:
         run.register_process(role, server.process.pid)
     try:

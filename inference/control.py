@@ -4,7 +4,9 @@ routes, so one client drives either.
 - LoRA adapters (`RuntimeAdapters`): vLLM's runtime routes `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`
   (vLLM needs `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`). vLLM keys its prefix cache by adapter name and path, so
   reloading changed files from the same path would reuse stale state: every new adapter version is loaded from a
-  path the server has not seen under that name.
+  path the server has not seen under that name. An adapter on fused MoE experts (peft `target_parameters` in its
+  adapter_config.json) is loaded with `is_3d_lora_weight` (`load_adapter_payload`): vLLM, started with
+  `--enable-mixed-moe-lora-format`, then splits its 3-D expert tensors; the built-in server ignores the field.
 - Full weights (`RuntimeWeights`): `/collective_rpc` runs `weights.UPDATE_METHOD` (in vLLM through our worker
   extension, `vllm_worker.py`), then `/reset_prefix_cache`; requests in flight carry a `cache_salt` per policy
   version (`policy_cache_salt`).
@@ -12,6 +14,7 @@ routes, so one client drives either.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import uuid
@@ -49,8 +52,7 @@ class RuntimeAdapters:
         path = Path(path).resolve()
         if (name, path) in self._seen:
             path = self._fresh_copy(name, path)
-        payload = {"lora_name": name, "lora_path": str(path), "load_inplace": True}
-        self._post("/v1/load_lora_adapter", payload, f"load adapter {name!r} from {path}")
+        self._post("/v1/load_lora_adapter", load_adapter_payload(name, path), f"load adapter {name!r} from {path}")
         self._seen.add((name, path))
         previous = self.loaded.get(name)
         self.loaded[name] = path
@@ -114,6 +116,26 @@ class RuntimeWeights:
                   timeout=self.timeout, error=WeightLoadError)
         results = _json(loaded).get("results")
         return list(results) if isinstance(results, list) else []
+
+
+def load_adapter_payload(name: str, path: Path) -> dict[str, object]:
+    """The body of `/v1/load_lora_adapter` for the adapter folder at `path`, loaded as `name` in place. An adapter
+    on parameters (peft `target_parameters`: a MoE model's fused [experts, d1, d2] tensors) says so with vLLM's
+    `is_3d_lora_weight`, without which vLLM reads its tensors as 2-D ones."""
+    payload: dict[str, object] = {"lora_name": name, "lora_path": str(path), "load_inplace": True}
+    if adapter_targets_parameters(path):
+        payload["is_3d_lora_weight"] = True
+    return payload
+
+
+def adapter_targets_parameters(path: Path) -> bool:
+    """Whether the adapter at `path` puts LoRA on parameters (a non-empty `target_parameters` in its
+    adapter_config.json) rather than only on modules."""
+    try:
+        config = json.loads((Path(path) / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("target_parameters"))
 
 
 def policy_cache_salt(run_id: str, version: int) -> str:

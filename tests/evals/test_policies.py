@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from prime_lab.evals.policies import PolicyNotFoundError, max_lora_rank, parse_policy_spec, resolve_policy
+from prime_lab.evals.policies import PolicyNotFoundError, lora_rank, parse_policy_spec, resolve_policy
+from prime_lab.inference.control import adapter_targets_parameters
+from prime_lab.inference.vllm import VLLMSettings, vllm_argv
 from prime_lab.runs.registry import Run, RunRegistry
 
 
@@ -99,5 +101,29 @@ def test_runs_without_a_policy_are_refused_with_what_to_do(base: Path) -> None:
         resolve_policy("rl-nope")
 
 
-def test_vllm_gets_a_lora_rank_it_accepts() -> None:
-    assert [max_lora_rank(r) for r in (4, 8, 16, 24, 64, 300)] == [16, 16, 16, 32, 64, 320]
+def adapter_folder(path: Path, config: object) -> Path:
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_vllm_serves_a_policy_adapter_at_a_rank_it_accepts(tmp_path: Path) -> None:
+    """The rank start_policy_sampler asks vLLM for: the adapter's largest, rounded up to one vLLM accepts."""
+
+    def served_rank(adapter: Path) -> int:
+        argv = vllm_argv(VLLMSettings(model=tmp_path, max_lora_rank=lora_rank(adapter)), 8123, on_gpu=True)
+        return int(argv[argv.index("--max-lora-rank") + 1])
+
+    assert served_rank(adapter_folder(tmp_path / "r4", {"r": 4})) == 8  # vLLM refuses 4
+    assert served_rank(adapter_folder(tmp_path / "r24", {"r": 24})) == 32
+    assert served_rank(adapter_folder(tmp_path / "pattern", {"r": 8, "rank_pattern": {"q_proj": 48}})) == 64
+    assert served_rank(adapter_folder(tmp_path / "unreadable", ["r", 8])) == 16  # not a config: our default
+
+
+def test_an_adapter_on_moe_experts_is_told_apart(tmp_path: Path) -> None:
+    """start_policy_sampler starts vLLM with expert LoRA for exactly these (peft `target_parameters`)."""
+    assert adapter_targets_parameters(adapter_folder(tmp_path / "experts", {
+        "r": 8, "target_modules": ["q_proj"], "target_parameters": ["mlp.experts.gate_up_proj"]}))
+    assert not adapter_targets_parameters(adapter_folder(tmp_path / "dense", {
+        "r": 8, "target_modules": ["q_proj"], "target_parameters": None}))
+    assert not adapter_targets_parameters(tmp_path / "missing")

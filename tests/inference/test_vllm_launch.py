@@ -10,12 +10,16 @@ from pathlib import Path
 import pytest
 
 from prime_lab.inference.backend import CPU_TOKENS_PER_S_16_VIA_ADAPTER, BackendUnavailableError, choose_backend
+from prime_lab.inference.launch import SamplerOptions, start_sampler
 from prime_lab.inference.vllm import (
+    VLLM_LORA_RANKS,
     VLLMSettings,
+    VLLMSettingsError,
     start_vllm,
     vllm_argv,
     vllm_env,
     vllm_installed,
+    vllm_lora_rank,
 )
 from prime_lab.runs.processes import ServerStartError
 
@@ -45,6 +49,52 @@ def test_gpu_launch_uses_bfloat16_and_the_memory_setting(tiny_model_dir: Path) -
     assert "--data-parallel-size" not in argv  # one engine: vLLM's default, not passed
     argv = vllm_argv(replace(settings, data_parallel_size=3), 8123, on_gpu=True)
     assert argv[argv.index("--data-parallel-size") + 1] == "3"
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    """The value after `name` in `argv` (None when absent)."""
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_the_lora_rank_is_rounded_up_to_one_vllm_accepts(tmp_path: Path) -> None:
+    # vLLM's parser refuses any other --max-lora-rank (e.g. 4); [lora].r goes to it unchanged from the launcher
+    assert [vllm_lora_rank(r) for r in (1, 2, 4, 8, 9, 16, 24, 64, 300, 512)] == [1, 8, 8, 8, 16, 16, 32, 64, 320, 512]
+    for rank in (4, 24, 300):
+        argv = vllm_argv(VLLMSettings(model=tmp_path, max_lora_rank=rank), 8123, on_gpu=True)
+        assert int(flag(argv, "--max-lora-rank") or 0) in VLLM_LORA_RANKS
+        assert int(flag(argv, "--max-lora-rank") or 0) >= rank
+
+
+def test_a_lora_rank_vllm_cannot_serve_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(VLLMSettingsError, match=r"LoRA rank 600 \(\[lora\]\.r\) is above 512.*backend = \"builtin\""):
+        vllm_argv(VLLMSettings(model=tmp_path, max_lora_rank=600), 8123, on_gpu=True)
+    with pytest.raises(VLLMSettingsError, match=r"\[lora\]\.r"):
+        vllm_lora_rank(0)
+    # full fine-tuning serves no adapters: no rank to refuse
+    assert "--max-lora-rank" not in vllm_argv(VLLMSettings(model=tmp_path, max_lora_rank=600).taking_full_weights(),
+                                              8123, on_gpu=True)
+    # through start_sampler, before a process starts (a ServerStartError: one line where a start failure is shown)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ServerStartError, match="above 512"):
+        start_sampler("vllm", tmp_path, tmp_path / "vllm.log", options=SamplerOptions(max_lora_rank=1024))
+    assert not (tmp_path / "vllm.log").exists()
+
+
+def test_the_context_is_the_models_own_unless_set(tmp_path: Path) -> None:
+    # `auto`: the model's full context where the KV cache holds it, else the longest that fits (a fixed 2048 cut
+    # completions short without a word; no flag at all refuses to start where the full context does not fit)
+    assert flag(vllm_argv(VLLMSettings(model=tmp_path), 8123, on_gpu=True), "--max-model-len") == "auto"
+    assert flag(vllm_argv(VLLMSettings(model=tmp_path, max_model_len=8192), 8123, on_gpu=False),
+                "--max-model-len") == "8192"
+
+
+def test_expert_lora_starts_the_engine_for_3d_expert_adapters(tmp_path: Path) -> None:
+    assert "--enable-mixed-moe-lora-format" not in vllm_argv(VLLMSettings(model=tmp_path), 8123, on_gpu=True)
+    argv = vllm_argv(VLLMSettings(model=tmp_path, expert_lora=True), 8123, on_gpu=True)
+    assert "--enable-mixed-moe-lora-format" in argv and "--enable-lora" in argv
+    # without LoRA there is no adapter to load: the flag would only change the MoE kernels
+    full = VLLMSettings(model=tmp_path, expert_lora=True).taking_full_weights()
+    assert "--enable-mixed-moe-lora-format" not in vllm_argv(full, 8123, on_gpu=True)
 
 
 @pytest.mark.slow

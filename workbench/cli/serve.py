@@ -107,6 +107,8 @@ def _serve_builtin(
 def _serve_vllm(
     folder: Path, name: str, host: str, port: int, adapters: dict[str, Path], dtype: str, max_model_len: int | None
 ) -> None:
+    from prime_lab.evals.policies import lora_rank
+    from prime_lab.inference.control import adapter_targets_parameters
     from prime_lab.inference.vllm import VLLMNotInstalledError, VLLMSettings, start_vllm
     from prime_lab.runs.processes import ServerStartError
 
@@ -119,7 +121,9 @@ def _serve_vllm(
         port=port,
         host=host,
         dtype=dtype,
-        max_model_len=max_model_len or 2048,
+        max_model_len=max_model_len,
+        max_lora_rank=max((lora_rank(p) for p in adapters.values()), default=16),
+        expert_lora=any(adapter_targets_parameters(p) for p in adapters.values()),
         extra_args=extra,
     )
     err(f"Starting vLLM for {folder} (about a minute on a CPU) ...")
