@@ -13,6 +13,18 @@ Both serve float32 (what RL needs for its importance ratios).
 
 Prints a table and the two ratios the goals need: built-in@16 via adapter / vLLM@16 via adapter (goal >= 1.5)
 and built-in@16 / built-in@1 (goal >= 5).
+
+    .venv/bin/python bench/sampler.py --decode [--tiny] [--rounds 2] [--json out.json]
+
+`--decode` times the built-in engine's decode loop in this process, no server: a Qwen3-0.6B-shaped model with random
+weights (`--tiny`: a 2-layer one, what the CPU can run) and the shipped tiny tokenizer, on CUDA in bfloat16 when
+there is a GPU (float32 on the CPU), decodes an RL batch: 8 prompts x n = 8 choices x `--tokens` (default 128)
+tokens at temperature 1, EOS ignored. It runs the eager decode and the captured one (CUDA graphs; on the CPU the
+same fixed-shape decode, uncaptured) on the same model, one after the other: for each, a first batch (timed on its
+own: it pays for cuBLAS set-up and the captures) and `--rounds` timed batches. A third row replaces the model by
+a new one (new key, same weights) before every batch, as an RL run's in-place adapter reload does, so every batch
+pays for its captures. Prints ms per decode step (the engine thread's time per step: forward, sampling,
+bookkeeping), tokens/s over the whole batch (prefill included), the captures and their time, and the ratio.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -46,6 +59,15 @@ from prime_lab.models.random_lora import build_random_lora_adapter  # noqa: E402
 from prime_lab.runs.processes import RunningServer, ServerStartError  # noqa: E402
 
 MODEL = "smollm2-135m"
+# Qwen3-0.6B's shape (as bench/trainer_throughput.py builds it), and a tiny one for the CPU.
+QWEN3_06B: dict[str, Any] = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                             "max_position_embeddings": 40960, "tie_word_embeddings": True}
+TINY_QWEN3: dict[str, Any] = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
+                              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 4096,
+                              "max_position_embeddings": 4096, "tie_word_embeddings": True}
+DECODE_PROMPTS = 8
+DECODE_CHOICES = 8
 ADAPTER = "bench-lora"
 CONCURRENCY = (1, 4, 16)
 TOPICS = ("a lighthouse", "a lost key", "the first snow", "a robot chef", "a tiny dragon", "an old map",
@@ -178,13 +200,133 @@ def print_table(results: list[EngineResult], load_average: tuple[float, float]) 
             print(f"built-in@16 / built-in@1 ({kind}): {ratio:.3f}  (goal >= 5: {'met' if ratio >= 5 else 'NOT met'})")
 
 
+@dataclass
+class DecodeResult:
+    mode: str
+    first_batch_s: float
+    ms_per_step: float
+    tokens_per_s: float
+    captures: int = 0
+    capture_s: float = 0.0
+
+
+def decode_model(tiny: bool, device: str) -> tuple[Any, Any]:
+    """A Qwen3-shaped model with random weights on `device` (bfloat16 on CUDA, float32 on the CPU), through the
+    built-in server's attention, and the shipped tiny tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from prime_lab.inference.builtin.attention import GROUPED_DECODE_SDPA
+    from prime_lab.models.tiny import build_tiny_tokenizer
+
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        module = AutoModelForCausalLM.from_config(Qwen3Config(**(TINY_QWEN3 if tiny else QWEN3_06B)),
+                                                  attn_implementation=GROUPED_DECODE_SDPA, dtype=dtype)
+    module.eval().requires_grad_(False)
+    return module, build_tiny_tokenizer()
+
+
+def decode_prompts(tokenizer: Any) -> list[list[int]]:
+    """`DECODE_PROMPTS` chat prompts of different lengths, as reverse-text's are."""
+    prompts = []
+    for i in range(DECODE_PROMPTS):
+        text = " ".join(TOPICS[(i + j) % len(TOPICS)] for j in range(2 + i % 4))
+        encoded = tokenizer.apply_chat_template([{"role": "user", "content": f"Reverse the text: {text}"}],
+                                                add_generation_prompt=True, tokenize=True)
+        prompts.append(list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded))
+    return prompts
+
+
+def time_decode(mode: str, module: Any, tokenizer: Any, device: str, rounds: int, tokens: int) -> DecodeResult:
+    """One engine (`mode`: eager, graphs, graphs-new-model): a first batch, then `rounds` timed ones."""
+    import torch
+
+    from prime_lab.inference.builtin.adapters import ServedModel
+    from prime_lab.inference.builtin.engine import GenerationEngine
+    from prime_lab.inference.builtin.prompts import PromptCodec
+    from prime_lab.inference.builtin.sampling import SamplingParams
+    from prime_lab.inference.builtin.sequences import GenerationRequest
+
+    engine = GenerationEngine(PromptCodec(tokenizer), frozenset(), int(module.config.vocab_size),
+                              torch.device(device), max_batch_rows=DECODE_PROMPTS * DECODE_CHOICES,
+                              graph_decode=mode != "eager").start()
+    prompts = decode_prompts(tokenizer)
+    params = SamplingParams(max_tokens=tokens, temperature=1.0, logprobs=True)
+    model = ServedModel(name="bench", module=module, root="")
+
+    def one_batch() -> float:
+        nonlocal model
+        if mode == "graphs-new-model":  # an in-place adapter reload: the engine sees a new model
+            model = ServedModel(name="bench", module=module, root="")
+        start = time.perf_counter()
+        futures = [engine.submit(GenerationRequest(p, DECODE_CHOICES, params, model)) for p in prompts]
+        done = [f.result(timeout=600) for f in futures]
+        assert all(len(c.token_ids) == tokens for choices in done for c in choices), "every row decodes all"
+        seconds = time.perf_counter() - start
+        engine.between_steps(lambda: None).result(timeout=60)  # the last step's time is counted
+        return seconds
+
+    try:
+        first = one_batch()
+        steps, seconds = engine.decode_steps, engine.decode_seconds
+        wall = sum(one_batch() for _ in range(rounds))
+        steps, seconds = engine.decode_steps - steps, engine.decode_seconds - seconds
+    finally:
+        engine.stop()
+    decoder = engine.decoder
+    result = DecodeResult(mode, first, 1000 * seconds / steps, rounds * len(prompts) * DECODE_CHOICES * tokens / wall)
+    if decoder is not None:
+        result.captures, result.capture_s = decoder.captures, decoder.capture_seconds
+    print(f"  {mode}: first batch {first:.2f} s, {result.ms_per_step:.2f} ms/step", file=sys.stderr)
+    return result
+
+
+def run_decode_bench(tiny: bool, rounds: int, tokens: int) -> tuple[list[DecodeResult], dict[str, Any]]:
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    module, tokenizer = decode_model(tiny, device)
+    info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "dtype": str(module.dtype),
+            "model": "tiny Qwen3" if tiny else "Qwen3-0.6B-shaped", "torch": torch.__version__,
+            "batch": f"{DECODE_PROMPTS} prompts x n={DECODE_CHOICES} x {tokens} tokens"}
+    print(f"decode bench on {info['device']} ({info['dtype']}, {info['model']}, {info['batch']})", file=sys.stderr)
+    modes = ("eager", "graphs", "graphs-new-model")
+    return [time_decode(mode, module, tokenizer, device, rounds, tokens) for mode in modes], info
+
+
+def print_decode_table(results: list[DecodeResult], info: dict[str, Any]) -> None:
+    print(f"{info['model']} on {info['device']}, {info['dtype']}, torch {info['torch']}: {info['batch']}")
+    header = f"{'decode':<17} {'1st batch s':>11} {'ms/step':>8} {'tok/s':>9} {'captures':>8} {'capture s':>9}"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        print(f"{r.mode:<17} {r.first_batch_s:>11.2f} {r.ms_per_step:>8.2f} {r.tokens_per_s:>9.0f} "
+              f"{r.captures:>8d} {r.capture_s:>9.2f}")
+    by_mode = {r.mode: r for r in results}
+    ratio = by_mode["eager"].ms_per_step / by_mode["graphs"].ms_per_step
+    print(f"eager / graphs, ms per decode step: {ratio:.2f}x")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engines", default="builtin,vllm", help="comma-separated: builtin, vllm")
     parser.add_argument("--rounds", type=int, default=3, help="timed batches per engine and concurrency level")
     parser.add_argument("--tokens", type=int, default=64, help="completion tokens per request")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--decode", action="store_true", help="time the engine's decode loop in-process (no server)")
+    parser.add_argument("--tiny", action="store_true", help="with --decode: a 2-layer model (the CPU's size)")
     args = parser.parse_args()
+    if args.tiny and not args.decode:
+        parser.error("--tiny goes with --decode")
+    if args.decode:
+        tokens = args.tokens if "--tokens" in sys.argv[1:] else 128
+        decoded, info = run_decode_bench(args.tiny, args.rounds, tokens)
+        print_decode_table(decoded, info)
+        if args.json:
+            args.json.write_text(json.dumps({"decode": [asdict(r) for r in decoded], **info}, indent=2))
+        return 0
     engines = [name.strip() for name in args.engines.split(",") if name.strip()]
     unknown = [name for name in engines if name not in ("builtin", "vllm")]
     if unknown:

@@ -1,4 +1,4 @@
-"""`python -m inference.builtin --model PATH --port N [--adapter NAME=PATH]... [--dtype float32]`."""
+"""`python -m inference.builtin --model PATH --port N [--adapter NAME=PATH]... [--dtype auto] [--cuda-graphs auto]`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from prime_lab.inference.builtin.server import DTYPES, BuiltinServerSettings, run_server
+from prime_lab.inference.builtin.server import CUDA_GRAPHS, DTYPES, BuiltinServerSettings, run_server
 
 
 def parse_adapter(value: str) -> tuple[str, Path]:
@@ -24,10 +24,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--adapter", action="append", type=parse_adapter, default=[], metavar="NAME=PATH")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on a GPU, float32 on the CPU")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-batch-rows", type=int, default=64, help="sequences decoded together at most")
+    parser.add_argument("--cuda-graphs", choices=CUDA_GRAPHS, default="auto",
+                        help="the decode step replayed as a CUDA graph (auto: on a GPU; off: eager decode)")
     return parser.parse_args(argv)
 
 
@@ -42,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         max_model_len=args.max_model_len,
         max_batch_rows=args.max_batch_rows,
+        cuda_graphs=args.cuda_graphs,
     )
     try:
         run_server(settings, host=args.host, port=args.port)

@@ -35,15 +35,7 @@ class DecodeBatch:
         return RowSampling.build([s.params for s in sequences], [s.pending.generator for s in sequences], device)
 
     def banned_tokens(self, vocab_size: int) -> torch.Tensor | None:
-        """[B, V] True where a row may not sample the token now (stop tokens under `min_tokens`)."""
-        rows = [(i, s) for i, s in enumerate(self.sequences) if s.wants_banned_stops]
-        if not rows:
-            return None
-        banned = torch.zeros((len(self.sequences), vocab_size), dtype=torch.bool, device=self.last_tokens.device)
-        for i, sequence in rows:
-            ids = [t for t in sequence.stop_token_ids if t < vocab_size]
-            banned[i, ids] = True
-        return banned
+        return banned_stop_tokens(self.sequences, vocab_size, self.last_tokens.device)
 
     def join(self, other: DecodeBatch) -> None:
         """Append `other`'s rows (same model), left-padding the shorter history."""
@@ -59,7 +51,7 @@ class DecodeBatch:
 
     def drop_finished(self) -> bool:
         """Remove finished or abandoned rows; False when none are left."""
-        keep = [i for i, s in enumerate(self.sequences) if not s.finished and not s.pending.abandoned]
+        keep = live_rows(self.sequences)
         if len(keep) == len(self.sequences):
             return True
         if not keep:
@@ -76,6 +68,23 @@ class DecodeBatch:
         self.sequences = [self.sequences[i] for i in keep]
         self.sampling = self.row_sampling(self.sequences, self.last_tokens.device)
         return True
+
+
+def live_rows(sequences: list[Sequence]) -> list[int]:
+    """The rows of a batch that go on decoding: neither finished nor abandoned by their client."""
+    return [i for i, s in enumerate(sequences) if not s.finished and not s.pending.abandoned]
+
+
+def banned_stop_tokens(sequences: list[Sequence], vocab_size: int, device: torch.device) -> torch.Tensor | None:
+    """[B, V] True where a row may not sample the token now (stop tokens under `min_tokens`); None for none."""
+    rows = [(i, s) for i, s in enumerate(sequences) if s.wants_banned_stops]
+    if not rows:
+        return None
+    banned = torch.zeros((len(sequences), vocab_size), dtype=torch.bool, device=device)
+    for i, sequence in rows:
+        ids = [t for t in sequence.stop_token_ids if t < vocab_size]
+        banned[i, ids] = True
+    return banned
 
 
 def _pad_mask_left(mask: torch.Tensor, length: int) -> torch.Tensor:

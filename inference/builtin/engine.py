@@ -13,6 +13,9 @@ A request that asks for `prompt_logprobs` is prefilled on its own, `prompt_chunk
 KV cache: each chunk's logits give the raw logprobs of the prompt tokens they predict (never a [prompt, vocabulary]
 tensor), the last position's the first sampled token, and the request then joins the running batch like any other.
 
+With `graph_decode` the running batch decodes through fixed-shape buffers, its step replayed as a CUDA graph on a GPU
+(graph_decode.py); prefill stays eager. A model that decode cannot serve (sliding windows, MoE) decodes eagerly.
+
 Importing this module imports torch; `server.py` does so when a server is built.
 """
 
@@ -32,6 +35,7 @@ import torch
 from prime_lab.inference.builtin.adapters import ServedModel
 from prime_lab.inference.builtin.decode_batch import DecodeBatch
 from prime_lab.inference.builtin.errors import EngineStoppedError
+from prime_lab.inference.builtin.graph_decode import GraphDecodeBatch, StaticDecoder, unsupported_reason
 from prime_lab.inference.builtin.kv_cache import BatchKVCache
 from prime_lab.inference.builtin.prompts import PromptCodec
 from prime_lab.inference.builtin.sampling import SampledTokens, position_logprobs, sample
@@ -77,6 +81,7 @@ class GenerationEngine:
         prompt_chunk_size: int = 1024,
         gather_window_s: float = 0.02,
         resolve: Callable[[ServedModel], ServedModel] | None = None,
+        graph_decode: bool = False,
     ) -> None:
         self.codec = codec
         self.eos_token_ids = eos_token_ids
@@ -89,7 +94,11 @@ class GenerationEngine:
         self.resolve: Callable[[ServedModel], ServedModel] = resolve or (lambda model: model)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._waiting: deque[PendingRequest] = deque()
-        self._batch: DecodeBatch | None = None
+        self._batch: DecodeBatch | GraphDecodeBatch | None = None
+        self.decoder = StaticDecoder(device, max_batch_rows) if graph_decode else None
+        self._eager_models: set[str] = set()  # names logged as decoding eagerly
+        self.decode_steps = 0
+        self.decode_seconds = 0.0  # the engine thread's time in decode steps (forward, sampling, bookkeeping)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="generation-engine", daemon=True)
 
@@ -133,7 +142,10 @@ class GenerationEngine:
                         self._batch.model = self.resolve(self._batch.model)
                     self._admit()
                     if self._batch is not None:
+                        start = time.perf_counter()
                         self._decode_step(self._batch)
+                        self.decode_seconds += time.perf_counter() - start
+                        self.decode_steps += 1
                 except Exception as error:  # a failed forward pass must not take the server down
                     log.exception("generation failed")
                     self._fail_batch(error)
@@ -206,10 +218,29 @@ class GenerationEngine:
                 continue
             if joined is None:
                 continue
-            if self._batch is None:
-                self._batch = joined
-            else:
-                self._batch.join(joined)
+            try:
+                if self._batch is None:
+                    self._batch = self._running_batch(joined)
+                else:
+                    self._batch.join(joined)
+            except Exception as error:  # out of memory for the grown batch: its rows and the new ones fail
+                log.exception("joining the running batch failed")
+                for pending in chunk:
+                    if not pending.future.done():
+                        pending.future.set_exception(error)
+                self._fail_batch(error)
+
+    def _running_batch(self, batch: DecodeBatch) -> DecodeBatch | GraphDecodeBatch:
+        """`batch` as the running batch: on the static decoder when there is one and the model allows it."""
+        if self.decoder is None:
+            return batch
+        reason = unsupported_reason(batch.model.module.config)
+        if reason is not None:
+            if batch.model.name not in self._eager_models:
+                log.info("%s decodes eagerly: %s", batch.model.name, reason)
+                self._eager_models.add(batch.model.name)
+            return batch
+        return GraphDecodeBatch(self.decoder, batch)
 
     def _prefill_chunks(self, pendings: list[PendingRequest]) -> list[list[PendingRequest]]:
         chunks: list[list[PendingRequest]] = []
@@ -303,24 +334,27 @@ class GenerationEngine:
         pending.prompt_logprobs = scores
         return cache, torch.ones((1, len(prompt)), dtype=torch.long, device=self.device), last_logits
 
-    def _decode_step(self, batch: DecodeBatch) -> None:
-        ones = batch.attention_mask.new_ones((len(batch), 1))
-        attention_mask = torch.cat([batch.attention_mask, ones], dim=1)
-        output = batch.model.module(
-            input_ids=batch.last_tokens.unsqueeze(1),
-            attention_mask=attention_mask,
-            position_ids=batch.next_positions.unsqueeze(1),
-            past_key_values=batch.cache,
-            use_cache=True,
-        )
-        batch.attention_mask = attention_mask
-        batch.next_positions = batch.next_positions + 1
-        logits = output.logits[:, -1].float()
+    def _decode_step(self, batch: DecodeBatch | GraphDecodeBatch) -> None:
+        if isinstance(batch, GraphDecodeBatch):
+            logits = batch.step()
+        else:
+            ones = batch.attention_mask.new_ones((len(batch), 1))
+            attention_mask = torch.cat([batch.attention_mask, ones], dim=1)
+            output = batch.model.module(
+                input_ids=batch.last_tokens.unsqueeze(1),
+                attention_mask=attention_mask,
+                position_ids=batch.next_positions.unsqueeze(1),
+                past_key_values=batch.cache,
+                use_cache=True,
+            )
+            batch.attention_mask = attention_mask
+            batch.next_positions = batch.next_positions + 1
+            logits = output.logits[:, -1].float()
         self._take_tokens(batch, sample(logits, batch.sampling, batch.banned_tokens(self.vocab_size)))
         if not batch.drop_finished():
             self._batch = None
 
-    def _take_tokens(self, batch: DecodeBatch, sampled: SampledTokens) -> None:
+    def _take_tokens(self, batch: DecodeBatch | GraphDecodeBatch, sampled: SampledTokens) -> None:
         batch.last_tokens = sampled.tokens
         tokens = sampled.tokens.tolist()
         logprobs = sampled.logprobs.tolist()

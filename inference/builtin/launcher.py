@@ -26,6 +26,7 @@ def builtin_argv(settings: BuiltinServerSettings, port: int, host: str = "127.0.
         "--port", str(port),
         "--dtype", settings.dtype,
         "--max-batch-rows", str(settings.max_batch_rows),
+        "--cuda-graphs", settings.cuda_graphs,
     ]  # fmt: skip
     if settings.device:
         argv += ["--device", settings.device]

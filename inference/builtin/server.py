@@ -15,6 +15,7 @@ from prime_lab.inference.builtin.prompts import PromptCodec
 log = logging.getLogger(__name__)
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+CUDA_GRAPHS = ("auto", "on", "off")
 DEFAULT_MAX_MODEL_LEN = 32768
 
 
@@ -23,14 +24,51 @@ class BuiltinServerSettings:
     model: Path
     served_model_name: str | None = None  # default: the model folder's name
     adapters: dict[str, Path] = field(default_factory=dict)
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: bfloat16 on a GPU (as the trainer and vLLM there), float32 on the CPU
     device: str | None = None  # default: cuda when available, else cpu
     max_model_len: int | None = None  # default: the model's max_position_embeddings (capped at 32768)
     max_batch_rows: int = 64
+    # The decode step through fixed-shape buffers, replayed as a CUDA graph (graph_decode.py). auto: on a GPU;
+    # off: the eager decode (vLLM's --enforce-eager); on: also on the CPU, where nothing is captured (tests).
+    cuda_graphs: str = "auto"
 
     @property
     def model_name(self) -> str:
         return self.served_model_name or Path(self.model).name
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    """Where and how a server runs its model, from its settings and the machine."""
+
+    device: str
+    dtype: str  # a torch dtype name
+    graph_decode: bool
+
+    def describe(self) -> str:
+        if not self.graph_decode:
+            decode = "eager decode"
+        elif self.device.startswith("cuda"):
+            decode = "decode step as CUDA graphs"
+        else:
+            decode = "fixed-shape decode, uncaptured"
+        return f"{self.device}, {self.dtype}, {decode}"
+
+
+def runtime_plan(settings: BuiltinServerSettings) -> RuntimePlan:
+    """The device (cuda when available), the dtype ("auto": bfloat16 on a GPU, float32 on the CPU) and whether the
+    decode step is captured ("auto": on a GPU)."""
+    import torch
+
+    if settings.dtype not in DTYPES:
+        raise ValueError(f"dtype {settings.dtype!r} is not one of {', '.join(DTYPES)}")
+    if settings.cuda_graphs not in CUDA_GRAPHS:
+        raise ValueError(f"cuda_graphs {settings.cuda_graphs!r} is not one of {', '.join(CUDA_GRAPHS)}")
+    device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = device.startswith("cuda")
+    dtype = settings.dtype if settings.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+    graph_decode = settings.cuda_graphs == "on" or (settings.cuda_graphs == "auto" and on_gpu)
+    return RuntimePlan(device=device, dtype=dtype, graph_decode=graph_decode)
 
 
 def torch_dtype(name: str, device: str) -> Any:
@@ -86,9 +124,11 @@ def build_service(settings: BuiltinServerSettings) -> CompletionService:
     from prime_lab.inference.builtin.cpu_kernels import use_onednn_linears
     from prime_lab.inference.builtin.engine import GenerationEngine
 
-    device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    plan = runtime_plan(settings)
+    device = plan.device
+    log.info("running %s on %s", settings.model_name, plan.describe())
     tokenizer = AutoTokenizer.from_pretrained(settings.model)
-    module = use_onednn_linears(load_model(settings.model, torch_dtype(settings.dtype, device)).to(device).eval())
+    module = use_onednn_linears(load_model(settings.model, torch_dtype(plan.dtype, device)).to(device).eval())
     module.requires_grad_(False)
     max_model_len = settings.max_model_len or min(
         int(getattr(module.config, "max_position_embeddings", DEFAULT_MAX_MODEL_LEN)), DEFAULT_MAX_MODEL_LEN
@@ -104,6 +144,7 @@ def build_service(settings: BuiltinServerSettings) -> CompletionService:
         torch.device(device),
         max_batch_rows=settings.max_batch_rows,
         resolve=registry.current,
+        graph_decode=plan.graph_decode,
     )
     for name, path in settings.adapters.items():
         registry.load_adapter(name, str(path))

@@ -47,7 +47,8 @@ def serve(
     port: int = typer.Option(8000, "--port", "-p", help="Port on 127.0.0.1."),
     adapter: list[str] = typer.Option([], "--adapter", "-a", help="A LoRA adapter to serve: NAME=PATH (repeatable)."),
     backend: str = typer.Option("builtin", "--backend", "-b", help="builtin (transformers) or vllm."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16, float16 or auto."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (float32 on a CPU, bfloat16 on a GPU), float32, "
+                              "bfloat16 or float16."),
     max_model_len: int | None = typer.Option(None, "--max-model-len", help="Context length (default: the model's)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
 ) -> None:
