@@ -6,12 +6,17 @@ Rows come in prime-rl's two shapes: a `messages` column (the whole chat; it wins
 column (OpenAI tool definitions) goes to the chat template.
 
 Tokens and mask: the chat is rendered with the tokenizer's chat template one message at a time; each message's
-tokens are the text it adds to the rendering so far, and they are trained on when its role is on in `[data]
-loss_mask` (the assistant's only, by default). An assistant message's header (`<|im_start|>assistant\\n`, what
+part is the text it adds to the rendering so far, trained on when its role is on in `[data] loss_mask` (the
+assistant's only, by default). An assistant message's header (`<|im_start|>assistant\\n`, what
 `add_generation_prompt` adds) is never trained on, nor what the template writes after its end-of-turn token (the
 tokenizer's eos, e.g. `<|im_end|>`); the end-of-turn token is, so the model learns to stop. A chat whose
 template re-renders earlier messages differently as it grows cannot be split this way and is skipped, counted in
-the trainer's log.
+the trainer's log. The ids are the whole rendering's, tokenized once, as the sampler tokenizes a prompt: where the
+parts tokenized one by one and joined give the same ids (ChatML: special tokens bound every part) those are taken
+with each part's mask; where they differ (a SentencePiece tokenizer marks the start of each text it is given with
+`▁`, and merges pieces across a part's edge), the whole rendering's ids are taken and a token is trained when one of
+its characters (its offsets, from a fast tokenizer) is in a trained part, so a token merged across a reply's edge is
+trained with the reply (as transformers' `return_assistant_tokens_mask` does).
 
 The stream (`SFTStream`) walks the examples in a shuffled order (a new one each pass, from `[data] seed` and the
 pass number); its position is two integers, saved in each checkpoint, so a restarted run reads on from where the
@@ -25,6 +30,7 @@ import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -210,16 +216,38 @@ class TemplateMismatch(SFTDataError):
 
 def chat_tokens(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                 loss_mask: LossMaskConfig) -> tuple[list[int], list[int]]:
-    """The chat's token ids (the chat template's rendering) and a 0/1 mask: 1 on the tokens of the messages whose
-    role `loss_mask` trains on, but an assistant message's header."""
+    """The chat's token ids (the chat template's rendering, tokenized once) and a 0/1 mask: 1 on the tokens of the
+    messages whose role `loss_mask` trains on, but an assistant message's header."""
+    text, parts = chat_parts(tokenizer, messages, tools, loss_mask)
+    ids: list[int] = []
+    mask: list[int] = []
+    for start, end, on in parts:
+        tokens = tokenizer(text[start:end], add_special_tokens=False)["input_ids"]
+        ids.extend(tokens)
+        mask.extend([int(on)] * len(tokens))
+    if not getattr(tokenizer, "is_fast", False):
+        if tokenizer(text, add_special_tokens=False)["input_ids"] != ids:
+            raise SFTDataError("the tokenizer splits a chat differently message by message than whole, and gives no "
+                               "character offsets to find each message's tokens in the whole: use the model's fast "
+                               "tokenizer (its tokenizer.json)")
+        return ids, mask
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    if list(encoded["input_ids"]) == ids:
+        return ids, mask
+    return list(encoded["input_ids"]), offsets_mask(encoded["offset_mapping"], parts, len(text))
+
+
+def chat_parts(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               loss_mask: LossMaskConfig) -> tuple[str, list[tuple[int, int, bool]]]:
+    """The chat template's rendering of the whole chat and its parts, (start, end, trained) character spans in
+    order: each message's text, an assistant message's header and what follows its end-of-turn token apart."""
     trained = {role: bool(getattr(loss_mask, role)) for role in ROLES}
 
     def render(upto: int, generation_prompt: bool) -> str:
         return str(tokenizer.apply_chat_template(messages[:upto], tools=tools, tokenize=False,
                                                  add_generation_prompt=generation_prompt))
 
-    ids: list[int] = []
-    mask: list[int] = []
+    parts: list[tuple[int, int, bool]] = []
     text = ""
 
     end_of_turn = tokenizer.eos_token if isinstance(tokenizer.eos_token, str) and tokenizer.eos_token else None
@@ -235,11 +263,10 @@ def chat_tokens(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
         cut = len(new)
         if stop_at_end_of_turn and end_of_turn and end_of_turn in new:
             cut = new.rindex(end_of_turn) + len(end_of_turn)
-        for part, part_on in ((new[:cut], on), (new[cut:], False)):
-            if part:
-                tokens = tokenizer(part, add_special_tokens=False)["input_ids"]
-                ids.extend(tokens)
-                mask.extend([int(part_on)] * len(tokens))
+        at = len(text)
+        for start, end, part_on in ((at, at + cut, on), (at + cut, len(upto), False)):
+            if end > start:
+                parts.append((start, end, part_on))
         text = upto
 
     for i, message in enumerate(messages):
@@ -247,7 +274,25 @@ def chat_tokens(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
         if assistant and i > 0:
             extend(render(i, True), False)  # the assistant header the sampler adds before generating
         extend(render(i + 1, False), trained.get(message["role"], False), stop_at_end_of_turn=assistant)
-    return ids, mask
+    return text, parts
+
+
+def offsets_mask(offsets: list[tuple[int, int]], parts: list[tuple[int, int, bool]], length: int) -> list[int]:
+    """1 on each token (its character offsets in the rendering, `length` characters) holding a character of a
+    trained part; a token of no width (one the pre-tokenizer added) goes by the character at its offset."""
+    chars = [0] * length
+    for start, end, trained in parts:
+        if trained:
+            chars[start:end] = [1] * (end - start)
+    before = [0, *accumulate(chars)]  # before[k]: trained characters in the first k
+
+    def holds_one(a: int, b: int) -> int:
+        if b <= a:
+            a = max(min(a, length - 1), 0)
+            b = min(a + 1, length)
+        return int(before[b] > before[a])
+
+    return [holds_one(a, b) for a, b in offsets]
 
 
 # The stream of examples --------------------------------------------------------------------------------------------

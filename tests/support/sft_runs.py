@@ -56,3 +56,16 @@ interval = {checkpoint_interval}
 
 def start_sft(config: Path, *extra: str) -> Run:
     return start(config, *extra, kind="sft")
+
+
+def assistant_spans(text: str, messages: list[dict[str, str]], end_of_turn: str) -> list[tuple[int, int]]:
+    """Independently of the SFT data code: each assistant message's characters in a chat template's rendering
+    `text`, its content and the `end_of_turn` marker after it (what an assistant-only loss mask trains)."""
+    spans, at = [], 0
+    for message in messages:
+        start = text.index(message["content"], at)
+        at = start + len(message["content"])
+        if message["role"] == "assistant":
+            at = text.index(end_of_turn, at) + len(end_of_turn)
+            spans.append((start, at))
+    return spans

@@ -18,6 +18,7 @@ from prime_lab.trainer.sft_data import (
     read_source,
     row_chat,
 )
+from tests.support.sft_runs import assistant_spans
 
 ROWS = [{"messages": [{"role": "user", "content": f"say {i}"}, {"role": "assistant", "content": f"{i}!"}]}
         for i in range(6)]
@@ -102,14 +103,7 @@ def expected_mask(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[list[
     an assistant message's span (its content and the end-of-turn marker after it), found in the rendered text."""
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    spans, at = [], 0
-    for message in messages:
-        start = text.index(message["content"], at)
-        end = start + len(message["content"])
-        if message["role"] == "assistant":
-            end = text.index("<|im_end|>", end) + len("<|im_end|>")
-            spans.append((start, end))
-        at = end
+    spans = assistant_spans(text, messages, "<|im_end|>")
     mask = [int(any(s <= a < e for s, e in spans)) for a, _ in encoded["offset_mapping"]]
     return encoded["input_ids"], mask
 
