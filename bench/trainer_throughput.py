@@ -36,7 +36,7 @@ the CPU's smaller rows) at 4 x 2,048 tokens (groups of 4 sharing a 512-token pro
                                                  [--seq-len 256] [--procs 1,2]
     .venv/bin/python bench/trainer_throughput.py --activation-checkpointing [--seq-len 2048] [--micro-batch-size 2]
     .venv/bin/python bench/trainer_throughput.py --lm-head [--steps 3]
-    .venv/bin/python bench/trainer_throughput.py --gpu [--shapes long,rl,rl-varying,long-ac] [--steps 5]
+    .venv/bin/python bench/trainer_throughput.py --gpu [--shapes long,rl,rl-varying,long-ac] [--steps 5] [--json PATH]
 (`--tiny` runs the --gpu flow with a 2-layer model and 256-512-token sequences, on the CPU unless --gpu is given: a
 check of the code, not a figure.)
 """
@@ -296,9 +296,15 @@ def measure(model: Path, batches: list[list[Any]], s: OursSettings) -> dict[str,
     steps = {e.step: e.data for e in run.event_log().events()
              if e.kind == "metrics" and e.source == "trainer" and e.step is not None}
     timed = [steps[k] for k in sorted(steps) if k > 1]
-    return {"step_s": statistics.median(m["time/step"] for m in timed),
-            "tokens_per_s": statistics.median(m["perf/train_tokens_per_s"] for m in timed),
-            "steps": float(len(timed)), "peak_gib": max(m["perf/peak_memory_gib"] for m in timed)}
+    figures = {"step_s": statistics.median(m["time/step"] for m in timed),
+               "tokens_per_s": statistics.median(m["perf/train_tokens_per_s"] for m in timed),
+               "steps": float(len(timed)), "peak_gib": max(m["perf/peak_memory_gib"] for m in timed)}
+    if 1 in steps:  # the warm-up step, kept for the record (--json): compile time shows here
+        figures["first_step_s"] = steps[1]["time/step"]
+    compiled = [m["time/compile"] for m in steps.values() if "time/compile" in m]
+    if compiled:
+        figures["compile_s"] = sum(compiled)
+    return figures
 
 
 # --- the peer: a plain transformers + peft GRPO loop -----------------------------------------------------------------
@@ -432,12 +438,26 @@ def peer_layout(shape: Shape, batches: list[list[Any]]) -> str:
             "padding")
 
 
-def compare_with_peer(model: Path, device: str, card: str, shapes: list[Shape], steps: int) -> int:
-    """Each shape: ours, then the peer (run once per distinct peer shape); both figures, ours / peer and the goals."""
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """`--json`: the figures so far, replaced whole after each shape (a reader never sees half a file; a run killed
+    midway leaves the shapes it finished)."""
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(report, indent=2) + "\n")
+    partial.replace(path)
+
+
+def compare_with_peer(model: Path, device: str, card: str, shapes: list[Shape], steps: int,
+                      report_path: Path | None = None) -> int:
+    """Each shape: ours, then the peer (run once per distinct peer shape); both figures, ours / peer and the goals.
+    With `report_path`, the same figures as JSON (`--json`), rewritten after each shape."""
     config = model_shape(model)
     peers: dict[str, dict[str, float]] = {}
     failures = 0
+    report: dict[str, Any] = {"card": card, "device": device, "model": str(model), "steps": steps,
+                              "model_shape": {k: config.get(k) for k in QWEN3_06B}, "shapes": {}}
     for shape in shapes:
+        record: dict[str, Any] = {"what": shape.what, "ours_settings": shape.ours, "finished": False}
+        report["shapes"][shape.name] = record
         batches = shape_batches(shape, config["vocab_size"], steps)
         settings = ", ".join(f"{k} = {toml_value(v)}" for k, v in shape.ours.items()) or "its defaults"
         print(f"[{card}] {shape.name}: {shape.what}; ours: {settings}; peer: {peer_layout(shape, batches)}",
@@ -455,14 +475,21 @@ def compare_with_peer(model: Path, device: str, card: str, shapes: list[Shape], 
         except SideFailed as failed:
             failures += 1
             print(f"  {shape.name} failed: {failed}", flush=True)
+            record["error"] = str(failed)[-4000:]
+            if report_path:
+                write_report(report_path, report)
             continue
         speed, memory = ours["tokens_per_s"] / peer["tokens_per_s"], ours["peak_gib"] / peer["peak_gib"]
+        record.update(finished=True, ours=ours, peer=peer, speed_ratio=speed, memory_ratio=memory,
+                      mean_sample_len=seq)
         goals = [verdict("tokens/s", speed, shape.goal_speed, True)] if shape.goal_speed else []
         goals += [verdict("peak memory", memory, shape.goal_memory, False)] if shape.goal_memory else []
         if shape.goal_peak_gib:
             goals.append(verdict("ours' peak", ours["peak_gib"], shape.goal_peak_gib, False, " GiB"))
         print(f"  ours / peer: {speed:.2f}x tokens/s, {memory:.2f}x peak memory (goal: {'; '.join(goals)})",
               flush=True)
+        if report_path:
+            write_report(report_path, report)
     return 1 if failures else 0
 
 
@@ -539,8 +566,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="CPU: the chunked LM head (the default) vs the dense one (lm_head_chunk_size = 0)")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the --gpu flow, tiny sizes
     parser.add_argument("--device", default=None, help=argparse.SUPPRESS)  # for the --gpu flow: cuda or cpu
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="with --gpu: also write the figures as JSON to PATH (bench/gpu_check.py reads it)")
     parser.add_argument("--peer", default=None, help=argparse.SUPPRESS)  # run_peer's subprocess: its spec (JSON)
     args = parser.parse_args(argv)
+    if args.json and not (args.gpu or args.tiny):
+        parser.error("--json goes with --gpu: the CPU modes print their figures only")
     if args.peer:
         print(json.dumps(peer_train(json.loads(args.peer))), flush=True)
         return 0
@@ -572,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'bfloat16' if device.startswith('cuda') else 'float32'}), LoRA r{LORA_R} on every linear layer, "
                   f"temperature {TEMPERATURE}, {steps} steps a run (the first is warm-up)", flush=True)
             try:
-                code = compare_with_peer(model, device, card, [shapes[s] for s in args.shapes.split(",")], steps)
+                code = compare_with_peer(model, device, card, [shapes[s] for s in args.shapes.split(",")], steps,
+                                         args.json.resolve() if args.json else None)
             finally:
                 if not args.tiny:
                     print(f"[{card}] anchor: {ANCHOR}", flush=True)
