@@ -230,17 +230,19 @@ class TrainerConfig(ConfigSection):
         "as fit in micro_batch_tokens.")
     micro_batch_tokens: int | None = Field(
         default=None, ge=1, description="Tokens per packed row (a forward/backward pass); rows fill up to it (a "
-        "longer sample gets a row of its own). Default: 16384 on a GPU with 40 GiB or more, 8192 on a smaller "
-        "one, 1024 on a CPU (its dense attention mask costs the square of the row).")
+        "longer sample gets a row of its own). Default: on a GPU, from the memory free when the first batch comes "
+        "(16384 with 40 GiB or more, 8192 with less, halved while a row would not fit); 1024 on a CPU (its dense "
+        "attention mask costs the square of the row).")
     attention: Literal["auto", "flex", "sdpa"] = Field(
         default="auto", description="How packed rows attend: flex (FlexAttention with a block mask, CUDA only), sdpa "
-        "(a dense mask); auto: flex on CUDA where it is available, else sdpa.")
+        "(a dense mask); auto: on CUDA where FlexAttention runs, packed rows through it and a row of one sequence "
+        "through SDPA without a mask (its flash kernel), else sdpa.")
     lm_head_chunk_size: int = Field(
         default=1024, ge=0, description="Tokens per chunk of the LM head's logprobs and entropy (float32, logits "
         "recomputed in the backward pass); 0: all at once ([tokens, vocabulary] float32 tensors, much more memory).")
-    compile: bool = Field(
-        default=False, description="torch.compile each decoder layer (the first steps take longer while it "
-        "compiles).")
+    compile: bool | Literal["auto"] = Field(
+        default="auto", description="torch.compile each decoder layer (the first steps take longer while it "
+        "compiles: time/compile); auto: on CUDA, off on the CPU.")
     max_seq_len: int | None = Field(
         default=None, ge=1,
         description="Longest prompt + completion trained on (default: the model's context length; Hosted sets it "
@@ -252,9 +254,11 @@ class TrainerConfig(ConfigSection):
     ratio_mask_low: float = Field(default=0.125, gt=0.0, description="Mask tokens whose importance ratio < this.")
     ratio_mask_high: float = Field(default=8.0, gt=0.0, description="Mask tokens whose importance ratio > this.")
     std_normalize_advantages: bool = False
-    activation_checkpointing: bool = Field(
-        default=False, description="Recompute each decoder layer's activations in the backward pass instead of "
-        "keeping them: much less memory for long sequences, for about a third more compute per step.")
+    activation_checkpointing: bool | Literal["auto"] = Field(
+        default="auto", description="Recompute each decoder layer's activations in the backward pass instead of "
+        "keeping them: much less memory for long sequences, for about a third more compute per step. auto: on a "
+        "GPU, on when the first batch's rows would not fit the memory free then (the trainer's log says so); off "
+        "on the CPU.")
     distributed: Literal["auto", "ddp", "fsdp"] = Field(
         default="auto", description="With several trainer processes: DDP (LoRA), FSDP2 (full fine-tuning), or auto.")
     nproc_per_node: int = Field(default=1, ge=1, description="Trainer processes on this machine; more than 1 runs the "
@@ -265,6 +269,15 @@ class TrainerConfig(ConfigSection):
     master_port: int | None = Field(default=None, ge=1, le=65535,
                                     description="Port on node 0 (env MASTER_PORT; default: a free port on one "
                                     "machine, 29500 across several).")
+
+    @field_validator("compile", "activation_checkpointing", mode="before")
+    @classmethod
+    def _true_false_or_auto(cls, value: Any) -> Any:
+        """One problem for a bad value (not one per member of the union)."""
+        if isinstance(value, bool) or value == "auto":
+            return value
+        shown = f'"{value}"' if isinstance(value, str) else repr(value)
+        raise ValueError(f'must be true, false or "auto" (got {shown})')
 
 
 class TeacherSamplingConfig(ConfigSection):

@@ -1,19 +1,29 @@
 """The policy the trainer updates: a transformers causal LM with a peft LoRA adapter (or, for full fine-tuning, the
 whole model), its token logprobs, and the loss of one batch of samples computed in micro-batches (gradients
-accumulate; one optimizer step per batch).
+accumulate; one optimizer step per batch). Also how it runs on a GPU: compiled layers and the clock of their
+compiling (`CompileClock`), and the memory a step needs (`ModelShape`, `plan_memory`: the row budget and activation
+checkpointing the trainer settles on at its first batch).
 
 torch, transformers and peft are imported inside the functions, so importing this module stays cheap.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prime_lab.trainer.attention import default_row_tokens, packs_prefixes, row_inputs
+from prime_lab.trainer.attention import (
+    CPU_ROW_TOKENS,
+    default_row_tokens,
+    packs_prefixes,
+    row_budget,
+    row_inputs,
+    use_row_attention,
+)
 from prime_lab.trainer.batch import Sample
 from prime_lab.trainer.lm_head import DEFAULT_CHUNK_SIZE, chosen_logprobs, chunkable_head, sampled_head
 from prime_lab.trainer.loss import LossOutput, cross_entropy_loss, distillation_advantages, policy_loss
@@ -107,14 +117,222 @@ def decoder_layers(model: Any) -> list[Any]:
     return [module for module in base.modules() if type(module).__name__ in names]
 
 
+def compiles(setting: bool | str, device: str) -> bool:
+    """`[trainer] compile`: auto compiles on CUDA (on an H100 1.3-1.6x the eager step, at less memory:
+    shared/notes/one-gpu.md), not on the CPU (inductor's CPU kernels gain little there and compiling takes
+    minutes)."""
+    return device.startswith("cuda") if setting == "auto" else bool(setting)
+
+
+RECOMPILE_LIMIT = 64  # graphs per code object: the layers' variants (the first layer's input needs no gradient
+# under LoRA; SDPA and FlexAttention rows; static then dynamic lengths; with and without gradients for the KL
+# reference and validation), and transformers' FlexAttention kernel compiled per row length when layers are not
+# compiled, pass torch's default of 8, past which dynamo runs the code eagerly (prime-rl sets 16 and 64)
+
+
+def allow_recompiles() -> None:
+    """Raise torch's limit of graphs per compiled function to RECOMPILE_LIMIT (never lower it)."""
+    import torch
+
+    if getattr(torch._dynamo.config, "recompile_limit", RECOMPILE_LIMIT) < RECOMPILE_LIMIT:
+        torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
+
+
 def compile_layers(model: Any) -> None:
     """torch.compile each decoder layer in place (its forward and backward; the layers share one compiled graph
-    where their shapes agree), as prime-rl compiles per block. The first steps take longer while it compiles."""
+    where their shapes agree), as prime-rl compiles per block. The first steps take longer while it compiles;
+    a row length seen a second time is compiled as a dynamic dimension (torch's automatic dynamic shapes), so later
+    lengths reuse it."""
     layers = decoder_layers(model)
     if not layers:
         raise ValueError(f"[trainer].compile: no decoder layers found in {type(model).__name__}; set it to false")
+    allow_recompiles()
     for layer in layers:
         layer.compile()
+
+
+class CompileClock:
+    """Seconds spent compiling and graphs compiled (torch.compile's own forward traces; a backward compiled when
+    first run adds seconds, not graphs), from dynamo's compile callbacks (`torch._dynamo.callback`, torch 2.5+),
+    which run once for the outermost compile. One per process (`compile_clock`); the trainer reads it between
+    steps (`read`)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.graphs = 0
+        self._since: float | None = None
+
+    def started(self, *args: Any) -> None:
+        self._since = time.perf_counter()
+        trigger = getattr(args[0], "callback_trigger", None) if args else None
+        if trigger is None or getattr(trigger, "name", "") == "DYNAMO":
+            self.graphs += 1
+
+    def ended(self, *_args: Any) -> None:
+        if self._since is not None:
+            self.seconds += time.perf_counter() - self._since
+            self._since = None
+
+    def read(self) -> tuple[float, int]:
+        return self.seconds, self.graphs
+
+
+_CLOCK: CompileClock | None = None
+
+
+def compile_clock() -> CompileClock | None:
+    """The process's CompileClock, listening from the first call on; None where this torch has no compile
+    callbacks."""
+    global _CLOCK
+    if _CLOCK is None:
+        try:
+            from torch._dynamo.callback import callback_handler
+        except ImportError:
+            return None
+        clock = CompileClock()
+        callback_handler.register_start_callback(clock.started)
+        callback_handler.register_end_callback(clock.ended)
+        _CLOCK = clock
+    return _CLOCK
+
+
+def recompile_reasons(graphs: int) -> list[str]:
+    """Why torch compiled its last `graphs` graphs (the guard that failed), as far as this torch records it."""
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+
+        records = list(get_compilation_metrics())[-graphs:] if graphs > 0 else []
+    except (ImportError, AttributeError):
+        return []
+    return [str(r.recompile_reason) for r in records if getattr(r, "recompile_reason", None)]
+
+
+# Memory ------------------------------------------------------------------------------------------------------
+# Activations a token of a row keeps for the backward pass, per decoder layer, in values of the model's dtype:
+# ACTIVATION_HIDDEN x the hidden size + ACTIVATION_INTERMEDIATE x the MLP width a token passes through. The 4 is the
+# SwiGLU MLP's (gate and up outputs, the activation, their product); the 34 is fitted to the rest (attention,
+# float32 norms, rotary, residuals) as measured on an H100 (shared/notes/one-gpu.md): a Qwen3-0.6B shape (hidden
+# 1024, intermediate 3072, 28 layers, bfloat16, LoRA r16 on every linear layer), one 16k row, peaked at 43.5 GiB
+# eager and 31.3 GiB compiled, i.e. less the weights and the LM head, ~92 KB and ~64 KB a token per layer.
+ACTIVATION_HIDDEN = 34
+ACTIVATION_INTERMEDIATE = 4
+COMPILED_ACTIVATIONS = 0.7  # what compiled layers keep of eager's (64 / 92 KB above: fused norms and rotary)
+HEAD_COPIES = 5  # float32 [chunk, vocabulary] tensors the LM head holds at its peak (shared/notes/gpu-trainer.md:
+# 2.76 GiB at 1,024 tokens a chunk and 46.8 GiB whole at 16,384 tokens, vocabulary 151,936: 4.8 and 5.0 copies)
+OPTIMIZER_COPIES = 3  # per trainable parameter, in its dtype: its gradient and AdamW's two moments
+MEMORY_MARGIN = 0.1  # of the estimate, and MEMORY_SLACK bytes, for the allocator's fragmentation, cuBLAS workspaces
+MEMORY_SLACK = 2**30  # and what compiling takes
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the memory of a training step depends on."""
+
+    hidden: int
+    intermediate: int  # the MLP width a token passes through (a MoE's active experts together)
+    layers: int
+    vocab: int
+    dtype_bytes: int
+    trainable_bytes: int = 0  # the trainable parameters (this rank's share under FSDP)
+
+    def layer_bytes(self, tokens: int, *, compiled: bool) -> float:
+        """The activations one decoder layer keeps for a row of `tokens`."""
+        per_token = (ACTIVATION_HIDDEN * self.hidden + ACTIVATION_INTERMEDIATE * self.intermediate) * \
+            (COMPILED_ACTIVATIONS if compiled else 1.0)
+        return tokens * per_token * self.dtype_bytes
+
+    def step_bytes(self, tokens: int, *, checkpointed: bool, compiled: bool, head_chunk: int) -> int:
+        """The estimated peak a training step adds to the loaded model for a row of `tokens`, with a margin: the
+        gradients and optimizer state, and the LM head (`head_chunk` tokens at a time, 0: all) while every layer's
+        activations are kept; with checkpointing, each layer's input kept, and then the larger of the LM head and one
+        layer's activations recomputed in the backward pass (they are not held at once)."""
+        chunk = min(tokens, head_chunk) if head_chunk > 0 else tokens
+        head = chunk * self.vocab * 4 * HEAD_COPIES
+        layer = self.layer_bytes(tokens, compiled=compiled)
+        if checkpointed:
+            activations = tokens * self.layers * self.hidden * self.dtype_bytes + max(head, layer)
+        else:
+            activations = self.layers * layer + head
+        raw = activations + OPTIMIZER_COPIES * self.trainable_bytes
+        return int(raw * (1 + MEMORY_MARGIN) + MEMORY_SLACK)
+
+
+def model_shape(model: Any, trainable_bytes: int = 0) -> ModelShape:
+    """The ModelShape of a transformers causal LM (its text config)."""
+    config = model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden = int(config.hidden_size)
+    width = getattr(config, "moe_intermediate_size", None) or getattr(config, "intermediate_size", None) \
+        or 4 * hidden
+    experts = getattr(config, "num_experts_per_tok", None) or 1
+    dtype_bytes = next(model.parameters()).element_size()
+    return ModelShape(hidden=hidden, intermediate=int(width) * int(experts), layers=int(config.num_hidden_layers),
+                      vocab=int(config.vocab_size), dtype_bytes=int(dtype_bytes), trainable_bytes=trainable_bytes)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The row budget and activation checkpointing a GPU trainer settles on at its first batch."""
+
+    row_tokens: int
+    checkpointing: bool
+    available: int  # bytes the trainer could still allocate when the first batch came
+    total: int  # the card's memory
+    others: int  # bytes other processes (a sampler sharing the card) held then
+    planned: int  # tokens of the largest row planned for: the budget, or a longer sample alone
+    need: int  # the estimated peak a step adds for that row, under this plan
+    need_plain: int  # the same without activation checkpointing
+    auto_checkpointing: bool  # `[trainer] activation_checkpointing = "auto"` decided it
+    shrunk_from: int | None = None  # the budget `row_budget` gave, when it was halved to fit
+
+    def describe(self) -> str:
+        """The trainer's log line."""
+        gib = 2**30
+        others = f"; other processes hold {self.others / gib:.1f} GiB" if self.others >= gib else ""
+        line = (f"memory at the first batch: {self.available / gib:.1f} GiB of {self.total / gib:.1f} GiB free for "
+                f"the trainer{others}; rows of up to {self.row_tokens} tokens")
+        if self.shrunk_from:
+            line += f" (not {self.shrunk_from}: too little memory)"
+        if self.planned > self.row_tokens:
+            line += f" (the longest sample, {self.planned}, alone)"
+        plain = f"~{self.need_plain / gib:.1f} GiB a step"
+        if self.checkpointing:
+            line += (f" would need {plain} without activation checkpointing, more than is free; "
+                     if self.need_plain > self.available else f" need {plain} without activation checkpointing; ")
+            line += f"with it ~{self.need / gib:.1f} GiB: activation checkpointing on"
+        else:
+            line += f" need {plain}: activation checkpointing off"
+        if self.auto_checkpointing:
+            line += " (auto)"
+        if self.need > self.available:
+            line += ("; that is more than is free: a step may run out of memory (lower [trainer] micro_batch_tokens"
+                     + ("" if self.checkpointing else ", set [trainer] activation_checkpointing = true")
+                     + (", or lower [inference] gpu_memory_utilization" if self.others >= gib else "") + ")")
+        return line
+
+
+def plan_memory(shape: ModelShape, *, available: int, total: int, others: int = 0, row_tokens: int | None = None,
+                longest: int = 0, checkpointing: bool | str = "auto", compiled: bool = False,
+                head_chunk: int = DEFAULT_CHUNK_SIZE) -> MemoryPlan:
+    """Rows and activation checkpointing for a GPU with `available` bytes free for the trainer's steps (the model
+    loaded). The row budget is `row_tokens` (`[trainer] micro_batch_tokens`) or `row_budget(available)`; the
+    largest row planned for is that budget, or the `longest` sample, which takes a row of its own. Checkpointing
+    "auto" is on when that row's step would not fit without it. A budget of our own choosing halves (down to
+    1,024 tokens) while the row does not fit even so."""
+    budget = row_tokens or row_budget(available)
+
+    def need(tokens: int, checkpointed: bool) -> int:
+        return shape.step_bytes(max(tokens, longest), checkpointed=checkpointed, compiled=compiled,
+                                head_chunk=head_chunk)
+
+    auto = checkpointing == "auto"
+    on = need(budget, False) > available if auto else bool(checkpointing)
+    first = budget
+    while row_tokens is None and budget > CPU_ROW_TOKENS and need(budget, on) > available:
+        budget //= 2
+    return MemoryPlan(row_tokens=budget, checkpointing=on, available=available, total=total, others=others,
+                      planned=max(budget, longest), need=need(budget, on), need_plain=need(budget, False),
+                      auto_checkpointing=auto, shrunk_from=first if budget < first else None)
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
@@ -180,7 +398,7 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
     """Forward and backward every micro-batch, each packed into one sequence (trainer/packing.py: a group's prompt
     once, no padding; at most `micro_batch_size` samples and `micro_batch_tokens` tokens a row); gradients add up
     to those of the loss over the whole batch (normalised by the batch's completion tokens). The caller clips and
-    steps the optimizer. `attention` is how rows attend (trainer/attention.py: "flex" or "sdpa", as
+    steps the optimizer. `attention` is how rows attend (trainer/attention.py: "mixed", "flex" or "sdpa", as
     `choose_attention` set the model up); the LM head takes `lm_head_chunk_size` tokens at a time (0: all).
 
     The KL penalty (`kl_beta` > 0) is to `reference_logprobs`. `loss` picks the objective (trainer/loss.py):
@@ -201,6 +419,7 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
 
     world = dist.world_size if dist is not None else 1
     forward = forward if forward is not None else model
+    models = (model,) if reference is None else (model, reference)
     rows = pack(samples, micro_batch_size, max(accumulation_steps, world),
                 share_prefixes=packs_prefixes(model, attention),
                 max_tokens=micro_batch_tokens or default_row_tokens(device))
@@ -208,6 +427,7 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
     mine = shard_rows(rows, dist.rank if dist is not None else 0, world)
     sums = [0.0] * 6  # loss, entropy, mismatch KL, masked, reference KL, teacher KL: token-weighted sums
     for i, (row, weight) in enumerate(mine):
+        use_row_attention(row, attention, *models)
         inputs = row_inputs(model, row, device, attention)
         targets = torch.tensor(row.targets, dtype=torch.long, device=device)
         sampler_logprobs = torch.tensor([row.sampler_logprobs], dtype=torch.float32, device=device)

@@ -116,14 +116,55 @@ def log_both(events: EventWriter, message: str, level: str = "INFO", step: int |
     print(f"[{events.source}] {level} {message}", flush=True)
 
 
+class OutOfMemory(RuntimeError):
+    """The GPU ran out of memory during a step: the message is one line naming the settings to change
+    (`out_of_memory_message`)."""
+
+
+def out_of_memory_message(*, step: int | None = None, free: int | None = None, total: int | None = None,
+                          others: int | None = None, row_tokens: int | None = None, checkpointing: bool = False,
+                          when: str = "") -> str:
+    """One line for a CUDA out-of-memory error: where, the memory (`free` of `total` bytes, `when`), and the settings
+    that lower what a step needs: the row budget, activation checkpointing (when off), and the sampler's share of
+    the card (when other processes hold memory on it, or that is not known)."""
+    gib = 2**30
+    where = f" at step {step}" if step is not None else ""
+    memory = f" ({free / gib:.1f} GiB free of {total / gib:.1f} GiB{when})" if free is not None and total else ""
+    fixes = [f"lower [trainer] micro_batch_tokens (now {row_tokens})" if row_tokens
+             else "set [trainer] micro_batch_tokens lower"]
+    if not checkpointing:
+        fixes.append("set [trainer] activation_checkpointing = true")
+    if others is None or others >= gib:
+        fixes.append("lower [inference] gpu_memory_utilization")
+    said = fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + ", or " + fixes[-1]
+    return f"CUDA out of memory{where}{memory}: {said}"
+
+
+def failure_reason(exc: BaseException) -> str:
+    """An exception as the run's reason: one line for running out of GPU memory (torch's own message is long and
+    advises allocator settings), else its type and message."""
+    if isinstance(exc, OutOfMemory):
+        return str(exc)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(exc, getattr(torch, "OutOfMemoryError", ())):
+        free = total = None
+        try:
+            if torch.cuda.is_available():
+                free, total = torch.cuda.mem_get_info()
+        except RuntimeError:
+            pass
+        return out_of_memory_message(free=free, total=total, when=" now" if free is not None else "")
+    return f"{type(exc).__name__}: {exc}"
+
+
 def guarded_main(run: Run, role: str, body: Callable[[], int], who: str | None = None) -> int:
-    """Run a process's body; an exception becomes an ERROR event (the reason the launcher reports) and exit code 1,
-    with the traceback in the process's own log (its stdout)."""
+    """Run a process's body; an exception becomes an ERROR event (the reason the launcher reports: `failure_reason`)
+    and exit code 1, with the traceback in the process's own log (its stdout)."""
     try:
         return body()
     except Exception as exc:
         traceback.print_exc()
-        message = f"{who or role} failed: {type(exc).__name__}: {exc}"
+        message = f"{who or role} failed: {failure_reason(exc)}"
         try:
             with run.writer(role) as writer:
                 writer.log(message, "ERROR", fatal=True)

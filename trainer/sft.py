@@ -9,7 +9,7 @@ same loss on the validation examples without gradients.
 
 Metrics, named as prime-rl names them: `loss/mean`, `loss/perplexity`, `val/loss`, `val/perplexity`,
 `progress/num_tokens`, `progress/num_samples`, `progress/epoch`, `optim/lr`, `optim/grad_norm`, `perf/throughput`,
-`perf/peak_memory`, `time/step`.
+`perf/peak_memory`, `time/step`; and, as the RL trainer emits them, `time/compile` and `compile/recompiles`.
 
 When the last step is done, rank 0 writes the run's model (`Run.model_dir`): a plain Hugging Face folder, the LoRA
 adapter merged into the base weights, with the tokenizer, so RL, eval and GEPA take it by the run's id.
@@ -26,7 +26,7 @@ from typing import Any
 
 from prime_lab.runs.atomic import write_folder_atomic
 from prime_lab.runs.registry import Run
-from prime_lab.trainer.attention import packs_prefixes, row_inputs
+from prime_lab.trainer.attention import packs_prefixes, row_inputs, use_row_attention
 from prime_lab.trainer.batch import Sample
 from prime_lab.trainer.model import accumulate_batch_gradients, peak_memory_gib, score_row
 from prime_lab.trainer.packing import pack
@@ -89,12 +89,14 @@ class SFTTrainer(Trainer):
 
         from prime_lab.trainer.distributed import shard_rows
 
+        self.plan_rows(self.val_samples)  # validating before step 1 (eval_on_start) comes first
         rows = pack(self.val_samples, self.config.trainer.micro_batch_size, self.dist.world_size,
                     share_prefixes=packs_prefixes(self.model, self.attention), max_tokens=self.row_tokens)
         total = [0.0, 0.0]
         self.model.eval()
         with torch.no_grad():
             for row, weight in shard_rows(rows, self.dist.rank, self.dist.world_size):
+                use_row_attention(row, self.attention, self.model)
                 inputs = row_inputs(self.model, row, self.device, self.attention)
                 targets = torch.tensor(row.targets, dtype=torch.long, device=self.device)
                 logprobs, _ = score_row(self.forward, self.model, inputs, targets, 1.0, 1.0,
@@ -126,24 +128,26 @@ class SFTTrainer(Trainer):
         for step in range(self.start_step + 1, cfg.max_steps + 1):
             t0 = time.perf_counter()
             samples = self.stream.next_batch(data.batch_size, data.seq_len)
-            lr = self.lr_at(step)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.zero_grad(set_to_none=True)
-            self.model.train()
-            result = accumulate_batch_gradients(
-                self.model, samples, device=self.device, temperature=1.0, top_p=1.0,
-                micro_batch_size=cfg.trainer.micro_batch_size, micro_batch_tokens=self.row_tokens,
-                attention=self.attention, lm_head_chunk_size=cfg.trainer.lm_head_chunk_size,
-                dist=self.dist, forward=self.forward, grad_sync=self.grad_sync, loss="sft")
-            norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.trainer.max_grad_norm)
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            nan = not math.isfinite(grad_norm) or not math.isfinite(result.loss)
-            if not nan:
-                self.optimizer.step()
-            else:
-                self.log(f"step {step}: the loss or gradient norm is not finite; skipped the update", "WARNING",
-                         step)
+            with self.out_of_memory_as_error(step):
+                self.plan_rows(samples)
+                lr = self.lr_at(step)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                self.optimizer.zero_grad(set_to_none=True)
+                self.model.train()
+                result = accumulate_batch_gradients(
+                    self.model, samples, device=self.device, temperature=1.0, top_p=1.0,
+                    micro_batch_size=cfg.trainer.micro_batch_size, micro_batch_tokens=self.row_tokens,
+                    attention=self.attention, lm_head_chunk_size=cfg.trainer.lm_head_chunk_size,
+                    dist=self.dist, forward=self.forward, grad_sync=self.grad_sync, loss="sft")
+                norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.trainer.max_grad_norm)
+                grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+                nan = not math.isfinite(grad_norm) or not math.isfinite(result.loss)
+                if not nan:
+                    self.optimizer.step()
+                else:
+                    self.log(f"step {step}: the loss or gradient norm is not finite; skipped the update", "WARNING",
+                             step)
             elapsed = time.perf_counter() - t0
             self.num_tokens += result.tokens
             self.num_samples += len(samples)
@@ -151,7 +155,7 @@ class SFTTrainer(Trainer):
                        "loss/nan_count": float(nan), "optim/lr": lr, "optim/grad_norm": grad_norm,
                        "progress/num_tokens": float(self.num_tokens), "progress/num_samples": float(self.num_samples),
                        "progress/epoch": float(self.stream.epoch), "train/loss_tokens": float(result.loss_tokens),
-                       "time/step": elapsed, "perf/throughput": result.tokens / elapsed if elapsed > 0 else 0.0,
+                       **self.step_timing(step, elapsed, result.tokens, "perf/throughput"),
                        "perf/peak_memory": peak_memory_gib(self.device)}
             stopping = bool(self.dist.share(self.stop.set))
             if self.dist.is_main:

@@ -18,6 +18,14 @@ as one process's and resumes on any number of ranks). Full fine-tuning: FSDP2 (`
 layer and the root); the published weights are gathered to rank 0, and a checkpoint adds the sharded model and
 optimizer state as a distributed checkpoint (`dcp/`), which resumes on the same number of ranks. Rank 0 alone
 writes versions, checkpoints, events and status.
+
+On a GPU, `[trainer] compile` and `attention` left to auto compile the decoder layers and run packed rows through
+FlexAttention, rows of one sequence through SDPA without a mask (trainer/attention.py). The row budget and
+activation checkpointing left to auto are settled at the first batch, from the memory free then (the sampler, which
+may share the GPU, starts after the trainer): `plan_rows`, logged with its estimate. Compiling is measured:
+`time/compile` (seconds compiling in a step; the first step's throughput is left out when it compiled) and, after a
+process's first two steps, `compile/recompiles` (graphs compiled since, each also a WARNING with torch's reason). A
+CUDA out-of-memory error ends the run with one line naming the settings to change (runtime.OutOfMemory).
 """
 
 from __future__ import annotations
@@ -36,28 +44,37 @@ from typing import Any
 from prime_lab.runs.atomic import publish_folder, staging_folder
 from prime_lab.runs.events import EventWriter
 from prime_lab.runs.registry import Run
-from prime_lab.trainer.attention import choose_attention, default_row_tokens
+from prime_lab.trainer.attention import CPU_ROW_TOKENS, choose_attention, describe_attention, free_device_bytes
 from prime_lab.trainer.batch import Sample, batch_path, read_batch, truncate
-from prime_lab.trainer.config import RLConfig
+from prime_lab.trainer.config import RLConfig, TrainerConfig
 from prime_lab.trainer.distributed import HEARTBEAT_S, WAITING, Dist, exit_rank, strategy
 from prime_lab.trainer.lm_head import chunkable_head
 from prime_lab.trainer.model import (
+    MemoryPlan,
     accumulate_batch_gradients,
+    allow_recompiles,
+    compile_clock,
     compile_layers,
+    compiles,
     decoder_layers,
     enable_activation_checkpointing,
     load_full_policy,
     load_policy,
+    model_shape,
     peak_memory_gib,
     pick_device,
+    plan_memory,
+    recompile_reasons,
 )
 from prime_lab.trainer.runtime import (
+    OutOfMemory,
     StopFlag,
     checkpoint_to_resume,
     guarded_main,
     link_or_copy,
     load_config,
     log_both,
+    out_of_memory_message,
     step_dirs,
     warm_start_adapter,
 )
@@ -66,6 +83,18 @@ from prime_lab.trainer.versions import drop_versions_after, versions_dir, warm_s
 
 DEFAULT_CHECKPOINT_INTERVAL = 10
 POLL_S = 0.05
+WARMUP_STEPS = 2  # steps of a process that may compile (first shapes, then lengths made dynamic); later compiles
+# are recompiles, counted in the log and in `compile/recompiles`
+
+
+def auto_settings_note(settings: TrainerConfig, *, cuda: bool, compiled: bool, attention: str) -> str:
+    """What each `[trainer]` setting left to auto became, for the "trainer ready" line ("" when none is)."""
+    autos = [f"{name} = auto: {value}" for name, value, auto in (
+        ("compile", ("on" if compiled else "off") + (" (CUDA)" if cuda else " (CPU)"), settings.compile == "auto"),
+        ("attention", attention, settings.attention == "auto"),
+        ("activation_checkpointing", "at the first batch, from the free memory" if cuda else "off (CPU)",
+         settings.activation_checkpointing == "auto")) if auto]
+    return f" ({'; '.join(autos)})" if autos else ""
 
 
 class Trainer:
@@ -118,13 +147,27 @@ class Trainer:
                                                   trainable=False)
         if copy is not None:
             shutil.rmtree(copy, ignore_errors=True)
+        settings = config.trainer
+        cuda = self.device.startswith("cuda")
         self.attention, attention_note = choose_attention(
-            config.trainer.attention, self.device, *(m for m in (self.model, self.reference) if m is not None))
-        self.row_tokens = config.trainer.micro_batch_tokens or default_row_tokens(self.device)
-        if config.trainer.activation_checkpointing:
+            settings.attention, self.device, *(m for m in (self.model, self.reference) if m is not None))
+        # On a GPU the row budget and activation checkpointing are settled when the first batch comes (`plan_rows`),
+        # from the memory free then: the sampler, which may share the GPU, starts after the trainer.
+        self.row_tokens = settings.micro_batch_tokens or CPU_ROW_TOKENS
+        self.memory_plan: MemoryPlan | None = None
+        self.plan_pending = cuda
+        self.checkpointing = settings.activation_checkpointing is True
+        if self.checkpointing:
             enable_activation_checkpointing(self.model)
-        if config.trainer.compile:
+        self.compiled = compiles(settings.compile, self.device)
+        if self.compiled:
             compile_layers(self.model)
+        if self.compiled or self.attention != "sdpa":  # FlexAttention is compiled too (by transformers, per shape)
+            allow_recompiles()
+        self.clock = compile_clock() if self.compiled or self.attention != "sdpa" else None
+        self.clock_mark = self.clock.read() if self.clock is not None else (0.0, 0)
+        self.steps_run = 0  # steps this process has trained
+        self.recompiles = 0  # graphs compiled after the first WARMUP_STEPS of this process
         self.forward = self.wrap_model()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate,
@@ -150,15 +193,17 @@ class Trainer:
         what = (f"LoRA r={lora.r} alpha={lora.alpha:g} on {', '.join(lora.target_modules + lora.target_parameters)}"
                 if lora.enabled
                 else f"full fine-tuning in {dtype}")
-        if config.trainer.activation_checkpointing:
+        if self.checkpointing:
             what += ", activation checkpointing"
-        if config.trainer.compile:
+        if self.compiled:
             what += ", compiled layers"
-        head_note = chunkable_head(self.model)[1] if config.trainer.lm_head_chunk_size else "lm_head_chunk_size = 0"
-        layout = (f"rows of up to {self.row_tokens} tokens through "
-                  + ("FlexAttention" if self.attention == "flex" else "SDPA with a dense mask")
+        head_note = chunkable_head(self.model)[1] if settings.lm_head_chunk_size else "lm_head_chunk_size = 0"
+        rows = f"rows of up to {self.row_tokens} tokens" if not cuda or settings.micro_batch_tokens else \
+            "rows sized at the first batch from the free memory"
+        layout = (f"{rows} through {describe_attention(self.attention)}"
                   + (f", LM head whole ({head_note})" if head_note else
-                     f", LM head {config.trainer.lm_head_chunk_size} tokens a chunk"))
+                     f", LM head {settings.lm_head_chunk_size} tokens a chunk"))
+        layout += auto_settings_note(settings, cuda=cuda, compiled=self.compiled, attention=self.attention)
         ranks = f" x {self.dist.world_size} ranks ({self.strategy.upper()}, {self.dist.backend})" \
             if self.strategy else ""
         self.log(f"trainer ready on {self.device}{ranks}: {model_path.name}, {what} ({n_train:,} trainable "
@@ -245,6 +290,76 @@ class Trainer:
         if self.dist.is_main or level in ("WARNING", "ERROR"):
             log_both(self.events, message, level, step)
 
+    # Memory and compiling --------------------------------------------------------------------------------------
+    def plan_rows(self, samples: list[Sample]) -> None:
+        """On a GPU, at the first batch: the row budget and activation checkpointing left to auto, from the memory
+        free now (the smallest over the ranks: every rank packs the batch the same way), logged with the estimate."""
+        if not self.plan_pending:
+            return
+        import torch
+
+        self.plan_pending = False
+        settings = self.config.trainer
+        free, total = torch.cuda.mem_get_info(torch.device(self.device))
+        available = free_device_bytes(self.device) or 0
+        others = max(0, int(total) - int(free) - torch.cuda.memory_reserved(self.device))
+        if self.dist.world_size > 1:  # each rank its own slot: the sum is every rank's figure
+            slots = [0.0] * self.dist.world_size
+            slots[self.dist.rank] = float(available)
+            available = int(min(self.dist.sum(slots)))
+        trainable = sum((p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size()
+                        for p in self.params)  # this rank's shard under FSDP
+        self.memory_plan = plan = plan_memory(
+            model_shape(self.model, trainable), available=available, total=int(total), others=others,
+            row_tokens=settings.micro_batch_tokens, longest=max((len(s.input_ids) for s in samples), default=0),
+            checkpointing=settings.activation_checkpointing, compiled=self.compiled,
+            head_chunk=settings.lm_head_chunk_size)
+        self.row_tokens = plan.row_tokens
+        if plan.checkpointing and not self.checkpointing:
+            enable_activation_checkpointing(self.model)
+            self.checkpointing = True
+        self.log(plan.describe(), "WARNING" if plan.need > plan.available else "INFO")
+
+    @contextlib.contextmanager
+    def out_of_memory_as_error(self, step: int) -> Iterator[None]:
+        """A CUDA out-of-memory error in the step becomes OutOfMemory: one line with the memory at the first batch
+        and the settings to change (the traceback stays in the process's log)."""
+        import torch
+
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            plan = self.memory_plan
+            raise OutOfMemory(out_of_memory_message(
+                step=step, free=plan.available if plan else None, total=plan.total if plan else None,
+                others=plan.others if plan else None, row_tokens=self.row_tokens, checkpointing=self.checkpointing,
+                when=" at the first batch")) from exc
+
+    def step_timing(self, step: int, elapsed: float, tokens: int, throughput: str) -> dict[str, float]:
+        """The step's time metrics: `time/step`, the throughput (`throughput`, tokens a second) unless the
+        process's first step compiled, `time/compile` (seconds compiling, on a step that compiled), and, past the
+        first WARMUP_STEPS, `compile/recompiles`: graphs compiled since (each also a WARNING with torch's reason)."""
+        metrics = {"time/step": elapsed}
+        self.steps_run += 1
+        compiled_s = 0.0
+        if self.clock is not None:
+            seconds, graphs = self.clock.read()
+            compiled_s, new_graphs = seconds - self.clock_mark[0], graphs - self.clock_mark[1]
+            self.clock_mark = (seconds, graphs)
+            if compiled_s > 0 or (self.steps_run == 1 and self.compiled):
+                metrics["time/compile"] = compiled_s
+            if self.steps_run > WARMUP_STEPS:
+                self.recompiles += new_graphs
+                metrics["compile/recompiles"] = float(self.recompiles)
+                if new_graphs:
+                    why = "; ".join(recompile_reasons(new_graphs)[:2]) or "torch gave no reason"
+                    self.log(f"step {step}: torch.compile compiled {new_graphs} more graph(s) ({compiled_s:.1f} s; "
+                             f"{self.recompiles} since step {self.start_step + WARMUP_STEPS}): {why}", "WARNING",
+                             step)
+        if not (self.steps_run == 1 and compiled_s > 0):
+            metrics[throughput] = tokens / elapsed if elapsed > 0 else 0.0
+        return metrics
+
     def lr_at(self, step: int) -> float:
         warmup = self.config.warmup_steps
         scale = min(1.0, step / warmup) if warmup > 0 else 1.0
@@ -280,35 +395,37 @@ class Trainer:
             if batch is None:
                 break
             waited = time.perf_counter() - t_wait
-            t0 = time.perf_counter()
             samples = [truncate(s, cfg.trainer.max_seq_len) for s in batch]
-            lr = self.lr_at(step)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.zero_grad(set_to_none=True)
-            self.model.train()
-            # cross-entropy (loss = "sft": a teacher's tokens) is of the model's own distribution, temperature 1
-            sft = cfg.loss == "sft"
-            result = accumulate_batch_gradients(
-                self.model, samples, device=self.device, loss=cfg.loss,
-                temperature=1.0 if sft else cfg.sampling.temperature, top_p=1.0 if sft else cfg.sampling.top_p,
-                micro_batch_size=cfg.trainer.micro_batch_size, micro_batch_tokens=self.row_tokens,
-                attention=self.attention, lm_head_chunk_size=cfg.trainer.lm_head_chunk_size,
-                accumulation_steps=cfg.gradient_accumulation_steps, ratio_low=cfg.trainer.ratio_mask_low,
-                ratio_high=cfg.trainer.ratio_mask_high, kl_beta=self.kl_beta, reference=self.reference,
-                dist=self.dist, forward=self.forward, grad_sync=self.grad_sync)
-            norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.trainer.max_grad_norm)
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            if math.isfinite(grad_norm):
-                self.optimizer.step()
-            else:
-                self.log(f"step {step}: gradient norm is {grad_norm}; skipped the update", "WARNING", step)
-            self.publish_policy(step)
+            with self.out_of_memory_as_error(step):
+                self.plan_rows(samples)
+                t0 = time.perf_counter()
+                lr = self.lr_at(step)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                self.optimizer.zero_grad(set_to_none=True)
+                self.model.train()
+                # cross-entropy (loss = "sft": a teacher's tokens) is of the model's own distribution, temperature 1
+                sft = cfg.loss == "sft"
+                result = accumulate_batch_gradients(
+                    self.model, samples, device=self.device, loss=cfg.loss,
+                    temperature=1.0 if sft else cfg.sampling.temperature, top_p=1.0 if sft else cfg.sampling.top_p,
+                    micro_batch_size=cfg.trainer.micro_batch_size, micro_batch_tokens=self.row_tokens,
+                    attention=self.attention, lm_head_chunk_size=cfg.trainer.lm_head_chunk_size,
+                    accumulation_steps=cfg.gradient_accumulation_steps, ratio_low=cfg.trainer.ratio_mask_low,
+                    ratio_high=cfg.trainer.ratio_mask_high, kl_beta=self.kl_beta, reference=self.reference,
+                    dist=self.dist, forward=self.forward, grad_sync=self.grad_sync)
+                norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.trainer.max_grad_norm)
+                grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+                if math.isfinite(grad_norm):
+                    self.optimizer.step()
+                else:
+                    self.log(f"step {step}: gradient norm is {grad_norm}; skipped the update", "WARNING", step)
+                self.publish_policy(step)
             elapsed = time.perf_counter() - t0
             metrics = {"loss": result.loss, "policy/entropy": result.entropy, "policy/kl": result.mismatch_kl,
                        "policy/masked_fraction": result.masked_fraction, "optim/lr": lr, "optim/grad_norm": grad_norm,
-                       "time/step": elapsed, "time/wait_for_batch": waited,
-                       "perf/train_tokens_per_s": result.tokens / elapsed if elapsed > 0 else 0.0,
+                       **self.step_timing(step, elapsed, result.tokens, "perf/train_tokens_per_s"),
+                       "time/wait_for_batch": waited,
                        "train/samples": float(len(samples)), "train/loss_tokens": float(result.loss_tokens),
                        "perf/peak_memory_gib": peak_memory_gib(self.device)}
             if result.teacher_kl is not None:
