@@ -62,18 +62,23 @@ def merged_adapter_model(base_module: Any, adapter_path: Path) -> Any:
     shared.update({id(b): b for b in base_module.buffers()})
     clone = copy.deepcopy(base_module, shared)
     with torch.no_grad():
-        merged = PeftModel.from_pretrained(clone, str(adapter_path), is_trainable=False).merge_and_unload(
-            safe_merge=True
-        )
+        # low_cpu_mem_usage: the LoRA layers are made on the meta device and take the adapter's tensors, never a
+        # random initialisation (no draw from a generator that a graph capture may hold)
+        merged = PeftModel.from_pretrained(
+            clone, str(adapter_path), is_trainable=False, low_cpu_mem_usage=True
+        ).merge_and_unload(safe_merge=True)
     return merged.eval()
 
 
 class ModelRegistry:
     """Base model and adapters by name; safe to use from the HTTP thread and the engine thread."""
 
-    def __init__(self, base: ServedModel, prepare: Callable[[Any], Any] | None = None) -> None:
+    def __init__(self, base: ServedModel, prepare: Callable[[Any], Any] | None = None,
+                 device_lock: threading.Lock | None = None) -> None:
         self.base = base
         self.prepare = prepare  # applied to each merged adapter model (e.g. faster CPU kernels)
+        # held while an adapter is merged on the device; the engine's graph capture takes it too (graph_decode.py)
+        self.device_lock = device_lock or threading.Lock()
         self._adapters: dict[str, ServedModel] = {}
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
@@ -118,9 +123,10 @@ class ModelRegistry:
             if not (adapter_dir / "adapter_config.json").is_file():
                 raise APIError(f"Loading lora {name} failed: No adapter found for {path}", HTTPStatus.NOT_FOUND)
             try:
-                module = merged_adapter_model(self.base.module, adapter_dir)
-                if self.prepare is not None:
-                    module = self.prepare(module)
+                with self.device_lock:
+                    module = merged_adapter_model(self.base.module, adapter_dir)
+                    if self.prepare is not None:
+                        module = self.prepare(module)
             except Exception as error:  # peft raises many kinds for a bad adapter; the client needs the message
                 raise APIError(f"Loading lora {name} failed: {type(error).__name__}: {error}") from error
             with self._lock:

@@ -82,6 +82,7 @@ class GenerationEngine:
         gather_window_s: float = 0.02,
         resolve: Callable[[ServedModel], ServedModel] | None = None,
         graph_decode: bool = False,
+        device_lock: threading.Lock | None = None,
     ) -> None:
         self.codec = codec
         self.eos_token_ids = eos_token_ids
@@ -95,7 +96,7 @@ class GenerationEngine:
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._waiting: deque[PendingRequest] = deque()
         self._batch: DecodeBatch | GraphDecodeBatch | None = None
-        self.decoder = StaticDecoder(device, max_batch_rows) if graph_decode else None
+        self.decoder = StaticDecoder(device, max_batch_rows, device_lock) if graph_decode else None
         self._eager_models: set[str] = set()  # names logged as decoding eagerly
         self.decode_steps = 0
         self.decode_seconds = 0.0  # the engine thread's time in decode steps (forward, sampling, bookkeeping)

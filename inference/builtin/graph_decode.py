@@ -20,6 +20,9 @@ capture needs); while a larger bucket's graph exists, a smaller bucket is captur
 `CAPTURE_SMALLER_AFTER` steps (a padded replay costs about the same as a small one on a weight-bound decode, and a
 capture about two eager steps). A model replaced in place (an adapter's new version) is a new module at new
 addresses: its graphs are captured anew. Full weights copied into the model in place keep the graphs valid.
+A capture holds the server's `device_lock` (adapters.ModelRegistry merges a new adapter under it): CUDA work from
+another thread while a graph records can invalidate the capture, and a random draw there (a LoRA layer's
+initialisation) trips the default generator's capture mode. A step that finds the lock taken runs uncaptured.
 
 On the CPU nothing is captured: the same fixed-shape step runs as is (what the tests compare against the eager
 decode). Models this cannot serve decode eagerly (`unsupported_reason`): sliding-window attention (the mask here is
@@ -32,6 +35,7 @@ Importing this module imports torch and transformers; the engine imports it when
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -117,8 +121,9 @@ class StaticDecoder:
     """The static buffers and captured graphs of the fixed-shape decode; one per engine, reused batch after batch
     (one batch decodes at a time). `rows_used` rows hold the running batch, `length` columns its history."""
 
-    def __init__(self, device: torch.device, max_rows: int) -> None:
+    def __init__(self, device: torch.device, max_rows: int, device_lock: threading.Lock | None = None) -> None:
         self.device = device
+        self.device_lock = device_lock or threading.Lock()
         self.buckets = row_buckets(max_rows)
         self.capture = device.type == "cuda"
         self.keys: list[torch.Tensor] = []
@@ -318,6 +323,14 @@ class StaticDecoder:
     def _capture(self, module: Any, rows: int) -> _Graph | None:
         """Record the step for `rows` rows as a CUDA graph (nothing runs: the caller replays it); None when the
         model cannot be captured (logged once; the decode stays uncaptured)."""
+        if not self.device_lock.acquire(blocking=False):  # an adapter is being merged: capture at a later step
+            return self._graphs.get(min((b for b in self._graphs if b > rows), default=-1))
+        try:
+            return self._capture_alone(module, rows)
+        finally:
+            self.device_lock.release()
+
+    def _capture_alone(self, module: Any, rows: int) -> _Graph | None:
         start = time.perf_counter()
         stream, current = self._capture_stream(), torch.cuda.current_stream(self.device)
         graph = torch.cuda.CUDAGraph()

@@ -120,11 +120,27 @@ def sample(logits: torch.Tensor, rows: RowSampling, banned: torch.Tensor | None 
     return SampledTokens(tokens, chosen, top_ids, top_values)
 
 
+_DRAW_GENERATORS: dict[tuple[str, int], torch.Generator] = {}
+
+
+def draw_generator(device: torch.device) -> torch.Generator:
+    """The generator of unseeded draws on `device`: the server's own, not torch's default one. A CUDA graph
+    capture registers the default CUDA generator and holds it in capture mode until the capture ends; a draw from
+    it meanwhile (or after a capture that failed half-way) raises "Offset increment outside graph capture". Seeded
+    with torch's initial seed (random per process unless `torch.manual_seed` set it: then reproducible)."""
+    import torch
+
+    key = (str(device), torch.initial_seed())
+    if key not in _DRAW_GENERATORS:
+        _DRAW_GENERATORS[key] = torch.Generator(device=device).manual_seed(key[1])
+    return _DRAW_GENERATORS[key]
+
+
 def _inverse_cdf_draw(probs: torch.Tensor, rows: RowSampling) -> torch.Tensor:
     """One token per row: the first whose cumulative probability exceeds u * total, u ~ U[0, 1)."""
     import torch
 
-    uniform = torch.rand((probs.shape[0], 1), device=probs.device)
+    uniform = torch.rand((probs.shape[0], 1), device=probs.device, generator=draw_generator(probs.device))
     for row in rows.seeded_rows:
         uniform[row] = torch.rand(1, generator=rows.generators[row], device=probs.device)
     cdf = probs.cumsum(dim=-1)

@@ -145,6 +145,7 @@ def build_service(settings: BuiltinServerSettings) -> CompletionService:
         max_batch_rows=settings.max_batch_rows,
         resolve=registry.current,
         graph_decode=plan.graph_decode,
+        device_lock=registry.device_lock,  # no graph capture while an adapter merges on the device
     )
     for name, path in settings.adapters.items():
         registry.load_adapter(name, str(path))

@@ -230,3 +230,55 @@ def test_the_decode_bench_runs_on_the_cpu(tmp_path: Path) -> None:
     rows = {r["mode"]: r for r in json.loads(out.read_text())["decode"]}
     assert set(rows) == {"eager", "graphs", "graphs-new-model"}
     assert all(r["ms_per_step"] > 0 and r["tokens_per_s"] > 0 for r in rows.values())
+
+
+def test_an_adapter_merges_under_the_device_lock_and_draws_nothing(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A capture records whatever touches the device, from any thread: an adapter merges while holding the lock a
+    capture takes, and its LoRA layers take the adapter's tensors without a random initialisation (a draw from the
+    default generator, which a capture holds in capture mode)."""
+    import torch
+
+    from prime_lab.inference.builtin.adapters import ModelRegistry, ServedModel
+    from prime_lab.inference.builtin.server import load_model
+    from prime_lab.models.random_lora import build_random_lora_adapter
+
+    adapter = build_random_lora_adapter(tiny_model_dir, tmp_path / "adapter", seed=1)
+    base = ServedModel(name="base", module=load_model(tiny_model_dir, torch.float32).eval(), root=str(tiny_model_dir))
+    held: list[bool] = []
+    registry = ModelRegistry(base, prepare=lambda module: held.append(registry.device_lock.locked()) or module)
+    state = torch.get_rng_state()
+    registry.load_adapter("policy", str(adapter))
+    assert held == [True] and not registry.device_lock.locked()
+    assert torch.equal(torch.get_rng_state(), state)  # no random initialisation of the LoRA layers
+
+
+def test_a_capture_waits_for_an_adapter_merge() -> None:
+    """While the device lock is held (an adapter merging), a step that would capture runs uncaptured instead, and
+    capturing stays on for a later step."""
+    import threading
+
+    import torch
+
+    from prime_lab.inference.builtin.graph_decode import StaticDecoder
+
+    lock = threading.Lock()
+    decoder = StaticDecoder(torch.device("cpu"), 8, lock)
+    decoder.capture = True  # as on a GPU; the capture itself never starts here
+    with lock:
+        assert decoder._capture(object(), 8) is None
+    assert decoder.capture and decoder.captures == 0
+
+
+def test_unseeded_draws_leave_the_default_generator_alone() -> None:
+    """Sampling draws from the server's own generator: a graph capture holds torch's default generator in capture
+    mode (and leaves it there if it fails half-way), which would fail every later draw from it."""
+    import torch
+
+    from prime_lab.inference.builtin.sampling import RowSampling, SamplingParams, sample
+
+    rows = RowSampling.build([SamplingParams(max_tokens=1)] * 4, [None] * 4, torch.device("cpu"))
+    logits = torch.randn(4, 32)
+    state = torch.get_rng_state()
+    sampled = sample(logits, rows)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert sampled.tokens.shape == (4,) and bool((sampled.tokens < 32).all())
