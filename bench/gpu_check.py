@@ -104,7 +104,7 @@ class Plan:
 
 GPU_PLAN = Plan("gpu", "--gpu", 3, "qwen3-0.6b-shaped", RunSize(10, 64, 8, 128), sft_steps=10, sft_rows=640,
                 sft_seq_len=256, sft_batch=16, moe=RunSize(3, 16, 4, 32),
-                timeouts={"shapes": 360.0, "rl": 180.0, "sft": 120.0, "moe": 90.0})
+                timeouts={"shapes": 420.0, "rl": 180.0, "sft": 120.0, "moe": 150.0})
 CPU_PLAN = Plan("cpu", "--tiny", 2, "tiny-qwen3", RunSize(3, 8, 4, 12), sft_steps=3, sft_rows=32, sft_seq_len=256,
                 sft_batch=2, moe=RunSize(3, 8, 4, 6),
                 timeouts={"shapes": 300.0, "rl": 240.0, "sft": 180.0, "moe": 240.0})
@@ -478,6 +478,9 @@ def follow_run(part: Part, run: Any, max_steps: int) -> dict[int, Any]:
         compiled = [e.data["time/compile"] for e in steps.values() if "time/compile" in e.data]
         if compiled:
             part.figures["compile_s"] = sum(compiled)
+        recompiles = [e.data["compile/recompiles"] for _, e in sorted(steps.items()) if "compile/recompiles" in e.data]
+        if recompiles:  # graphs compiled after step 2 (the trainer's running count): 0 when lengths stay reused
+            part.figures["recompiles"] = recompiles[-1]
         peaks = [e.data.get("perf/peak_memory_gib", e.data.get("perf/peak_memory")) for e in steps.values()]
         if any(p is not None for p in peaks):
             part.figures["peak_gib"] = max(p for p in peaks if p is not None)
@@ -627,6 +630,8 @@ def part_summary(name: str, part: dict[str, Any]) -> str:
         parts.append(f"{f['wall_s_per_step']:.2f} s/step (trainer {f.get('trainer_s_per_step', 0):.2f})")
     elif f.get("trainer_s_per_step") is not None:
         parts.append(f"trainer {f['trainer_s_per_step']:.2f} s/step")
+    if f.get("compile_s") is not None:
+        parts.append(f"compile {f['compile_s']:.0f} s, {f.get('recompiles', 0):g} recompiles after step 2")
     parts.append(f"{len(f.get('processes_left') or [])} processes left")
     return ", ".join(parts)
 
