@@ -9,10 +9,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from prime_lab.models.smollm2 import INSTALL_HINT, build_smollm2, find_smollm2_gguf
 from prime_lab.models.store import is_model_folder
-from prime_lab.models.tiny import build_tiny_mixtral, build_tiny_olmoe, build_tiny_qwen3, build_tiny_qwen3_moe
+from prime_lab.models.tiny import (
+    TinyModelShape,
+    build_tiny_mixtral,
+    build_tiny_olmoe,
+    build_tiny_qwen3,
+    build_tiny_qwen3_moe,
+    build_tiny_tokenizer,
+)
 from prime_lab.runs.paths import models_dir
 
 # The model `prime eval run` and `prime gepa run` serve locally when none is named (a preset below).
@@ -34,6 +42,9 @@ class ModelPreset:
     build: Callable[[Path], None]
     source_available: Callable[[], bool] = lambda: True
     missing_hint: str = ""
+    # Builds the preset's tokenizer alone, in well under a second, so validation can compare it with another model's
+    # before the preset is built (None: only the built model has it, as SmolLM2's is inside its GGUF).
+    tokenizer: Callable[[], Any] | None = None
 
     def folder(self) -> Path:
         """Where this preset is (or will be) materialised: `runs.paths.models_dir()/<name>`."""
@@ -43,6 +54,11 @@ class ModelPreset:
         if is_model_folder(self.folder()):
             return Availability.PRESENT
         return Availability.BUILDABLE if self.source_available() else Availability.MISSING
+
+
+def _tiny_tokenizer() -> Any:
+    """The tokenizer every tiny preset is built with (their shapes keep the default vocabulary size)."""
+    return build_tiny_tokenizer(TinyModelShape.tokenizer_vocab_size)
 
 
 PRESETS: dict[str, ModelPreset] = {
@@ -63,6 +79,7 @@ PRESETS: dict[str, ModelPreset] = {
             source="built in code (random init, seed 0; local BPE tokenizer)",
             description="2-layer Qwen3-shaped test model (ChatML, enable_thinking); outputs are noise",
             build=build_tiny_qwen3,
+            tokenizer=_tiny_tokenizer,
         ),
         ModelPreset(
             name="tiny-qwen3-moe",
@@ -70,6 +87,7 @@ PRESETS: dict[str, ModelPreset] = {
             source="built in code (random init, seed 0; local BPE tokenizer)",
             description="2-layer Qwen3-MoE-shaped test model (4 experts, top-2; ChatML); outputs are noise",
             build=build_tiny_qwen3_moe,
+            tokenizer=_tiny_tokenizer,
         ),
         ModelPreset(
             name="tiny-olmoe",
@@ -77,6 +95,7 @@ PRESETS: dict[str, ModelPreset] = {
             source="built in code (random init, seed 0; local BPE tokenizer)",
             description="2-layer OLMoE-shaped test model (4 experts, top-2; ChatML); outputs are noise",
             build=build_tiny_olmoe,
+            tokenizer=_tiny_tokenizer,
         ),
         ModelPreset(
             name="tiny-mixtral",
@@ -84,6 +103,7 @@ PRESETS: dict[str, ModelPreset] = {
             source="built in code (random init, seed 0; local BPE tokenizer)",
             description="2-layer Mixtral-shaped test model (4 experts, top-2; ChatML); outputs are noise",
             build=build_tiny_mixtral,
+            tokenizer=_tiny_tokenizer,
         ),
     )
 }

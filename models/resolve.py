@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import Any
 
 from prime_lab.models.presets import PRESETS, Availability, ModelPreset
 from prime_lab.models.store import is_model_folder, materialise
@@ -61,6 +62,18 @@ def local_model_folder(spec: str) -> Path | None:
     if path.exists():
         return path.resolve() if is_model_folder(path) else None
     return named_run_model_folder(spec) or hugging_face_cache_folder(spec)
+
+
+def local_tokenizer(spec: str) -> Any | None:
+    """The tokenizer of model `spec` when it is had without building or downloading the model: from its folder on
+    this machine, or a preset's built alone (`ModelPreset.tokenizer`); None when neither is. Imports transformers."""
+    folder = local_model_folder(spec)
+    if folder is not None:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder)
+    preset = PRESETS.get(spec)
+    return preset.tokenizer() if preset is not None and preset.tokenizer is not None else None
 
 
 def run_model_folder(spec: str) -> Path | None:

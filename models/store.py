@@ -11,6 +11,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prime_lab.runs.atomic import staging_leftovers, write_folder_atomic
 
@@ -73,15 +74,21 @@ def _remove_stale_partials(final: Path) -> None:
             pass
 
 
-def tokenizer_difference(a: Path, b: Path) -> str | None:
-    """How the tokenizers of model folders `a` and `b` differ (None: the same vocabulary, token for id), in words.
-    Imports transformers."""
-    from transformers import AutoTokenizer
-
-    vocab_a, vocab_b = (AutoTokenizer.from_pretrained(p).get_vocab() for p in (a, b))
+def tokenizer_difference(a: Any, b: Any) -> str | None:
+    """How tokenizers `a` and `b` (transformers tokenizers, or model folders to load them from) differ (None: the
+    same vocabulary, token for id), in words. A folder is loaded with transformers."""
+    vocab_a, vocab_b = (_tokenizer(t).get_vocab() for t in (a, b))
     if vocab_a == vocab_b:
         return None
     if len(vocab_a) != len(vocab_b):
         return f"vocabularies of {len(vocab_a):,} and {len(vocab_b):,} tokens"
     differ = sum(vocab_b.get(token) != i for token, i in vocab_a.items())
     return f"{differ:,} of their {len(vocab_a):,} tokens have other ids"
+
+
+def _tokenizer(source: Any) -> Any:
+    if not isinstance(source, Path):
+        return source
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source)

@@ -616,20 +616,54 @@ def _check_teacher(ctx: CheckContext) -> None:
                     "model's tokens): [teacher.sampling] is unused", severity="note")
 
 
+def _check_opd_sampling(ctx: CheckContext) -> None:
+    """On-policy distillation's advantage is the teacher's logprob of each sampled token less the model's. The
+    teacher's is raw (prompt_logprobs take no sampling arguments: temperature 1, every token); the model's is taken
+    as it samples (`[sampling]` temperature and top_p, in the sampler and the trainer alike). Only at the raw
+    distribution are the two the same quantity and their mean a KL."""
+    if ctx.get(("loss",)) != "opd":
+        return
+    raw = "raw ones (temperature 1: prompt_logprobs take no sampling arguments)"
+    fix = 'or use loss = "sft" (the teacher generates, at [teacher.sampling] temperature, and its text is learned)'
+    temperature = _num(ctx.get(("sampling", "temperature"), 1.0))
+    if temperature is not None and temperature != 1.0:
+        ctx.problem(("sampling", "temperature"), f'loss = "opd" compares the model\'s logprobs at temperature '
+                    f"{temperature:g} with the teacher's {raw}: their difference is no KL. Set temperature = 1.0, "
+                    f"{fix}")
+    top_p = _num(ctx.get(("sampling", "top_p"), 1.0))
+    if top_p is not None and top_p < 1.0:
+        ctx.problem(("sampling", "top_p"), f'loss = "opd" compares the model\'s logprobs inside its nucleus (top_p '
+                    f"{top_p:g}) with the teacher's {raw} over every token: their difference is no KL. Set top_p = "
+                    f"1.0, {fix}")
+
+
 def _check_teacher_tokenizer(ctx: CheckContext) -> None:
-    """On-policy distillation sends the student's token ids to the teacher: both must share a tokenizer. Checked
-    when both models are on this machine (their tokenizers are loaded)."""
+    """On-policy distillation sends the student's token ids to the teacher: both must share a tokenizer. Compared
+    when both tokenizers are had without building a model: a model on this machine, or a preset whose tokenizer is
+    built alone (the tiny ones); else `prime rl run` builds the models first and validates again."""
     student, teacher = ctx.get(("model",)), ctx.get(("teacher", "model"))
     if ctx.get(("loss",)) != "opd" or not isinstance(student, str) or not isinstance(teacher, str) \
-            or ctx.has(("teacher", "client", "base_url")):
+            or ctx.has(("teacher", "client", "base_url")) or student == teacher:
         return
-    from prime_lab.models.resolve import local_model_folder
+    from prime_lab.models.resolve import local_tokenizer
     from prime_lab.models.store import tokenizer_difference
 
-    folders = local_model_folder(student), local_model_folder(teacher)
-    if folders[0] is None or folders[1] is None:
+    tokenizers: dict[str, Any] = {}
+    for spec in (student, teacher):
+        try:
+            tokenizers[spec] = local_tokenizer(spec)
+        except (OSError, ValueError, TypeError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            ctx.problem(("teacher", "model") if spec == teacher else ("model",), f"the tokenizer of {spec} does "
+                        f"not load ({first}): on-policy distillation compares the teacher's with the model's")
+            return
+    missing = [spec for spec, tokenizer in tokenizers.items() if tokenizer is None]
+    if missing:
+        ctx.problem(("teacher", "model"), f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on "
+                    f"this machine yet: `prime rl run` builds or finds {'it' if len(missing) == 1 else 'them'} and "
+                    "compares the teacher's tokenizer with the model's before the run starts", severity="note")
         return
-    difference = tokenizer_difference(folders[0], folders[1])
+    difference = tokenizer_difference(tokenizers[teacher], tokenizers[student])
     if difference:
         ctx.problem(("teacher", "model"), f"the teacher ({teacher}) and the model ({student}) have different "
                     f"tokenizers ({difference}): on-policy distillation scores the model's token ids on the teacher, "
@@ -639,7 +673,7 @@ def _check_teacher_tokenizer(ctx: CheckContext) -> None:
 
 RL_CHECKS = (_check_group, _check_sampling, _check_env_ratios, _check_spellings, _check_ranges, _check_inference,
              _check_full_finetuning, _hosted_notes, _check_distributed, _check_lora_dropout, _check_teacher,
-             _check_env_system_prompt)
+             _check_opd_sampling, _check_env_system_prompt)
 MODEL_CHECKS = (_check_lora_targets_in_model, _check_teacher_tokenizer)
 
 

@@ -9,7 +9,9 @@ vLLM, registered as the run's `teacher` process), or the endpoint of `[teacher.c
   tokenizer, an API model) works.
 - `loss = "opd"` (on-policy distillation): the student samples as in RL, and the teacher prefill-scores each sample's
   tokens (`inference.scoring.prompt_logprobs`, vLLM's `prompt_logprobs`): the token ids go to the teacher as they
-  are, so both must share a tokenizer (checked at validation when both models are on this machine).
+  are, so both must share a tokenizer (compared at validation, or by `prime rl run` once it has built a model that
+  was not on this machine), and the student samples at its raw distribution (temperature 1, top_p 1: the teacher's
+  prompt logprobs are raw; validation refuses others).
 """
 
 from __future__ import annotations

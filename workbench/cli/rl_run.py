@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from prime_lab.problems.validation import Validation
+    from prime_lab.trainer.config import RLConfig
 
 M = TypeVar("M", bound="BaseModel")
 
@@ -91,10 +92,34 @@ def run(
     from prime_lab.trainer.config import validate_rl_file
 
     path = config_path(config)
-    cfg = valid_config(validate_rl_file(path), path, "rl")
+    result = validate_rl_file(path)
+    if result.ok and result.config is not None and _build_distillation_models(result.config):
+        result = validate_rl_file(path)  # the models are on this machine now: their tokenizers are compared
+    cfg = valid_config(result, path, "rl")
     envs, resolved = [e.name or e.id for e in cfg.env], cfg.model_dump(mode="json")
     launch("rl", path, cfg.model, resolved, envs=envs, max_steps=cfg.max_steps, name=name,
            extra_env=_env_vars(env_var, env_file, wandb_api_key, resolved), foreground=foreground)
+
+
+def _build_distillation_models(cfg: RLConfig) -> bool:
+    """On-policy distillation with a local teacher: build or find the model and the teacher that are not on this
+    machine yet (validation compares their tokenizers only once they are, or for a preset that builds its tokenizer
+    alone), before a run is registered. True when one was not: validate again."""
+    from prime_lab.models import ModelNotFoundError, resolve_model
+    from prime_lab.models.resolve import local_model_folder
+
+    teacher = cfg.teacher
+    if cfg.loss != "opd" or teacher is None or teacher.client.base_url is not None:
+        return False
+    absent = [(field, spec) for field, spec in (("model", cfg.model), ("[teacher] model", teacher.model))
+              if local_model_folder(spec) is None]
+    for field, spec in absent:
+        err(f"{field} {spec} is not on this machine yet: getting it, to compare the tokenizers before the run starts")
+        try:
+            resolve_model(spec)
+        except ModelNotFoundError as exc:
+            fail(f"{field}: {exc}")
+    return bool(absent)
 
 
 def valid_config(result: Validation[M], path: Path, group: str) -> M:
