@@ -1,9 +1,15 @@
 """The top-p (nucleus) rule that the samplers and the trainer share: which tokens a top-p draw may pick.
 
-A token stays while the probability of the tokens ranked above it is at most `top_p`, so the most likely token
-always stays: vLLM's rule (`apply_top_k_top_p`), up to ties at the boundary. The built-in server masks its logits
-with it before drawing (`inference/builtin/sampling.py`), and the trainer recomputes each sampled token's logprob
-under the same distribution (`trainer/lm_head.py`), so that at step 1 the two agree.
+A token stays while the probability of the tokens ranked above it is at most `top_p` (vLLM's rule,
+`apply_top_k_top_p`), so the most likely token always stays; and every token whose logit equals the last one kept
+stays too. That tie rule makes the nucleus a threshold on the logits (`top_p_threshold`: a token is inside iff its
+logit >= the threshold), so which tokens are in depends on their values alone, not on how a sort orders equal ones.
+Ties at the edge are rare in float32 and common in bfloat16 (a 50k vocabulary holds few distinct bf16 values near
+the edge): a sorted prefix would keep some of a run of equal logits and drop the rest at random. The built-in server
+masks its logits with it before drawing (`inference/builtin/sampling.py`), and the trainer recomputes each sampled
+token's logprob under the same distribution (`trainer/lm_head.py`, from the same threshold), so that at step 1 the
+two agree in any dtype. (vLLM keeps a sorted prefix: with bf16 ties at its edge the trainer, which keeps the whole
+run, reports a slightly lower logprob than vLLM does.)
 
 torch is imported inside the functions.
 """
@@ -17,17 +23,24 @@ if TYPE_CHECKING:
 
 
 def outside_nucleus(sorted_probs: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:
-    """[..., V] probabilities sorted most likely first -> [..., V] bool: True for the tokens outside the nucleus
-    (the probability of the tokens ranked above is more than `top_p`). The outside tokens are a suffix."""
+    """[..., V] probabilities sorted most likely first -> [..., V] bool: True for the tokens ranked past the nucleus
+    (the probability of the tokens ranked above is more than `top_p`), before the tie rule (`top_p_threshold`)."""
     return (sorted_probs.cumsum(dim=-1) - sorted_probs) > top_p
+
+
+def top_p_threshold(sorted_logits: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:
+    """[..., V] logits sorted largest first -> [..., 1]: the smallest logit inside the nucleus. The nucleus is every
+    token whose logit is >= it: the ranked prefix `outside_nucleus` leaves (at least the first token) and any token
+    tied with its last one."""
+    import torch
+
+    probs = torch.softmax(sorted_logits, dim=-1)
+    kept = outside_nucleus(probs, top_p).logical_not_().sum(dim=-1, keepdim=True).clamp_(min=1)
+    return sorted_logits.gather(-1, kept - 1)
 
 
 def keep_top_p(scaled: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:
     """`scaled` [..., V] with every token outside the nucleus set to -inf (`top_p` a float, or a tensor that
     broadcasts over [..., 1])."""
-    import torch
-
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
-    sorted_logits = sorted_logits.masked_fill(outside_nucleus(sorted_probs, top_p), float("-inf"))
-    return torch.empty_like(scaled).scatter_(-1, order, sorted_logits)
+    threshold = top_p_threshold(scaled.sort(dim=-1, descending=True).values, top_p)
+    return scaled.masked_fill(scaled < threshold, float("-inf"))

@@ -4,7 +4,9 @@ it from, a chunk of tokens at a time.
 The distribution (`sampling_logits`): the model's logits divided by the temperature, the tokens outside the top-p
 nucleus at -inf, renormalised. Both samplers report their logprobs under it (vLLM with `--logprobs-mode
 processed_logprobs`, the built-in server always), so at step 1 the trainer's logprobs equal the sampler's and the
-importance ratio is 1 at any temperature and top_p.
+importance ratio is 1 at any temperature and top_p. Both use inference/nucleus.py's rule, ties at the nucleus edge
+included, so they agree in bfloat16 too. A trained token outside the current policy's nucleus (drawn by an older
+policy) gets logprob -inf here; the loss leaves it out (trainer/loss.py).
 
 A [tokens, vocabulary] float32 tensor is ~10 GB at 16k tokens and a 152k vocabulary, and the dense way
 (`chosen_logprobs`: logits, divided, sorted for the nucleus, log-softmax, softmax for the entropy) holds several.
@@ -37,8 +39,9 @@ SORT_ELEMENTS = 1 << 25  # the nucleus sort takes at most this many logits at a 
 
 def sampling_logits(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
     """The logits of the distribution a sampled token was drawn from: divided by the temperature, then the tokens
-    outside the top-p nucleus at -inf. The nucleus is chosen without gradient (the sampled token is always inside
-    it); the gradient flows through the kept logits. Temperature 0 (greedy) is left as 1, as the samplers report
+    outside the top-p nucleus at -inf. The nucleus is chosen without gradient; the gradient flows through the kept
+    logits. At step 1 the sampled token is inside it; a token an older policy drew may not be (logprob -inf, left
+    out of the loss: trainer/loss.py). Temperature 0 (greedy) is left as 1, as the samplers report
     it. The dense form, for tests and for the dense head (`lm_head_chunk_size = 0`)."""
     from prime_lab.inference.nucleus import keep_top_p
 
@@ -78,22 +81,17 @@ def _nucleus(temperature: float, top_p: float) -> bool:
 
 def nucleus_threshold(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
     """[n, vocab] scaled logits -> [n]: the smallest logit inside each row's top-p nucleus, by the samplers' rule
-    (inference/nucleus.py: a token stays while the probability of the tokens ranked above it is at most top_p). A
-    token is in the nucleus iff its logit >= the threshold (up to exact ties at the boundary). Sorted a sub-chunk of
-    rows at a time, so the sort's int64 indices stay small."""
+    (inference/nucleus.py `top_p_threshold`: a token stays while the probability of the tokens ranked above it is at
+    most top_p, and so does every token tied with the last one kept). A token is in the nucleus iff its logit >= the
+    threshold, ties included, as the samplers keep them. Sorted a sub-chunk of rows at a time, so the sort's int64
+    indices stay small."""
     import torch
 
-    from prime_lab.inference.nucleus import outside_nucleus
+    from prime_lab.inference.nucleus import top_p_threshold
 
     rows = max(1, SORT_ELEMENTS // max(1, scaled.shape[-1]))
-    out = []
-    for part in scaled.split(rows):
-        ordered = part.sort(dim=-1, descending=True).values
-        probs = torch.softmax(ordered, dim=-1)
-        kept = outside_nucleus(probs, top_p).logical_not_().sum(dim=-1, keepdim=True).clamp(min=1)
-        out.append(ordered.gather(-1, kept - 1).squeeze(-1))
-        del ordered, probs
-    return torch.cat(out)
+    return torch.cat([top_p_threshold(part.sort(dim=-1, descending=True).values, top_p).squeeze(-1)
+                      for part in scaled.split(rows)])
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float,

@@ -12,6 +12,16 @@ completions weigh the same per token. On-policy (ratio = 1) its gradient is the 
 
 Optional KL penalty to a reference model (k3 estimator, always >= 0): beta * mean_t(exp(r - l) - (r - l) - 1).
 
+A token outside the trainer's nucleus. With top_p < 1 the trainer's logprob of a token its current policy puts
+outside the nucleus is -inf (trainer/lm_head.py). That is normal, not a corner: the sampler runs up to
+`max_async_level` versions behind, and the nucleus moves. Such a token has ratio 0 and no finite KL, so it is left
+out: `nucleus_mask = loss_mask and l_it > -inf` takes the place of `loss_mask` in the token mask, the KL penalty
+(which also leaves out the tokens outside the reference's nucleus, r = -inf) and every metric, while the normaliser
+stays every loss token (as for a token masked for its ratio: the count is the batch's, fixed before any forward).
+`outside_fraction` (`policy/outside_nucleus`) is their share of the loss tokens. A left-out logprob is replaced by a
+finite stand-in before any exp or product, so it adds exactly zero gradient and no nan (-inf * 0 is nan, and so is
+the gradient of an unselected `where` branch that is inf).
+
 Two more losses share the packing and LM head (`LOSSES`):
 
 - `sft` (supervised fine-tuning, and hard distillation: `loss = "sft"` trains on a teacher's rollouts): cross-entropy
@@ -44,9 +54,13 @@ if TYPE_CHECKING:
 @dataclass
 class LossOutput:
     loss: torch.Tensor  # differentiable scalar
-    mismatch_kl: float  # k3 KL between sampler and trainer over loss tokens (policy/kl)
-    masked_fraction: float  # share of loss tokens masked for an extreme ratio
-    ref_kl: float | None = None  # k3 KL to the reference model (policy/ref_kl), when a penalty is on
+    mismatch_kl: float  # k3 KL between sampler and trainer, mean over loss tokens inside the nucleus (policy/kl)
+    masked_fraction: float  # share of loss tokens (inside the nucleus) masked for an extreme ratio
+    ref_kl: float | None = None  # k3 KL to the reference model (policy/ref_kl), when a penalty is on: mean over the
+    # loss tokens inside both nuclei
+    outside_fraction: float = 0.0  # share of loss tokens outside the trainer's nucleus (policy/outside_nucleus)
+    inside_tokens: int = 0  # loss tokens inside the trainer's nucleus: what mismatch_kl is a mean over
+    ref_tokens: int = 0  # loss tokens inside both nuclei: what ref_kl is a mean over
 
 
 LOSSES = ("rl", "sft", "opd")
@@ -63,8 +77,19 @@ def cross_entropy_loss(logprobs: torch.Tensor, loss_mask: torch.Tensor, num_loss
 def distillation_advantages(advantages: torch.Tensor, teacher_logprobs: torch.Tensor, logprobs: torch.Tensor
                             ) -> torch.Tensor:
     """On-policy distillation's per-token advantage: the reward's advantage plus the teacher's logprob minus the
-    student's (detached), so a token the teacher finds likelier than the student does is pushed up."""
-    return advantages + (teacher_logprobs - logprobs.detach())
+    student's (detached), so a token the teacher finds likelier than the student does is pushed up. A token outside
+    the student's nucleus (logprob -inf, left out of the loss) gets the reward's advantage alone, not an infinite
+    one."""
+    import torch
+
+    student = logprobs.detach()
+    return advantages + torch.where(inside_nucleus(student), teacher_logprobs - student, 0.0)
+
+
+def inside_nucleus(logprobs: torch.Tensor) -> torch.Tensor:
+    """[..] trainer logprobs -> [..] bool: the tokens inside the trainer's nucleus (a finite logprob); the others
+    are left out of the loss and of every metric."""
+    return logprobs.detach().isfinite()
 
 
 def k3(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -94,24 +119,33 @@ def policy_loss(
 
     loss_mask = loss_mask.to(logprobs.dtype)
     denominator = float(num_loss_tokens) if num_loss_tokens is not None else float(loss_mask.sum().clamp(min=1))
-    log_ratio = logprobs - sampler_logprobs
-    ratio = torch.exp(log_ratio)
-    within = ((ratio >= ratio_low) & (ratio <= ratio_high)).to(logprobs.dtype)
-    token_mask = loss_mask * within
+    nucleus_mask = loss_mask * inside_nucleus(logprobs)
+    logprobs = torch.where(nucleus_mask > 0, logprobs, 0.0)  # finite stand-ins where left out (no -inf below)
+    # elsewhere the sampler logprob may be a placeholder: a log ratio of 0 there, so no exp overflows to inf
+    log_ratio = torch.where(nucleus_mask > 0, logprobs - sampler_logprobs, 0.0)
+    with torch.no_grad():
+        ratio = torch.exp(log_ratio)
+        within = ((ratio >= ratio_low) & (ratio <= ratio_high)).to(logprobs.dtype)
+    token_mask = nucleus_mask * within
+    ratio = torch.exp(torch.where(token_mask > 0, log_ratio, 0.0))  # an extreme ratio masked: 1, not inf * 0
     per_token = advantages if advantages.dim() == logprobs.dim() else advantages[:, None]
     loss = -(token_mask * ratio * per_token).sum() / denominator
-    ref_kl = None
+    ref_kl, ref_tokens = None, 0
     if ref_logprobs is not None and kl_beta > 0:
-        ref_k3 = k3(ref_logprobs - logprobs)
-        loss = loss + kl_beta * (ref_k3 * loss_mask).sum() / denominator
-        ref_kl = float((ref_k3.detach() * loss_mask).sum() / loss_mask.sum().clamp(min=1))
+        ref_mask = nucleus_mask * inside_nucleus(ref_logprobs)  # inside both nuclei
+        ref_k3 = k3(torch.where(ref_mask > 0, ref_logprobs - logprobs, 0.0))
+        loss = loss + kl_beta * (ref_k3 * ref_mask).sum() / denominator
+        ref_tokens = int(ref_mask.sum())
+        ref_kl = float((ref_k3.detach() * ref_mask).sum() / max(1, ref_tokens))
     with torch.no_grad():
         tokens = loss_mask.sum().clamp(min=1)
-        # KL(sampler || trainer) from the sampler's own tokens: k3 of log(p_trainer / p_sampler), on loss tokens only
-        # (elsewhere the sampler logprob is a 0 placeholder, whose exp could overflow to inf and make inf * 0 = nan)
-        mismatch = float((k3(log_ratio.detach() * loss_mask) * loss_mask).sum() / tokens)
-        masked = float((loss_mask * (1 - within)).sum() / tokens)
-    return LossOutput(loss=loss, mismatch_kl=mismatch, masked_fraction=masked, ref_kl=ref_kl)
+        inside_tokens = int(nucleus_mask.sum())
+        # KL(sampler || trainer) from the sampler's own tokens: k3 of log(p_trainer / p_sampler)
+        mismatch = float((k3(log_ratio.detach()) * nucleus_mask).sum() / max(1, inside_tokens))
+        masked = float((nucleus_mask * (1 - within)).sum() / tokens)
+        outside = float((loss_mask - nucleus_mask).sum() / tokens)
+    return LossOutput(loss=loss, mismatch_kl=mismatch, masked_fraction=masked, ref_kl=ref_kl,
+                      outside_fraction=outside, inside_tokens=inside_tokens, ref_tokens=ref_tokens)
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,13 @@ from prime_lab.trainer.attention import (
 )
 from prime_lab.trainer.batch import Sample
 from prime_lab.trainer.lm_head import DEFAULT_CHUNK_SIZE, chosen_logprobs, chunkable_head, sampled_head
-from prime_lab.trainer.loss import LossOutput, cross_entropy_loss, distillation_advantages, policy_loss
+from prime_lab.trainer.loss import (
+    LossOutput,
+    cross_entropy_loss,
+    distillation_advantages,
+    inside_nucleus,
+    policy_loss,
+)
 from prime_lab.trainer.packing import pack
 
 if TYPE_CHECKING:
@@ -351,9 +357,10 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
 def score_row(forward: Any, owner: Any, inputs: dict[str, Any], targets: torch.Tensor, temperature: float = 1.0,
               top_p: float = 1.0, chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
     """The logprob of each of a row's trained tokens `targets` [n] under the sampling distribution (with
-    gradient) and its entropy (without): [1, n] each. `forward` runs the model (`owner` itself, or its DDP
-    wrapper); the LM head is trainer/lm_head.py's chunked one (`chunk_size` tokens at a time) where the model's
-    output layer allows it (`chunkable_head`), else the dense one."""
+    gradient; -inf for a token outside the top-p nucleus, which the loss leaves out) and its entropy (without):
+    [1, n] each. `forward` runs the model (`owner` itself, or its DDP wrapper); the LM head is trainer/lm_head.py's
+    chunked one (`chunk_size` tokens at a time) where the model's output layer allows it (`chunkable_head`), else
+    the dense one."""
     head = chunkable_head(owner)[0] if chunk_size > 0 else None
     if head is None:
         logprobs, entropy = chosen_logprobs(forward(**inputs).logits, targets[None], temperature, top_p,
@@ -368,7 +375,8 @@ def score_row(forward: Any, owner: Any, inputs: dict[str, Any], targets: torch.T
 def reference_logprobs(model: Any, reference: Any | None, inputs: dict[str, Any], targets: torch.Tensor,
                        temperature: float, top_p: float, chunk_size: int) -> torch.Tensor:
     """The logprobs of the KL penalty's reference policy: `reference` (full fine-tuning keeps a frozen copy of the
-    base model), or the LoRA policy with its adapter disabled (the base model, at no extra memory)."""
+    base model), or the LoRA policy with its adapter disabled (the base model, at no extra memory). -inf for a token
+    outside the reference's nucleus: the penalty leaves it out (trainer/loss.py)."""
     if reference is not None:
         return score_row(reference, reference, inputs, targets, temperature, top_p, chunk_size)[0]
     with model.disable_adapter():
@@ -377,6 +385,9 @@ def reference_logprobs(model: Any, reference: Any | None, inputs: dict[str, Any]
 
 @dataclass
 class BatchResult:
+    """A batch's loss and metrics. The means (entropy, KLs) are over the loss tokens inside the trainer's nucleus
+    (`ref_kl`: inside the reference's too); the fractions are shares of every loss token."""
+
     loss: float
     entropy: float
     mismatch_kl: float
@@ -385,6 +396,7 @@ class BatchResult:
     loss_tokens: int
     tokens: int
     teacher_kl: float | None = None  # loss = "opd": mean (student - teacher) logprob of the trained tokens
+    outside_nucleus: float = 0.0  # share of loss tokens outside the trainer's nucleus, left out of the loss
 
 
 def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str,
@@ -410,7 +422,10 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
     (`shard_rows`), through `forward` (the DDP or FSDP module); `grad_sync(last)` is the context of a backward
     (DDP reduces gradients only on each rank's last one). DDP and FSDP average gradients over the ranks, so each
     rank's loss is scaled by the world size: the result is the gradient of the whole batch's loss, as one process
-    computes it. The returned metrics are summed over the ranks."""
+    computes it. The returned metrics are summed over the ranks.
+
+    A token outside the trainer's nucleus (logprob -inf: the sampler's policy is older) is left out of the loss and
+    of every metric, and counted (`outside_nucleus`; trainer/loss.py)."""
     import contextlib
 
     import torch
@@ -425,7 +440,9 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
                 max_tokens=micro_batch_tokens or default_row_tokens(device))
     total_loss_tokens = sum(len(row.targets) for row in rows)
     mine = shard_rows(rows, dist.rank if dist is not None else 0, world)
-    sums = [0.0] * 6  # loss, entropy, mismatch KL, masked, reference KL, teacher KL: token-weighted sums
+    # token-weighted sums: loss, entropy, mismatch KL, masked, reference KL, teacher KL, outside the nucleus; and
+    # the tokens the means are over: inside the nucleus, inside the reference's too
+    sums = [0.0] * 9
     for i, (row, weight) in enumerate(mine):
         use_row_attention(row, attention, *models)
         inputs = row_inputs(model, row, device, attention)
@@ -441,6 +458,7 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
         with sync:
             logprobs, entropy = score_row(forward, model, inputs, targets, temperature, top_p, lm_head_chunk_size)
             teacher_kl = 0.0
+            inside = inside_nucleus(logprobs)
             if loss == "sft":
                 out = LossOutput(cross_entropy_loss(logprobs, loss_mask, max(1, total_loss_tokens)), 0.0, 0.0)
             else:
@@ -449,7 +467,7 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
                         raise ValueError("loss = \"opd\": a sample of the batch has no teacher logprobs")
                     teacher = torch.tensor([row.teacher_logprobs], dtype=torch.float32, device=device)
                     advantages = distillation_advantages(advantages, teacher, logprobs)
-                    teacher_kl = float((logprobs.detach() - teacher).sum())
+                    teacher_kl = float(torch.where(inside, logprobs.detach() - teacher, 0.0).sum())
                 out = policy_loss(logprobs, sampler_logprobs, advantages, loss_mask, ratio_low=ratio_low,
                                   ratio_high=ratio_high, ref_logprobs=ref, kl_beta=kl_beta,
                                   num_loss_tokens=max(1, total_loss_tokens))
@@ -457,19 +475,24 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
         if not weight:
             continue
         row_tokens = float(len(row.targets))
+        inside_tokens = float(inside.sum())
         sums[0] += float(out.loss.detach())
-        sums[1] += float(entropy.sum())
-        sums[2] += out.mismatch_kl * row_tokens
+        sums[1] += float(torch.where(inside, entropy, 0.0).sum())
+        sums[2] += out.mismatch_kl * inside_tokens
         sums[3] += out.masked_fraction * row_tokens
         if out.ref_kl is not None:
-            sums[4] += out.ref_kl * row_tokens
+            sums[4] += out.ref_kl * out.ref_tokens
         sums[5] += teacher_kl
+        sums[6] += row_tokens - inside_tokens
+        sums[7] += inside_tokens
+        sums[8] += out.ref_tokens
     if dist is not None:
         sums = dist.sum(sums)
-    loss_sum, entropy_sum, kl_sum, masked_sum, ref_kl_sum, teacher_kl_sum = sums
+    loss_sum, entropy_sum, kl_sum, masked_sum, ref_kl_sum, teacher_kl_sum, outside_sum, inside_sum, ref_sum = sums
     tokens = sum(len(s.input_ids) for s in samples)
-    n = max(1, total_loss_tokens)
-    return BatchResult(loss=loss_sum, entropy=entropy_sum / n, mismatch_kl=kl_sum / n,
-                       masked_fraction=masked_sum / n, ref_kl=ref_kl_sum / n if kl_beta > 0 else None,
+    n, inside_n = max(1, total_loss_tokens), max(1.0, inside_sum)
+    return BatchResult(loss=loss_sum, entropy=entropy_sum / inside_n, mismatch_kl=kl_sum / inside_n,
+                       masked_fraction=masked_sum / n, ref_kl=ref_kl_sum / max(1.0, ref_sum) if kl_beta > 0 else None,
                        loss_tokens=total_loss_tokens, tokens=tokens,
-                       teacher_kl=teacher_kl_sum / n if loss == "opd" else None)
+                       teacher_kl=teacher_kl_sum / inside_n if loss == "opd" else None,
+                       outside_nucleus=outside_sum / n)

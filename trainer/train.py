@@ -423,7 +423,8 @@ class Trainer:
                 self.publish_policy(step)
             elapsed = time.perf_counter() - t0
             metrics = {"loss": result.loss, "policy/entropy": result.entropy, "policy/kl": result.mismatch_kl,
-                       "policy/masked_fraction": result.masked_fraction, "optim/lr": lr, "optim/grad_norm": grad_norm,
+                       "policy/masked_fraction": result.masked_fraction,
+                       "policy/outside_nucleus": result.outside_nucleus, "optim/lr": lr, "optim/grad_norm": grad_norm,
                        **self.step_timing(step, elapsed, result.tokens, "perf/train_tokens_per_s"),
                        "time/wait_for_batch": waited,
                        "train/samples": float(len(samples)), "train/loss_tokens": float(result.loss_tokens),

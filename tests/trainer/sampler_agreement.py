@@ -53,6 +53,8 @@ def first_step_mismatch_kl(base_url: str, model: str, model_dir: Path, *, temper
     result = accumulate_batch_gradients(policy, samples, device="cpu", temperature=temperature, top_p=top_p,
                                         micro_batch_size=4)
     policy.zero_grad(set_to_none=True)
+    # the KL leaves out tokens outside the trainer's nucleus: at step 1 (the sampler's own policy) there are none
+    assert result.outside_nucleus == 0, f"{result.outside_nucleus:.2%} of sampled tokens outside the nucleus at step 1"
     return result.mismatch_kl
 
 

@@ -92,7 +92,7 @@ def _rl_batch(model: torch.nn.Module, temperature: float, top_p: float, seed: in
     policy's."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size  # type: ignore[union-attr]
+    vocab = int(model.config.vocab_size)  # type: ignore[union-attr, arg-type]
     samples = []
     for _group in range(2):
         prompt = [rng.randrange(vocab) for _ in range(9)]
@@ -143,3 +143,31 @@ def test_the_batch_path_gives_the_same_loss_and_gradients_with_either_head(tiny_
     for name, want in grads[1].items():
         torch.testing.assert_close(grads[0][name], want, rtol=1e-4, atol=1e-5 * float(want.abs().max()),
                                    msg=f"{name}: gradient differs")
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 0.9), (0.7, 0.8), (1.3, 0.5)])
+def test_bf16_ties_at_the_nucleus_edge_give_the_builtin_sampler_logprobs(temperature: float, top_p: float) -> None:
+    """In bfloat16 many logits are equal, often at the nucleus edge: the built-in sampler (inference/builtin/
+    sampling.py) and the head keep the same tokens there (inference/nucleus.py's one rule), so the head's logprob of
+    each drawn token is the sampler's own."""
+    from prime_lab.inference.builtin.sampling import RowSampling, SamplingParams, sample
+
+    n, vocab = 256, 4096
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(n, 64, generator=gen).bfloat16()
+    weight = (torch.randn(vocab, 64, generator=gen) * 0.4).bfloat16()
+    logits = torch.nn.functional.linear(hidden, weight).float()  # as the sampler gets them from a bf16 model
+    torch.manual_seed(0)
+    params = SamplingParams(max_tokens=1, temperature=temperature, top_p=top_p, logprobs=True)
+    drawn = sample(logits, RowSampling.build([params] * n, [None] * n, torch.device("cpu")))
+    # the case under test: rows whose nucleus ends inside a run of equal logits
+    ordered = (logits / temperature).sort(dim=-1, descending=True).values
+    probs = torch.softmax(ordered, dim=-1)
+    prefix = ((probs.cumsum(-1) - probs) <= top_p).sum(-1, keepdim=True)
+    tied = (ordered.gather(1, prefix) == ordered.gather(1, prefix - 1)).squeeze(1)
+    assert int(tied.sum()) > 20
+    for chunk in (n, 7):
+        logprob = sampled_logprobs(hidden, weight, drawn.tokens, temperature, top_p, chunk_size=chunk)[0]
+        torch.testing.assert_close(logprob, drawn.logprobs, rtol=0, atol=5e-6)
+    dense = chosen_logprobs(logits[None], drawn.tokens[None], temperature, top_p)[0][0]
+    torch.testing.assert_close(dense, drawn.logprobs, rtol=0, atol=5e-6)
