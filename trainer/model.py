@@ -50,11 +50,64 @@ def pick_device(requested: str = "auto") -> str:
 
 
 def pick_dtype(requested: str, device: str) -> torch.dtype:
+    """The dtype a model computes in (`[trainer] dtype`): auto is bfloat16 on CUDA, float32 on the CPU."""
     import torch
 
     if requested == "auto":
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[requested]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The dtype a model's weights are kept in and the one its forward computes in. Full fine-tuning computing in
+    bfloat16 keeps float32 master weights (and so float32 gradients and AdamW moments): AdamW's update of a bfloat16
+    weight rounds to nothing below ~1/256 of the weight (a learning rate of 1e-6 never moves it). One process
+    autocasts the forward to `compute` (`autocast`); FSDP2 casts the gathered weights instead
+    (trainer/distributed.py `shard_model`, which turns `autocast` off)."""
+
+    params: torch.dtype
+    compute: torch.dtype
+    autocast: bool
+
+    def describe(self) -> str:
+        """"bfloat16 with float32 master weights", or the one dtype."""
+        compute, params = (str(d).removeprefix("torch.") for d in (self.compute, self.params))
+        return compute if compute == params else f"{compute} with {params} master weights"
+
+
+def pick_precision(requested: str, device: str, *, trainable: bool) -> Precision:
+    """`[trainer] dtype` on `device` for a fully trainable model (`trainable`) or a frozen one (the KL reference,
+    LoRA's base: kept in the compute dtype). float32 is float32 throughout, as on the CPU by default."""
+    import torch
+
+    compute = pick_dtype(requested, device)
+    params = torch.float32 if trainable else compute
+    return Precision(params=params, compute=compute, autocast=params != compute)
+
+
+PRECISION_ATTR = "prime_lab_precision"  # the Precision load_full_policy gives a model (read by `precision_of`)
+
+
+def precision_of(model: Any) -> Precision | None:
+    """The Precision a model was loaded with by `load_full_policy`, None for any other (LoRA: peft keeps the
+    adapter's weights in float32 itself)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base, PRECISION_ATTR, None)
+
+
+def compute_context(model: Any) -> AbstractContextManager[Any]:
+    """The context a forward of `model` runs in: autocast to its compute dtype where its weights are kept wider
+    (full fine-tuning's float32 master weights on one process), else none."""
+    import contextlib
+
+    import torch
+
+    precision = precision_of(model)
+    if precision is None or not precision.autocast:
+        return contextlib.nullcontext()
+    device = next(model.parameters()).device.type
+    return torch.autocast(device, dtype=precision.compute)
 
 
 def load_policy(model_path: Path, *, lora_r: int = 16, lora_alpha: float = 16, lora_dropout: float = 0.0,
@@ -83,13 +136,17 @@ def load_policy(model_path: Path, *, lora_r: int = 16, lora_alpha: float = 16, l
 
 def load_full_policy(model_path: Path, *, device: str = "cpu", dtype: str = "auto", trainable: bool = True) -> Any:
     """The model at `model_path` with every parameter trainable (full fine-tuning), or frozen in eval mode (the
-    reference policy of the KL penalty). Tied weights (an LM head tied to the embeddings) stay one parameter."""
+    reference policy of the KL penalty). Tied weights (an LM head tied to the embeddings) stay one parameter.
+    Trainable weights are float32 whatever the compute dtype (`pick_precision`: master weights); the forwards in
+    this module run under `compute_context`."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=pick_dtype(dtype, device))
+    precision = pick_precision(dtype, device, trainable=trainable)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=precision.params)
     model.to(device)  # type: ignore[arg-type]
     model.config.use_cache = False
     model.requires_grad_(trainable)
+    setattr(model, PRECISION_ATTR, precision)
     return model if trainable else model.eval()
 
 
@@ -271,7 +328,8 @@ def model_shape(model: Any, trainable_bytes: int = 0) -> ModelShape:
     width = getattr(config, "moe_intermediate_size", None) or getattr(config, "intermediate_size", None) \
         or 4 * hidden
     experts = getattr(config, "num_experts_per_tok", None) or 1
-    dtype_bytes = next(model.parameters()).element_size()
+    precision = precision_of(model)  # activations are in the compute dtype, not the master weights'
+    dtype_bytes = precision.compute.itemsize if precision is not None else next(model.parameters()).element_size()
     return ModelShape(hidden=hidden, intermediate=int(width) * int(experts), layers=int(config.num_hidden_layers),
                       vocab=int(config.vocab_size), dtype_bytes=int(dtype_bytes), trainable_bytes=trainable_bytes)
 
@@ -348,7 +406,8 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     entropy of that distribution at each token (same alignment) when asked."""
     import torch
 
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    with compute_context(model):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
     chosen, entropy = chosen_logprobs(logits, input_ids[:, 1:], temperature, top_p, with_entropy=with_entropy)
     zero = torch.zeros_like(chosen[:, :1])
     return torch.cat([zero, chosen], dim=1), (torch.cat([zero, entropy], dim=1) if entropy is not None else None)
@@ -360,14 +419,15 @@ def score_row(forward: Any, owner: Any, inputs: dict[str, Any], targets: torch.T
     gradient; -inf for a token outside the top-p nucleus, which the loss leaves out) and its entropy (without):
     [1, n] each. `forward` runs the model (`owner` itself, or its DDP wrapper); the LM head is trainer/lm_head.py's
     chunked one (`chunk_size` tokens at a time) where the model's output layer allows it (`chunkable_head`), else
-    the dense one."""
+    the dense one. The forward runs in `owner`'s compute dtype (`compute_context`)."""
     head = chunkable_head(owner)[0] if chunk_size > 0 else None
     if head is None:
-        logprobs, entropy = chosen_logprobs(forward(**inputs).logits, targets[None], temperature, top_p,
-                                            with_entropy=True)
+        with compute_context(owner):
+            logits = forward(**inputs).logits
+        logprobs, entropy = chosen_logprobs(logits, targets[None], temperature, top_p, with_entropy=True)
         assert entropy is not None
         return logprobs, entropy
-    with sampled_head(head, targets, temperature, top_p, chunk_size):
+    with sampled_head(head, targets, temperature, top_p, chunk_size), compute_context(owner):
         scored = forward(**inputs).logits  # [1, n, 2]: logprob, entropy
     return scored[..., 0], scored[..., 1].detach()
 

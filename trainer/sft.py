@@ -34,6 +34,7 @@ from prime_lab.trainer.runtime import load_sft_config
 from prime_lab.trainer.sft_config import SFTConfig
 from prime_lab.trainer.sft_data import SFTDataError, SFTExamples, SFTStream, read_source, to_sample
 from prime_lab.trainer.train import Trainer, trainer_main
+from prime_lab.trainer.versions import save_weights
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model", "generation_config.json")
@@ -190,7 +191,7 @@ class SFTTrainer(Trainer):
                 merged = self.model.merge_and_unload()
                 merged.save_pretrained(tmp)
             else:
-                self.model.save_pretrained(tmp, **({"state_dict": full} if full is not None else {}))
+                save_weights(self.model, tmp, full)  # in the compute dtype (bfloat16 on CUDA), not the masters'
             self.tokenizer.save_pretrained(tmp)
             for name in TOKENIZER_FILES:  # what save_pretrained may not write (a generation config, a .jinja template)
                 if (self.model_path / name).is_file() and not (tmp / name).exists():

@@ -47,7 +47,7 @@ from prime_lab.runs.registry import Run
 from prime_lab.trainer.attention import CPU_ROW_TOKENS, choose_attention, describe_attention, free_device_bytes
 from prime_lab.trainer.batch import Sample, batch_path, read_batch, truncate
 from prime_lab.trainer.config import RLConfig, TrainerConfig
-from prime_lab.trainer.distributed import HEARTBEAT_S, WAITING, Dist, exit_rank, strategy
+from prime_lab.trainer.distributed import HEARTBEAT_S, WAITING, Dist, exit_rank, shard_model, strategy
 from prime_lab.trainer.lm_head import chunkable_head
 from prime_lab.trainer.model import (
     MemoryPlan,
@@ -56,7 +56,6 @@ from prime_lab.trainer.model import (
     compile_clock,
     compile_layers,
     compiles,
-    decoder_layers,
     enable_activation_checkpointing,
     load_full_policy,
     load_policy,
@@ -64,6 +63,7 @@ from prime_lab.trainer.model import (
     peak_memory_gib,
     pick_device,
     plan_memory,
+    precision_of,
     recompile_reasons,
 )
 from prime_lab.trainer.runtime import (
@@ -79,7 +79,7 @@ from prime_lab.trainer.runtime import (
     warm_start_adapter,
 )
 from prime_lab.trainer.sft_config import SFTConfig
-from prime_lab.trainer.versions import drop_versions_after, versions_dir, warm_start_weights
+from prime_lab.trainer.versions import drop_versions_after, save_weights, versions_dir, warm_start_weights
 
 DEFAULT_CHECKPOINT_INTERVAL = 10
 POLL_S = 0.05
@@ -189,7 +189,8 @@ class Trainer:
         if start_from is not None or self.start_step:
             self.publish_policy(self.start_step)  # the sampler starts from this version
         n_train = sum(p.numel() for p in self.params)
-        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        precision = precision_of(self.model)  # full fine-tuning: e.g. bfloat16 with float32 master weights
+        dtype = precision.describe() if precision is not None else str(next(self.model.parameters()).dtype)
         what = (f"LoRA r={lora.r} alpha={lora.alpha:g} on {', '.join(lora.target_modules + lora.target_parameters)}"
                 if lora.enabled
                 else f"full fine-tuning in {dtype}")
@@ -223,14 +224,9 @@ class Trainer:
             return torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.dist.local_rank] if cuda else None)
         if self.strategy == "fsdp":
-            from torch.distributed.fsdp import fully_shard
-
             for model in (self.model, self.reference):
-                if model is None:
-                    continue
-                for layer in decoder_layers(model):
-                    fully_shard(layer)
-                fully_shard(model)
+                if model is not None:
+                    shard_model(model)  # float32 master weights gathered in the compute dtype
         return self.model
 
     def grad_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
@@ -481,7 +477,7 @@ class Trainer:
     def save_policy(self, folder: Path) -> None:
         full = self.full_state_dict()
         if self.dist.is_main:
-            self.model.save_pretrained(folder, **({"state_dict": full} if full is not None else {}))
+            save_weights(self.model, folder, full)  # full fine-tuning: in the compute dtype (bfloat16 on CUDA)
 
     @contextlib.contextmanager
     def writing(self, root: Path, name: str) -> Iterator[Path | None]:
@@ -509,7 +505,8 @@ class Trainer:
 
     def save_checkpoint(self, step: int) -> Path:
         """The policy as published (version `step`'s files, hard-linked: the same bytes, neither written nor
-        gathered again) and trainer_state.pt (with the optimizer state; with FSDP the sharded model and optimizer
+        gathered again; one process's float32 master weights, where the version is cast down, written whole) and
+        trainer_state.pt (with the optimizer state; with FSDP the sharded model, masters included, and optimizer
         are in dcp/ instead). Every rank calls it; rank 0 writes all but FSDP's shards."""
         import torch
 
@@ -520,7 +517,12 @@ class Trainer:
                 assert tmp is not None
                 self.save_sharded_state(tmp)
             if self.dist.is_main and tmp is not None:
-                shutil.copytree(self.versions / f"step_{step}", tmp, copy_function=link_or_copy, dirs_exist_ok=True)
+                precision = precision_of(self.model)
+                if self.strategy != "fsdp" and precision is not None and precision.params != precision.compute:
+                    self.model.save_pretrained(tmp)  # the masters: a resume continues exactly
+                else:
+                    shutil.copytree(self.versions / f"step_{step}", tmp, copy_function=link_or_copy,
+                                    dirs_exist_ok=True)
                 optimizer = None if self.strategy == "fsdp" else self.optimizer.state_dict()
                 torch.save({"optimizer": optimizer, "step": step, "kl_beta": self.kl_beta,
                             "torch_rng": torch.get_rng_state(), "world_size": self.dist.world_size,
