@@ -48,7 +48,7 @@ from prime_lab.trainer.attention import CPU_ROW_TOKENS, choose_attention, descri
 from prime_lab.trainer.batch import Sample, batch_path, read_batch, truncate
 from prime_lab.trainer.config import RLConfig, TrainerConfig
 from prime_lab.trainer.distributed import HEARTBEAT_S, WAITING, Dist, exit_rank, shard_model, strategy
-from prime_lab.trainer.lm_head import chunkable_head
+from prime_lab.trainer.lm_head import chunkable_head, head_matches_model
 from prime_lab.trainer.model import (
     MemoryPlan,
     accumulate_batch_gradients,
@@ -198,7 +198,13 @@ class Trainer:
             what += ", activation checkpointing"
         if self.compiled:
             what += ", compiled layers"
-        head_note = chunkable_head(self.model)[1] if settings.lm_head_chunk_size else "lm_head_chunk_size = 0"
+        head_note = "lm_head_chunk_size = 0"
+        if settings.lm_head_chunk_size:  # the chunked head where it gives the model's own logprobs, else the dense one
+            mismatches = [note for m in (self.model, self.reference) if m is not None
+                          if (note := head_matches_model(m, self.device))]
+            if mismatches:
+                self.log(mismatches[0], "WARNING")
+            head_note = chunkable_head(self.model)[1]
         rows = f"rows of up to {self.row_tokens} tokens" if not cuda or settings.micro_batch_tokens else \
             "rows sized at the first batch from the free memory"
         layout = (f"{rows} through {describe_attention(self.attention)}"
