@@ -30,9 +30,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from prime_lab.trainer.config import TrainerConfig
 
 if TYPE_CHECKING:
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    from prime_lab.trainer.model import Precision
     from prime_lab.trainer.packing import PackedRow
 
 T = TypeVar("T")
@@ -114,37 +111,6 @@ def strategy(config: TrainerConfig, lora: bool) -> str:
     if config.distributed != "auto":
         return config.distributed
     return "ddp" if lora else "fsdp"
-
-
-def mixed_precision(precision: Precision | None) -> MixedPrecisionPolicy | None:
-    """FSDP2's policy for a model kept in wider weights than it computes in (full fine-tuning's float32 master
-    weights: trainer/model.py `Precision`): the weights gathered for the forward and backward in the compute dtype,
-    gradients reduced and kept in float32 (prime-rl's policy). None: the weights as they are."""
-    if precision is None or precision.params == precision.compute:
-        return None
-    import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    return MixedPrecisionPolicy(param_dtype=precision.compute, reduce_dtype=torch.float32)
-
-
-def shard_model(model: Any) -> None:
-    """FSDP2 in place: `fully_shard` on each decoder layer, then the root, under `mixed_precision`. The gathered
-    weights are then in the compute dtype, so the forward needs no autocast (turned off in the model's Precision)."""
-    import dataclasses
-
-    from torch.distributed.fsdp import fully_shard
-
-    from prime_lab.trainer.model import PRECISION_ATTR, decoder_layers, precision_of
-
-    precision = precision_of(model)
-    policy = mixed_precision(precision)
-    options: dict[str, Any] = {"mp_policy": policy} if policy is not None else {}
-    for layer in decoder_layers(model):
-        fully_shard(layer, **options)
-    fully_shard(model, **options)
-    if precision is not None and precision.autocast:
-        setattr(model, PRECISION_ATTR, dataclasses.replace(precision, autocast=False))
 
 
 def shard_rows(rows: list[PackedRow], rank: int, world_size: int) -> list[tuple[PackedRow, float]]:

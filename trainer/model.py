@@ -37,6 +37,7 @@ from prime_lab.trainer.packing import pack
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     from prime_lab.trainer.distributed import Dist
 
@@ -64,7 +65,7 @@ class Precision:
     bfloat16 keeps float32 master weights (and so float32 gradients and AdamW moments): AdamW's update of a bfloat16
     weight rounds to nothing below ~1/256 of the weight (a learning rate of 1e-6 never moves it). One process
     autocasts the forward to `compute` (`autocast`); FSDP2 casts the gathered weights instead
-    (trainer/distributed.py `shard_model`, which turns `autocast` off)."""
+    (`shard_model`, which turns `autocast` off)."""
 
     params: torch.dtype
     compute: torch.dtype
@@ -556,3 +557,32 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
                        loss_tokens=total_loss_tokens, tokens=tokens,
                        teacher_kl=teacher_kl_sum / inside_n if loss == "opd" else None,
                        outside_nucleus=outside_sum / n)
+
+
+def mixed_precision(precision: Precision | None) -> MixedPrecisionPolicy | None:
+    """FSDP2's policy for a model kept in wider weights than it computes in (full fine-tuning's float32 master
+    weights: trainer/model.py `Precision`): the weights gathered for the forward and backward in the compute dtype,
+    gradients reduced and kept in float32 (prime-rl's policy). None: the weights as they are."""
+    if precision is None or precision.params == precision.compute:
+        return None
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=precision.compute, reduce_dtype=torch.float32)
+
+
+def shard_model(model: Any) -> None:
+    """FSDP2 in place: `fully_shard` on each decoder layer, then the root, under `mixed_precision`. The gathered
+    weights are then in the compute dtype, so the forward needs no autocast (turned off in the model's Precision)."""
+    import dataclasses
+
+    from torch.distributed.fsdp import fully_shard
+
+    precision = precision_of(model)
+    policy = mixed_precision(precision)
+    options: dict[str, Any] = {"mp_policy": policy} if policy is not None else {}
+    for layer in decoder_layers(model):
+        fully_shard(layer, **options)
+    fully_shard(model, **options)
+    if precision is not None and precision.autocast:
+        setattr(model, PRECISION_ATTR, dataclasses.replace(precision, autocast=False))

@@ -47,7 +47,7 @@ from prime_lab.runs.registry import Run
 from prime_lab.trainer.attention import CPU_ROW_TOKENS, choose_attention, describe_attention, free_device_bytes
 from prime_lab.trainer.batch import Sample, batch_path, read_batch, truncate
 from prime_lab.trainer.config import RLConfig, TrainerConfig
-from prime_lab.trainer.distributed import HEARTBEAT_S, WAITING, Dist, exit_rank, shard_model, strategy
+from prime_lab.trainer.distributed import HEARTBEAT_S, WAITING, Dist, exit_rank, strategy
 from prime_lab.trainer.lm_head import chunkable_head, head_matches_model
 from prime_lab.trainer.model import (
     MemoryPlan,
@@ -65,6 +65,7 @@ from prime_lab.trainer.model import (
     plan_memory,
     precision_of,
     recompile_reasons,
+    shard_model,
 )
 from prime_lab.trainer.runtime import (
     OutOfMemory,

@@ -38,8 +38,7 @@ def test_precision_by_device_and_setting(dtype: str, device: str, trainable: boo
 
 
 def test_fsdp_gathers_master_weights_in_bfloat16_and_reduces_in_float32() -> None:
-    from prime_lab.trainer.distributed import mixed_precision
-    from prime_lab.trainer.model import pick_precision
+    from prime_lab.trainer.model import mixed_precision, pick_precision
 
     policy = mixed_precision(pick_precision("auto", "cuda", trainable=True))
     assert policy is not None and policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32
@@ -134,8 +133,7 @@ def test_fsdp_shards_float32_masters_computes_in_bfloat16_and_publishes_bfloat16
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    from prime_lab.trainer.distributed import shard_model
-    from prime_lab.trainer.model import load_full_policy, precision_of, token_logprobs
+    from prime_lab.trainer.model import load_full_policy, precision_of, shard_model, token_logprobs
     from prime_lab.trainer.versions import save_weights
 
     with socket.socket() as s:
