@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from prime_lab.inference.builtin.adapters import ServedModel
-from prime_lab.inference.builtin.kv_cache import BatchKVCache
+from prime_lab.inference.builtin.kv_cache import BatchKVCache, pad_left
 from prime_lab.inference.builtin.sampling import RowSampling
 from prime_lab.inference.builtin.sequences import Sequence
 
@@ -42,7 +42,7 @@ class DecodeBatch:
         length = max(self.attention_mask.shape[1], other.attention_mask.shape[1])
         self.cache.join(other.cache)
         self.attention_mask = torch.cat(
-            [_pad_mask_left(self.attention_mask, length), _pad_mask_left(other.attention_mask, length)]
+            [pad_left(self.attention_mask, length, 1), pad_left(other.attention_mask, length, 1)]
         )
         self.next_positions = torch.cat([self.next_positions, other.next_positions])
         self.last_tokens = torch.cat([self.last_tokens, other.last_tokens])
@@ -85,10 +85,3 @@ def banned_stop_tokens(sequences: list[Sequence], vocab_size: int, device: torch
         ids = [t for t in sequence.stop_token_ids if t < vocab_size]
         banned[i, ids] = True
     return banned
-
-
-def _pad_mask_left(mask: torch.Tensor, length: int) -> torch.Tensor:
-    missing = length - mask.shape[1]
-    if missing == 0:
-        return mask
-    return torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)

@@ -45,6 +45,7 @@ from transformers.cache_utils import Cache
 
 from prime_lab.inference.builtin.adapters import ServedModel
 from prime_lab.inference.builtin.decode_batch import DecodeBatch, banned_stop_tokens, live_rows
+from prime_lab.inference.builtin.kv_cache import pad_left
 from prime_lab.inference.builtin.sampling import RowSampling
 from prime_lab.inference.builtin.sequences import Sequence
 
@@ -434,13 +435,4 @@ def _batch_state(
 
 def _stack_rows(first: torch.Tensor, second: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     """`first`'s rows above `second`'s, each left-padded with zeros to `length` along `dim`."""
-    return torch.cat([_pad_left(first, length, dim), _pad_left(second, length, dim)])
-
-
-def _pad_left(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    missing = length - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+    return torch.cat([pad_left(first, length, dim), pad_left(second, length, dim)])

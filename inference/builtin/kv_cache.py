@@ -86,8 +86,8 @@ class GrowableLayer(DynamicLayer):
         assert self.keys is not None and self.values is not None and other.keys is not None
         assert other.values is not None
         length = max(self.length, other.length)
-        keys = torch.cat([_pad_left(self.keys, length), _pad_left(other.keys, length)], dim=0)
-        values = torch.cat([_pad_left(self.values, length), _pad_left(other.values, length)], dim=0)
+        keys = torch.cat([pad_left(self.keys, length), pad_left(other.keys, length)], dim=0)
+        values = torch.cat([pad_left(self.values, length), pad_left(other.values, length)], dim=0)
         self._replace(keys, values)
 
 
@@ -117,9 +117,11 @@ def _capacity_shape(tensor: torch.Tensor, length: int) -> tuple[int, ...]:
     return (batch, heads, capacity, head_dim)
 
 
-def _pad_left(tensor: torch.Tensor, length: int) -> torch.Tensor:
-    missing = length - tensor.shape[-2]
+def pad_left(tensor: torch.Tensor, length: int, dim: int = -2) -> torch.Tensor:
+    """`tensor` left-padded with zeros to `length` along `dim` (default: a cache's sequence axis)."""
+    missing = length - tensor.shape[dim]
     if missing == 0:
         return tensor
-    pad = tensor.new_zeros((*tensor.shape[:2], missing, tensor.shape[-1]))
-    return torch.cat([pad, tensor], dim=-2)
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
