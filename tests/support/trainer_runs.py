@@ -106,3 +106,9 @@ def weights(folder: Path) -> dict[str, Any]:
 def trainer_metrics(run: Run) -> dict[int, dict[str, float]]:
     return {e.step: e.data for e in run.event_log().events()
             if e.kind == "metrics" and e.source == "trainer" and e.step is not None}
+
+
+def trainer_log(run: Run) -> list[tuple[str, str]]:
+    """The trainer's log lines of `run`, as (level, message)."""
+    return [(e.data["level"], e.data["message"]) for e in run.event_log().events()
+            if e.kind == "log" and e.source == "trainer"]

@@ -122,15 +122,22 @@ def test_a_run_asking_for_flex_on_a_cpu_trains_through_sdpa_and_says_so_once(tin
     """The Trainer takes `[trainer] attention` and `lm_head_chunk_size` from the config: flex asked for on a CPU
     falls back to SDPA with one warning in the log, and the dense head trains as the chunked one does (the same
     loss, entropy and gradient norm at step 1, and close after it: Adam's first steps amplify float rounding)."""
-    from tests.support.trainer_runs import STEPS, base_batches, config_text, new_run, train, trainer_metrics
+    from tests.support.trainer_runs import (
+        STEPS,
+        base_batches,
+        config_text,
+        new_run,
+        train,
+        trainer_log,
+        trainer_metrics,
+    )
 
     batches = base_batches(tiny_model_dir, STEPS)
     published, logs = [], []
     for extra in ('attention = "flex"\n', "lm_head_chunk_size = 0\n"):
         run = new_run(tiny_model_dir, config_text(tiny_model_dir) + extra, batches)
         train(run, tiny_model_dir)
-        logs.append([(e.data["level"], e.data["message"]) for e in run.event_log().events()
-                     if e.kind == "log" and e.source == "trainer"])
+        logs.append(trainer_log(run))
         published.append(trainer_metrics(run))
     flex_log, dense_log = logs
     warnings = [m for level, m in flex_log if level == "WARNING"]

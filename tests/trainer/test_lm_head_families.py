@@ -16,7 +16,7 @@ import torch
 from prime_lab.trainer import lm_head
 from prime_lab.trainer.lm_head import sampling_logits
 from prime_lab.trainer.model import score_row
-from tests.support.trainer_runs import base_batches, config_text, new_run, train, trainer_metrics
+from tests.support.trainer_runs import base_batches, config_text, new_run, train, trainer_log, trainer_metrics
 
 # A spread of logits like a trained model's (transformers' 0.02 init gives a near-uniform next-token distribution,
 # where a scale barely shows) and a scale far from 1.
@@ -176,11 +176,6 @@ def _saved(family: str, dest: Path) -> Path:
     return dest
 
 
-def _trainer_log(run: Any) -> list[tuple[str, str]]:
-    return [(e.data["level"], e.data["message"]) for e in run.event_log().events()
-            if e.kind == "log" and e.source == "trainer"]
-
-
 @pytest.mark.parametrize("known", [True, False], ids=["folded-in", "not-reproduced"])
 def test_a_granite_run_trains_on_the_model_s_own_logprobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           known: bool) -> None:
@@ -193,7 +188,7 @@ def test_a_granite_run_trains_on_the_model_s_own_logprobs(tmp_path: Path, monkey
     batches = base_batches(model_dir, 1)
     run = new_run(model_dir, config_text(model_dir, steps=1), batches)
     train(run, model_dir)
-    log = _trainer_log(run)
+    log = trainer_log(run)
     ready = next(m for _, m in log if m.startswith("trainer ready"))
     warnings = [m for level, m in log if level == "WARNING"]
     if known:

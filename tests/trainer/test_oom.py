@@ -15,7 +15,7 @@ import torch
 from prime_lab.runs.registry import Run
 from prime_lab.trainer.model import ModelShape, model_shape, plan_memory
 from prime_lab.trainer.runtime import guarded_main, load_config, out_of_memory_message
-from tests.support.trainer_runs import base_batches, config_text, new_run
+from tests.support.trainer_runs import base_batches, config_text, new_run, trainer_log
 
 GIB = 2**30
 # Qwen3-0.6B's shape, bfloat16, and its peaks on an H100 (shared/notes/one-gpu.md): one 16k row, LoRA r16 on every
@@ -93,11 +93,6 @@ def _trainer(model_dir: Path, extra: str = "") -> Any:
     return Trainer(run, load_config(run), model_dir)
 
 
-def _logs(run: Run) -> list[tuple[str, str]]:
-    return [(e.data["level"], e.data["message"]) for e in run.event_log().events()
-            if e.kind == "log" and e.source == "trainer"]
-
-
 @pytest.mark.parametrize("tight", [True, False], ids=["tight", "roomy"])
 def test_the_trainer_plans_at_the_first_batch_on_a_gpu(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                                        tight: bool) -> None:
@@ -118,7 +113,7 @@ def test_the_trainer_plans_at_the_first_batch_on_a_gpu(tiny_model_dir: Path, mon
     assert plan is not None and plan.available == free and plan.checkpointing is tight
     assert trainer.row_tokens == (8192 if tight else 16384)
     assert trainer.checkpointing is tight and trainer.model.is_gradient_checkpointing is tight
-    said = [m for _, m in _logs(trainer.run) if m.startswith("memory at the first batch")]
+    said = [m for _, m in trainer_log(trainer.run) if m.startswith("memory at the first batch")]
     assert len(said) == 1 and f"rows of up to {trainer.row_tokens} tokens" in said[0]
     assert ("activation checkpointing on (auto)" if tight else "activation checkpointing off (auto)") in said[0]
 
@@ -141,7 +136,7 @@ TORCH_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total 
 
 
 def _fatal(run: Run) -> list[str]:
-    return [m for level, m in _logs(run) if level == "ERROR"]
+    return [m for level, m in trainer_log(run) if level == "ERROR"]
 
 
 def test_guarded_main_turns_torchs_out_of_memory_into_one_line(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
