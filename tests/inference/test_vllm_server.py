@@ -60,7 +60,10 @@ def test_chat_with_n_samples_returns_the_rl_fields(vllm_server: VLLMServer) -> N
     for choice in body["choices"]:
         assert len(choice["token_ids"]) == 8 == len(choice["logprobs"]["content"])
         assert all(entry["logprob"] <= 0.0 for entry in choice["logprobs"]["content"])
-        assert tokenizer.decode(choice["token_ids"]) == choice["message"]["content"]
+        # vLLM's incremental detokenizer holds back a last token that ends inside a UTF-8 character (a byte-level
+        # token of a multi-byte character), where a whole decode shows U+FFFD: the text is the decode less that tail.
+        decoded = tokenizer.decode(choice["token_ids"])
+        assert choice["message"]["content"] in (decoded, decoded.rstrip("\ufffd"))
     assert body["usage"]["completion_tokens"] == 24
     assert len({tuple(c["token_ids"]) for c in body["choices"]}) > 1, "3 samples at temperature 1 all equal"
 
