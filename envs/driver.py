@@ -8,13 +8,17 @@ path, isolated from the caller's `PYTHONPATH` and from this folder's modules (`R
 - `check MODULE OUT`: import the environment's module; write what failed (the missing module or name) if it does not,
   else its `load_environment` arguments and docstring.
 - `describe MODULE ARGS_JSON OUT`: build the environment as the release builds it and write, as JSON, its dataset
-  rows (after its own formatting), system prompt, sampling arguments, message type, parser format and rubric
-  (reward function names and weights): what prime-lab's side needs besides rollouts.
+  rows (after its own formatting), system prompt, sampling arguments, message type, parser format, rubric (reward
+  function names and weights) and its own rollout time limit: what prime-lab's side needs besides rollouts.
 - `serve MODULE ARGS_JSON ADDRESS LOG_DIR`: serve rollouts over ZMQ + msgpack in verifiers' environment-server
   protocol (`run_group` / `run_rollout` requests carrying the inputs, a `client_config` the server builds its own
   OpenAI client from, the model, sampling args and state columns; `b"ping"` for health). Releases that ship a
   server (`ZMQEnvServer`, 0.1.10 on) run their own; older ones (0.1.8, 0.1.9) run ours, which speaks the same
   protocol, so prime-lab's client is one whatever the release.
+
+A failed `check` or `describe` writes its error with the chain of errors that caused it (`errors`, in the lines
+prime-lab's hub.py reads: a Hub dataset out of reach gets the same message and fix as in prime-lab's process) and
+the load function's arguments with their values.
 
 The server process leads its own process group; when the process that started it dies it ends that whole group
 (verifiers' servers fork workers), so nothing outlives the run, the evaluation or the GEPA run it serves.
@@ -77,7 +81,7 @@ def check(module: str) -> dict[str, Any]:
         missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
         return {"ok": False, "release": release(), "error": f"{type(exc).__name__}: {exc}",
                 "import_error": isinstance(exc, ImportError | AttributeError), "missing": missing,
-                "where": _where(exc, module)}
+                "where": _where(exc, module), "errors": error_chain(exc), "arguments": {}}
     load_fn = getattr(sys.modules[module], "load_environment", None)
     if not callable(load_fn):
         return {"ok": False, "release": release(), "import_error": False, "missing": None, "where": "",
@@ -91,6 +95,36 @@ def check(module: str) -> dict[str, Any]:
                       p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")]
                      for p in parameters
                      if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]}
+
+
+def error_chain(exc: BaseException) -> list[str]:
+    """`exc` and what caused it, outermost first, each as a traceback's last line (`package.module.Type: message`,
+    a builtin as `Type: message`). The same lines as prime-lab's `hub.error_lines`, which cannot be imported here;
+    prime-lab reads them (`hub.driver_failure_message`)."""
+    lines: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        kind = type(current)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        text = str(current)
+        lines.append(f"{name}: {text}" if text else name)
+        current = current.__cause__ or current.__context__
+    return lines
+
+
+def load_arguments(module: str, args: dict[str, Any]) -> dict[str, Any]:
+    """`load_environment`'s arguments for this load: its defaults, then `args` (just `args` when the module did not
+    import)."""
+    load_fn = getattr(sys.modules.get(module), "load_environment", None)
+    defaults: dict[str, Any] = {}
+    with contextlib.suppress(TypeError, ValueError):
+        if load_fn is not None:
+            defaults = {p.name: jsonable(p.default) for p in inspect.signature(load_fn).parameters.values()
+                        if p.default is not inspect.Parameter.empty
+                        and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)}
+    return {**defaults, **jsonable(args)}
 
 
 def _where(exc: BaseException, module: str) -> str:
@@ -131,6 +165,15 @@ def rubric_of(env: Any) -> dict[str, Any]:
     return {"names": names, "weights": [float(w) for w in weights] if len(weights) == len(names) else None}
 
 
+def time_limit(env: Any) -> float | None:
+    """The environment's own limit on one rollout, in seconds: its `timeout_seconds` (verifiers' MultiTurnEnv has one
+    in 0.3.1; 0.1.9 to 0.1.12 have none); None when it sets none."""
+    value = getattr(env, "timeout_seconds", None)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return float(value)
+
+
 def describe(module: str, args: dict[str, Any]) -> dict[str, Any]:
     env = load(module, args)
     load_fn = getattr(sys.modules.get(module), "load_environment", None)
@@ -143,6 +186,7 @@ def describe(module: str, args: dict[str, Any]) -> dict[str, Any]:
             "sampling_args": jsonable(dict(getattr(env, "sampling_args", None) or {})),
             "message_type": getattr(env, "message_type", "chat"), "takes_system_prompt": takes_prompt,
             "parser": {"format": str(fmt()) if callable(fmt) else ""}, "rubric": rubric_of(env),
+            "timeout_seconds": time_limit(env),
             "dataset": dataset_rows(env, "dataset"), "eval_dataset": dataset_rows(env, "eval_dataset")}
 
 
@@ -295,12 +339,15 @@ def main(argv: list[str]) -> int:
         if command == "check":
             result = check(module)
         else:
+            load_args: dict[str, Any] = {}
             try:
-                result = describe(module, json.loads(args[0]))
+                load_args = json.loads(args[0])
+                result = describe(module, load_args)
             except BaseException as exc:  # noqa: BLE001 - reported to prime-lab, which says what to do
                 result = {"error": f"{type(exc).__name__}: {exc}", "where": _where(exc, module),
                           "release": release(),
-                          "missing": getattr(exc, "name", None) if isinstance(exc, ImportError) else None}
+                          "missing": getattr(exc, "name", None) if isinstance(exc, ImportError) else None,
+                          "errors": error_chain(exc), "arguments": load_arguments(module, load_args)}
         with open(out, "w", encoding="utf-8") as handle:
             json.dump(result, handle)
         return 0

@@ -5,7 +5,9 @@ that retries for about 20 s and ends in a traceback. So environments load with `
 `HF_DATASETS_OFFLINE=1` unless the user set either (or `TRANSFORMERS_OFFLINE`) themselves: `HF_HUB_OFFLINE=0`
 lets an environment download. Local files (json, jsonl, csv, parquet, a folder of them) and the Hub cache load as
 usual; a Hub dataset that is not on the machine fails at once, and `failure_message` says which dataset it is and
-how to point the environment at a local copy.
+how to point the environment at a local copy. An environment in its own interpreter (isolated.py) fails there, where
+prime-lab cannot be imported: driver.py writes the failure as lines of text (`error_lines`), and
+`driver_failure_message` reads them into the same message.
 
 datasets and huggingface_hub read these variables when first imported. An environment that imports them while it
 loads (most do) keeps them offline for the rest of the process, so a dataset built later (verifiers'
@@ -18,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -77,21 +79,44 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-def _kind(exc: BaseException) -> str | None:
+def error_lines(exc: BaseException) -> list[str]:
+    """`exc` and what caused it, outermost first, each as a traceback's last line: `package.module.Type: message`
+    (a builtin as `Type: message`). driver.py writes an environment interpreter's failure the same way
+    (`error_chain`), so that one reading of these lines serves both interpreters."""
+    lines = []
+    for error in _chain(exc):
+        kind = type(error)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        text = str(error)
+        lines.append(f"{name}: {text}" if text else name)
+    return lines
+
+
+_LINE = re.compile(r"^([\w.]+)(?:: (.*))?$", re.DOTALL)
+
+
+def _parse(line: str) -> tuple[str, str, str]:
+    """(package, type name, message) of one `error_lines` line."""
+    match = _LINE.match(line)
+    if match is None:
+        return "", "", line
+    qualified, text = match.group(1), match.group(2) or ""
+    return qualified.split(".")[0] if "." in qualified else "builtins", qualified.rsplit(".", 1)[-1], text
+
+
+def _kind(package: str, name: str, text: str) -> str | None:
     """'unreachable' or 'missing' for a Hub failure (datasets' or huggingface_hub's), else None."""
-    name, package = type(exc).__name__, type(exc).__module__.split(".")[0]
     if package in ("datasets", "huggingface_hub"):
         if name in _MISSING:
             return "missing"
         if name in _UNREACHABLE:
             return "unreachable"
-    if isinstance(exc, ConnectionError) and "on the Hub" in str(exc):  # datasets: "Couldn't reach 'x' on the Hub"
+    if name == "ConnectionError" and "on the Hub" in text:  # datasets: "Couldn't reach 'x' on the Hub"
         return "unreachable"
     return None
 
 
-def _dataset_id(exc: BaseException) -> str | None:
-    text = str(exc)
+def _dataset_id(text: str) -> str | None:
     for pattern in (_URL_ID, _QUOTED_ID):
         match = pattern.search(text)
         if match:
@@ -108,17 +133,37 @@ def failure_message(exc: BaseException, env_id: str, arguments: dict[str, Any]) 
 
     `arguments` are the environment's `load_environment` arguments with their values for this load (defaults
     included): the one holding the dataset id is the one to point at a local copy."""
-    failures = [(e, kind) for e in _chain(exc) if (kind := _kind(e)) is not None]
+    return lines_failure_message(error_lines(exc), env_id, arguments)
+
+
+def driver_failure_message(answer: Mapping[str, Any], env_id: str) -> str | None:
+    """`failure_message` for a failure in an environment's own interpreter: driver.py's `check` or `describe`
+    answer (its `errors` lines and `arguments`), in the same words as in this process."""
+    lines = answer.get("errors")
+    arguments = answer.get("arguments")
+    if not isinstance(lines, list):
+        return None
+    return lines_failure_message([str(line) for line in lines], env_id,
+                                 dict(arguments) if isinstance(arguments, dict) else {})
+
+
+def lines_failure_message(lines: Sequence[str], env_id: str, arguments: Mapping[str, Any]) -> str | None:
+    """`failure_message` read from an error's `error_lines`."""
+    failures = []
+    for package, name, text in map(_parse, lines):
+        kind = _kind(package, name, text)
+        if kind is not None:
+            failures.append((name, text, kind))
     if not failures:
         return None
-    error, kind = failures[0]
-    dataset = next((d for e, _ in failures if (d := _dataset_id(e))), None)
+    error, message, kind = failures[0]
+    dataset = next((d for _, text, _ in failures if (d := _dataset_id(text))), None)
     if dataset is None:
         dataset = next((v for v in arguments.values() if isinstance(v, str) and _HUB_ID.match(v)), None)
     named = f"dataset '{dataset}'" if dataset else "a Hugging Face Hub dataset"
     if kind == "missing":
         why = f"{named} is not on the Hugging Face Hub or is not public (a gated one needs HF_TOKEN)"
-    elif "OfflineModeIsEnabled" in f"{type(error).__name__} {error}":
+    elif "OfflineModeIsEnabled" in f"{error} {message}":
         chosen = "" if offline_chosen_by_user() else "environments load with HF_HUB_OFFLINE=1 unless you set it; "
         why = f"{named} is not on this machine and the Hub is offline ({chosen}HF_HUB_OFFLINE=0 downloads)"
     else:

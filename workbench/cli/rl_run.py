@@ -2,7 +2,8 @@
 
 The run's supervisor (`trainer.launcher`) runs in its own session, so closing the terminal does not end the run;
 this command prints the run id and how to follow it. `--foreground` stays attached with a live progress line, and
-Ctrl-C stops the run (it checkpoints).
+Ctrl-C stops the run (it checkpoints). The run's environments are loaded here first: one that cannot load ends the
+command with its error before a run is registered.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -97,8 +100,45 @@ def run(
         result = validate_rl_file(path)  # the models are on this machine now: their tokenizers are compared
     cfg = valid_config(result, path, "rl")
     envs, resolved = [e.name or e.id for e in cfg.env], cfg.model_dump(mode="json")
-    launch("rl", path, cfg.model, resolved, envs=envs, max_steps=cfg.max_steps, name=name,
-           extra_env=_env_vars(env_var, env_file, wandb_api_key, resolved), foreground=foreground)
+    extra_env = _env_vars(env_var, env_file, wandb_api_key, resolved)
+    check_environments(cfg, extra_env)
+    launch("rl", path, cfg.model, resolved, envs=envs, max_steps=cfg.max_steps, name=name, extra_env=extra_env,
+           foreground=foreground)
+
+
+def check_environments(cfg: RLConfig, extra_env: dict[str, str]) -> None:
+    """Load each of the run's environments ([[env]], then [[eval.env]]) once here, with what the run's orchestrator
+    will have in its environment (the config's env_file, --env-file, -e, the stored secrets): one that cannot load
+    ends this command with its one-line error before the run is registered, not the run a minute later. Nothing
+    loaded here reaches the run (an isolated environment is only described by its interpreter, no server starts)."""
+    from prime_lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
+
+    entries: list[tuple[str, dict[str, Any]]] = [(e.id, e.args) for e in cfg.env]
+    entries += [(e.id, e.args) for e in (cfg.eval.env if cfg.eval is not None else [])]
+    loaded: set[str] = set()
+    with _process_environment(extra_env), redirect_stdout(sys.stderr):  # stdout is for the run id
+        try:
+            if cfg.env_file:
+                load_env_files(cfg.env_file, base=Path.cwd())
+            for env_id, args in entries:
+                key = json.dumps([env_id, args], sort_keys=True, default=str)
+                if key not in loaded:
+                    loaded.add(key)
+                    load_environment(env_id, **args)
+        except (EnvironmentLoadError, MissingKeyError) as exc:
+            fail(str(exc))
+
+
+@contextmanager
+def _process_environment(extra: dict[str, str]) -> Iterator[None]:
+    """This process's environment as the run's processes get it (`extra` over it), restored afterwards."""
+    saved = dict(os.environ)
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _build_distillation_models(cfg: RLConfig) -> bool:
