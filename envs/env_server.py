@@ -7,7 +7,9 @@ to the server's ROUTER), msgpack payloads, `run_group` requests, `b"ping"` for h
 
 Like the samplers (`ServerProcess`), the server leads its own process group, gets SIGKILL when the thread that
 started it ends, and ends its own group when its parent dies (driver.py); a run registers it with its reaper. A
-server that dies fails the rollouts waiting on it with the environment's name and its log's last lines.
+server that dies fails the requests waiting on it (`EnvServerDied`, with its log's last lines); one that stops
+answering (a rollout that blocks its event loop, a deadlock) is found by pinging it while a request waits, and is
+killed, which fails them the same way. Restarting it is the environment's (isolated.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import json
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,12 +30,27 @@ from prime_lab.runs.processes import ServerProcess, free_port, log_tail
 
 DRIVER = Path(__file__).with_name("driver.py")
 PING = b"ping"
+HEALTH_REQUEST = msgspec.msgpack.encode({"request_type": "health"})
 LOG_LINES = 15
+POLL_S = 0.5  # how often a waiting request checks that its server's process lives
+WATCHDOG_INTERVAL_S = 10.0  # while a request waits, its server is pinged this often; each ping has this long to answer
+WATCHDOG_MISSES = 3  # pings in a row left unanswered: the server is hung, and killed
 
 
 class EnvServerError(RuntimeError):
     """The environment's server is gone or refused a request; the message names the environment and what its log
     says."""
+
+
+class EnvironmentDown(RuntimeError):
+    """An environment's server died more often than it may be restarted (isolated.MAX_RESTARTS): what waits on it
+    fails, and the run, evaluation or GEPA run with it. The message names the environment, the restarts tried and
+    its log's last lines."""
+
+
+class EnvServerDied(EnvServerError):
+    """The server's process is gone (it exited, was killed, or was killed here for not answering) while a request
+    waited on it: the request may be sent again to a server started anew."""
 
 
 def driver_command(python: Path | str, *args: str) -> list[str]:
@@ -61,9 +79,23 @@ def run_driver(python: Path | str, command: str, module: str, *args: str, env: M
     return answer if isinstance(answer, dict) else {"error": f"unexpected answer {answer!r}"}
 
 
-def ping(address: str, timeout: float = 1.0) -> bool:
-    """Whether a server answers a health ping at `address` within `timeout` seconds (any answer: releases before
-    0.1.12 answer the ping with an error, which still says they are up)."""
+def health_check(release: str) -> bytes:
+    """What a server of `release` takes as a health check: b"ping" (0.1.12 on, and prime-lab's driver, which serves
+    releases before 0.1.10), a health request for 0.1.10's and 0.1.11's own servers, which answer b"ping" with an
+    error and a traceback in their log (0.1.11 with a warning line for the health request, which it leaves to a
+    process of its own)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        version = Version(release)
+    except InvalidVersion:
+        return PING
+    return HEALTH_REQUEST if Version("0.1.10") <= version < Version("0.1.12") else PING
+
+
+def ping(address: str, timeout: float = 1.0, payload: bytes = PING) -> bool:
+    """Whether a server answers a health check at `address` within `timeout` seconds (any answer: an error still
+    says it is up)."""
     import zmq
 
     context: Any = zmq.Context.instance()
@@ -71,7 +103,7 @@ def ping(address: str, timeout: float = 1.0) -> bool:
     socket.setsockopt(zmq.LINGER, 0)
     try:
         socket.connect(address)
-        socket.send_multipart([uuid.uuid4().hex.encode(), PING])
+        socket.send_multipart([uuid.uuid4().hex.encode(), payload])
         return bool(socket.poll(int(timeout * 1000)))
     finally:
         socket.close()
@@ -81,7 +113,7 @@ class EnvServerProcess(ServerProcess):
     """`driver.py serve` for one environment, at tcp://127.0.0.1:PORT."""
 
     def __init__(self, python: Path | str, module: str, args: Mapping[str, Any], *, name: str, log_path: Path,
-                 env: Mapping[str, str]) -> None:
+                 env: Mapping[str, str], health: bytes = PING) -> None:
         port = free_port()
         self.address = f"tcp://127.0.0.1:{port}"
         log_dir = log_path.parent / f"{log_path.stem}.d"
@@ -89,9 +121,20 @@ class EnvServerProcess(ServerProcess):
         super().__init__(driver_command(python, "serve", module, json.dumps(dict(args)), self.address, str(log_dir)),
                          port=port, log_path=log_path, env=env, name=name)
         self.log_dir = log_dir
+        self.health = health  # its health check (`health_check`)
+        self.killed_because: str | None = None  # set when this side killed it (hung)
+
+    def gone(self, code: int) -> str:
+        """Why it is gone, in one line."""
+        return self.killed_because or f"its server exited (code {code})"
+
+    def kill(self, reason: str) -> None:
+        """End its whole process group now (SIGKILL: a hung server does not run its SIGTERM handler)."""
+        self.killed_because = reason
+        self.stop(grace=0)
 
     def is_healthy(self, timeout: float = 2.0) -> bool:
-        return ping(self.address, timeout)
+        return ping(self.address, timeout, self.health)
 
     def tail(self) -> str:
         """The last lines of its log and of the logs verifiers' server writes beside it."""
@@ -101,7 +144,8 @@ class EnvServerProcess(ServerProcess):
 
 
 class EnvServerClient:
-    """Requests to one environment server; responses matched to requests by id."""
+    """Requests to one environment server; responses matched to requests by id. While requests wait, the server is
+    pinged (one ping at a time, whoever waits sends it), its answer matched the same way."""
 
     def __init__(self, server: EnvServerProcess) -> None:
         self.server = server
@@ -109,6 +153,9 @@ class EnvServerClient:
         self._socket: Any = None
         self._pending: dict[bytes, asyncio.Future[dict[str, Any]]] = {}
         self._receiver: asyncio.Task[None] | None = None
+        self._ping: tuple[bytes, float] | None = None  # the ping waiting for its answer: its id, when it was sent
+        self._misses = 0  # pings in a row left unanswered
+        self._next_ping = 0.0
 
     def _bind(self) -> Any:
         import zmq
@@ -135,30 +182,63 @@ class EnvServerClient:
                     future.set_exception(exc)
 
     async def request(self, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """Send one request; wait for its response, failing if the server dies meanwhile."""
+        """Send one request; wait for its response. Raises EnvServerDied if the server dies meanwhile, or stops
+        answering pings (WATCHDOG_MISSES in a row, each given WATCHDOG_INTERVAL_S): then it is killed first."""
         socket = self._bind()
         request_id = uuid.uuid4().hex.encode()
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        await socket.send_multipart([request_id, msgspec.msgpack.encode(payload)])
         try:
+            await socket.send_multipart([request_id, msgspec.msgpack.encode(payload)])
             while True:
-                done, _ = await asyncio.wait({future}, timeout=0.5)
-                if done:
+                await asyncio.wait({future}, timeout=POLL_S)
+                if future.cancelled():  # closed under it: its server was stopped (restarted by another request)
+                    raise EnvServerDied("its server was stopped while this request waited")
+                if future.done():
                     return future.result()
                 code = self.server.poll()
                 if code is not None:
-                    raise EnvServerError(f"its server exited (code {code}); last lines of its log "
-                                         f"({self.server.log_path}):\n{self.server.tail()}")
+                    raise EnvServerDied(self._died(code))
+                await self._watch(socket)
         finally:
             self._pending.pop(request_id, None)
+
+    async def _watch(self, socket: Any) -> None:
+        """Judge the last ping (answered, or not within WATCHDOG_INTERVAL_S: a miss) and send the next when due;
+        after WATCHDOG_MISSES misses in a row the server is hung: killed, with EnvServerDied."""
+        now = time.monotonic()
+        if self._ping is not None:
+            ping_id, sent = self._ping
+            answer = self._pending.get(ping_id)
+            answered = answer is not None and answer.done() and not answer.cancelled()
+            if not answered and now - sent < WATCHDOG_INTERVAL_S:
+                return
+            self._pending.pop(ping_id, None)
+            self._ping = None
+            if answer is not None and answered:
+                answer.exception()  # an undecodable answer is an answer too; retrieved, so asyncio does not warn
+            self._misses = 0 if answered else self._misses + 1
+            if self._misses >= WATCHDOG_MISSES:
+                self.server.kill(f"its server answered none of {self._misses} pings in "
+                                 f"{self._misses * WATCHDOG_INTERVAL_S:g} s (hung) and was killed")
+                raise EnvServerDied(self._died(self.server.poll()))
+        if self._ping is None and now >= self._next_ping:
+            ping_id = uuid.uuid4().hex.encode()
+            self._pending[ping_id] = asyncio.get_running_loop().create_future()
+            self._ping, self._next_ping = (ping_id, now), now + WATCHDOG_INTERVAL_S
+            await socket.send_multipart([ping_id, self.server.health])
+
+    def _died(self, code: int | None) -> str:
+        return (f"{self.server.gone(code if code is not None else -9)}; last lines of its log "
+                f"({self.server.log_path}):\n{self.server.tail()}")
 
     def close(self) -> None:
         if self._receiver is not None and self._loop is not None and not self._loop.is_closed():
             self._receiver.cancel()
         if self._socket is not None:
             self._socket.close()
-        self._socket = self._receiver = self._loop = None
+        self._socket = self._receiver = self._loop = self._ping = None
+        self._misses = 0
         for future in self._pending.values():
             if not future.done() and not future.get_loop().is_closed():
                 future.cancel()

@@ -244,13 +244,18 @@ def test_server_dies_with_its_run(releases: dict[str, Any], learnable_model_dir:
         time.sleep(0.1)
 
 
-def test_dead_server_fails_its_rollouts(releases: dict[str, Any], builtin_server: Any) -> None:
-    """A server that dies fails the rollouts waiting on it, naming the environment and quoting its log."""
+def test_dead_server_is_restarted(releases: dict[str, Any], builtin_server: Any,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server killed with -9 is started again at the next group, which it serves; one that dies past the bound
+    fails the environment (EnvironmentDown), naming it and quoting its log."""
     from openai import AsyncOpenAI
 
-    from prime_lab.envs import SamplingArgs, load_environment
+    from prime_lab.envs import SamplingArgs, isolated, load_environment
+    from prime_lab.envs.env_server import EnvironmentDown
     from prime_lab.envs.isolated import IsolatedEnvironment, stop_servers
 
+    monkeypatch.setattr(isolated, "MAX_RESTARTS", 1)
+    monkeypatch.setattr(isolated, "RESTART_BACKOFF_S", (0.1,))
     env = load_environment("vf-fruit-task")
     assert isinstance(env, IsolatedEnvironment) and env.release == "0.1.12"
     rows = env.get_eval_dataset(1)
@@ -263,18 +268,24 @@ def test_dead_server_fails_its_rollouts(releases: dict[str, Any], builtin_server
         first = asyncio.run(group())
         assert [r.error for r in first] == [None, None]
         assert env._server is not None and env._server.pid is not None
+        killed = env._server.pid
+        os.killpg(killed, signal.SIGKILL)
+        second = asyncio.run(group())
+        assert [r.error for r in second] == [None, None]
+        assert env._server is not None and env._server.pid not in (None, killed)
         os.killpg(env._server.pid, signal.SIGKILL)
-        failed = asyncio.run(group())
+        with pytest.raises(EnvironmentDown) as down:
+            asyncio.run(group())
     finally:
         stop_servers()
     # a second environment of the same id in this process (other arguments) logs and registers apart
     other = load_environment("vf-fruit-task", seed=1)
     assert isinstance(other, IsolatedEnvironment) and other._server_name().startswith(f"{env._server_name()}-")
-    for rollout in failed:
-        assert rollout.error is not None and rollout.stop_condition == "error"
-        assert rollout.error.startswith("environment 'vf-fruit-task' (verifiers 0.1.12, in its own interpreter): "
-                                        "its server exited")
-        assert "ZMQEnvServer" in rollout.error  # the last lines of its log
+    message = str(down.value)
+    assert message.startswith("environment 'vf-fruit-task' (verifiers 0.1.12, in its own interpreter) is down: its "
+                              "server died 2 times (1 restart tried, the most allowed); the last time its server "
+                              "exited (code -9)")
+    assert "ZMQEnvServer" in message  # the last lines of its log
 
 
 # GEPA ----------------------------------------------------------------------------------------------------------
