@@ -5,6 +5,9 @@
 the sampler's logprobs (when the endpoint returns them, as vLLM and our built-in server do), truncation, the stop
 condition, timing and token usage. Failures (the endpoint, `env_response`, a reward function) are recorded on the
 rollout; they never end a whole evaluation or run.
+
+Every rollout has a time limit (`rollout_time_limit`: a run's `[[env]] timeout`, `DEFAULT_ROLLOUT_TIMEOUT_S`
+elsewhere, or the environment's own `timeout_seconds` where smaller); one past it fails, timed out (`timed_rollout`).
 """
 
 from __future__ import annotations
@@ -15,12 +18,17 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from prime_lab.envs.parsers import Messages, Parser
 from prime_lab.envs.rubric import Rubric
 
+T = TypeVar("T")
+
 State = dict[str, Any]
+
+DEFAULT_ROLLOUT_TIMEOUT_S = 300.0  # a rollout's time limit unless a run's `[[env]] timeout` says otherwise
+TIMED_OUT = "rollout timed out after"  # how a timed-out rollout's error begins (`timed_out`)
 
 
 @dataclass
@@ -146,6 +154,10 @@ def sample_rows(rows: list[dict[str, Any]], n: int = -1, seed: int | None = None
 class Environment:
     """Base: holds the data, the parser and the rubric; subclasses define the rollout."""
 
+    # The environment's own limit on one rollout, in seconds (None: none); verifiers' `MultiTurnEnv` has the same
+    # attribute. Where it is smaller than the run's `[[env]] timeout`, it is the limit (`rollout_time_limit`).
+    timeout_seconds: float | None = None
+
     def __init__(
         self,
         dataset: Iterable[dict[str, Any]] | None = None,
@@ -212,15 +224,19 @@ class Environment:
         rollouts_per_example: int = 1,
         max_concurrent: int = 32,
         on_rollout: Callable[[Rollout], Awaitable[None] | None] | None = None,
+        timeout: float | None = DEFAULT_ROLLOUT_TIMEOUT_S,
     ) -> list[Rollout]:
-        """Every row `rollouts_per_example` times, at most `max_concurrent` at once, scored; results in order."""
+        """Every row `rollouts_per_example` times, at most `max_concurrent` at once, scored; results in order. Each
+        rollout has `rollout_time_limit(self, timeout)` from when it starts (not while it waits for its turn)."""
         gate = asyncio.Semaphore(max(1, max_concurrent))
         jobs = [row for row in rows for _ in range(rollouts_per_example)]
+        limit = rollout_time_limit(self, timeout)
 
         async def one(row: dict[str, Any]) -> Rollout:
             async with gate:
-                rollout = await self.rollout(client, model, row, sampling)
-                await self.score(rollout)
+                rollout = await timed_rollout(self, client, model, row, sampling, limit)
+                if not timed_out(rollout):  # nothing came back to score
+                    await self.score(rollout)
             if on_rollout is not None:
                 maybe = on_rollout(rollout)
                 if asyncio.iscoroutine(maybe):
@@ -228,6 +244,66 @@ class Environment:
             return rollout
 
         return list(await asyncio.gather(*(one(row) for row in jobs)))
+
+
+def _limit(value: Any) -> float | None:
+    """A time limit as a number of seconds > 0, else None (no limit)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return None
+    return float(value)
+
+
+def rollout_time_limit(env: Environment, configured: float | None = DEFAULT_ROLLOUT_TIMEOUT_S) -> float | None:
+    """The time limit of one rollout of `env`, in seconds: `configured` (a run's `[[env]] timeout`), or the
+    environment's own `timeout_seconds` where that is smaller (None: no limit at all). An in-process verifiers
+    environment's own is its `timeout_seconds` (`VerifiersEnvironment`), an isolated one's as its interpreter
+    described it."""
+    limits = [limit for limit in (_limit(configured), _limit(getattr(env, "timeout_seconds", None)))
+              if limit is not None]
+    return min(limits) if limits else None
+
+
+def timed_out_rollout(row: dict[str, Any], limit: float, elapsed_ms: float) -> Rollout:
+    """The failed rollout of a row whose rollout ran past `limit` seconds."""
+    return Rollout(example_id=row.get("example_id"), task=str(row.get("task", "")),
+                   prompt=[dict(m) for m in row["prompt"]], answer=row.get("answer", ""),
+                   info=dict(row.get("info") or {}), stop_condition="error",
+                   error=f"{TIMED_OUT} {limit:g} s (the per-rollout time limit: a run's [[env]] timeout, or the "
+                         "environment's own timeout_seconds where smaller)", timing={"total_ms": elapsed_ms})
+
+
+def timed_out(rollout: Rollout) -> bool:
+    """Whether `rollout` failed for running past its time limit (it also counts as errored)."""
+    return bool(rollout.error and rollout.error.startswith(TIMED_OUT))
+
+
+async def timed_rollout(env: Environment, client: Any, model: str, row: dict[str, Any], sampling: SamplingArgs,
+                        timeout: float | None) -> Rollout:
+    """`env.rollout(...)`, cut after `timeout` seconds (None: no limit): a rollout past it is cancelled and comes
+    back failed (`timed_out_rollout`, stop condition "error"), so a hung rollout never holds its group. Exceptions
+    the rollout raises (an isolated environment's `EnvironmentDown`) go through.
+
+    Only a rollout that waits (on the endpoint, a tool, `asyncio.sleep`, an environment server) can be cut: one that
+    blocks the event loop in synchronous code holds every other rollout of this process too, and cannot be
+    interrupted from inside it (an isolated environment's server is another process: its requests are cut).
+    """
+    return await cut_after(timeout, env.rollout(client, model, row, sampling),
+                           lambda elapsed_ms: timed_out_rollout(row, timeout or 0.0, elapsed_ms))
+
+
+async def cut_after(limit: float | None, work: Awaitable[T], timed_out: Callable[[float], T]) -> T:
+    """`work`'s result, or past `limit` seconds (None: no limit) `work` cancelled and `timed_out(elapsed ms)`'s;
+    a TimeoutError of `work`'s own goes through."""
+    if limit is None:
+        return await work
+    started = time.perf_counter()
+    try:
+        async with asyncio.timeout(limit) as deadline:
+            return await work
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        return timed_out((time.perf_counter() - started) * 1000)
 
 
 def _turn_from_response(response: Any, prompt_messages: int, elapsed_ms: float) -> tuple[Turn, dict[str, Any]]:

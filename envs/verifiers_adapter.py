@@ -37,7 +37,17 @@ from typing import Any
 
 from prime_lab.envs import hub
 from prime_lab.envs.arguments import EnvironmentLoadError, env_args
-from prime_lab.envs.environment import Environment, Rollout, SamplingArgs, Turn, sample_rows
+from prime_lab.envs.environment import (
+    DEFAULT_ROLLOUT_TIMEOUT_S,
+    Environment,
+    Rollout,
+    SamplingArgs,
+    Turn,
+    cut_after,
+    rollout_time_limit,
+    sample_rows,
+    timed_out_rollout,
+)
 from prime_lab.envs.parsers import Messages, Parser
 from prime_lab.envs.rubric import Rubric
 
@@ -454,15 +464,22 @@ class GroupEnvironment(Environment):
         rollouts_per_example: int = 1,
         max_concurrent: int = 32,
         on_rollout: Callable[[Rollout], Awaitable[None] | None] | None = None,
+        timeout: float | None = DEFAULT_ROLLOUT_TIMEOUT_S,
     ) -> list[Rollout]:
         """Each row's `rollouts_per_example` rollouts as one verifiers group, at most `max_concurrent` rollouts in
-        flight; results in order."""
+        flight; results in order. A group's rollouts run side by side, so the group has the time limit of one
+        (`rollout_time_limit(self, timeout)`): past it, each of its rollouts fails as timed out."""
         per_group = max(1, rollouts_per_example)
         gate = asyncio.Semaphore(max(1, max_concurrent // per_group))
+        limit = rollout_time_limit(self, timeout)
+
+        async def timed_group(rows: list[dict[str, Any]]) -> list[Rollout]:
+            return await cut_after(limit, self.run_group(client, model, rows, sampling),
+                                   lambda elapsed_ms: [timed_out_rollout(r, limit or 0.0, elapsed_ms) for r in rows])
 
         async def group(row: dict[str, Any]) -> list[Rollout]:
             async with gate:
-                rollouts = await self.run_group(client, model, [row] * per_group, sampling)
+                rollouts = await timed_group([row] * per_group)
             for rollout in rollouts:
                 if on_rollout is not None:
                     maybe = on_rollout(rollout)
@@ -502,6 +519,7 @@ class VerifiersEnvironment(GroupEnvironment):
         self.parser = ParserView(env.parser)
         self.rubric = rubric_view(env.rubric, self.parser)
         self.sampling_args = dict(getattr(env, "sampling_args", None) or {})
+        self.timeout_seconds = getattr(env, "timeout_seconds", None)  # verifiers' own limit (MultiTurnEnv)
         self._reset_rows()
 
     def _split(self, split: str) -> list[dict[str, Any]] | None:

@@ -34,6 +34,7 @@ from prime_lab.envs import (
     redact,
     replace_system_prompt,
 )
+from prime_lab.envs.environment import DEFAULT_ROLLOUT_TIMEOUT_S
 from prime_lab.problems.schema import ConfigSection
 from prime_lab.problems.validation import Validation, validate_file
 from prime_lab.runs.registry import Run, RunError, RunRegistry
@@ -56,6 +57,7 @@ class EvalSpec:
     request_timeout: float = 600.0
     system_prompt: str | None = None  # replaces every row's system message
     metadata: dict[str, Any] = field(default_factory=dict)  # more for metadata.json: the policy, the prompt's source
+    rollout_timeout: float | None = DEFAULT_ROLLOUT_TIMEOUT_S  # one rollout's limit (the environment's own if smaller)
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,8 @@ def run_evaluation(
         try:
             return await env.run_rollouts(client, spec.model, rows, spec.sampling,
                                           rollouts_per_example=spec.rollouts_per_example,
-                                          max_concurrent=spec.max_concurrent, on_rollout=on_rollout)
+                                          max_concurrent=spec.max_concurrent, on_rollout=on_rollout,
+                                          timeout=spec.rollout_timeout)
         finally:
             await client.close()
 

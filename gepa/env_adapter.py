@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prime_lab.envs import Environment, Rollout, SamplingArgs, replace_system_prompt
+from prime_lab.envs.environment import DEFAULT_ROLLOUT_TIMEOUT_S
 from prime_lab.gepa.adapter import Candidate, EvaluationBatch, ReflectiveDataset
 from prime_lab.gepa.reflection import parse_proposal, reflection_prompt
 
@@ -54,6 +55,7 @@ class EnvironmentAdapter:
     reflection_max_tokens: int = 1024
     reflection_temperature: float | None = None  # None: the endpoint's default
     on_rollout: Any = None  # optional callable(Rollout) -> None, e.g. for a progress display
+    rollout_timeout: float | None = DEFAULT_ROLLOUT_TIMEOUT_S  # one rollout's limit (the environment's own if smaller)
 
     def __post_init__(self) -> None:
         self._loop = asyncio.new_event_loop()
@@ -128,7 +130,8 @@ class EnvironmentAdapter:
         async def one(row: dict[str, Any]) -> Rollout:
             async with gate:
                 done = await self.env.run_rollouts(client, self.task_model.model, [row], self.sampling,
-                                                   max_concurrent=1, on_rollout=self.on_rollout)
+                                                   max_concurrent=1, on_rollout=self.on_rollout,
+                                                   timeout=self.rollout_timeout)
             return done[0]
 
         return list(await asyncio.gather(*(one(row) for row in rows)))

@@ -4,7 +4,9 @@ The guide (reference 004, "During Training" and "Model Collapse") says: `reward/
 `reward/std` should stay stable and not collapse to 0, `policy/entropy` should decrease but not collapse,
 `policy/kl` should stay within bounds; look out for sudden reward drops, loss divergence and degenerate outputs
 (repetition, incoherence; all outputs becoming identical). `AlertMonitor` checks exactly these on every event it
-is fed and returns the alerts that start now.
+is fed and returns the alerts that start now, and one sign of the run's environments: an environment whose rollouts
+keep failing (`env/<name>/errored` above 5% for 3 steps in a row, prime-rl's guide's rule), whose share of the
+batch is then held by drawing it again (trainer/orchestrator.py) until a hard limit fails the run.
 
 An alert fires once per *episode*: when its condition becomes true. While the condition holds it stays quiet; once
 the condition has cleared (with some hysteresis) it is re-armed and a new episode may fire again. The RL launcher
@@ -37,6 +39,10 @@ DEGENERATE_OUTPUTS = "degenerate_outputs"
 IDENTICAL_OUTPUTS = "identical_outputs"
 ALERT_NAMES = (ENTROPY_COLLAPSE, REWARD_STD_COLLAPSE, KL_EXPLODING, REWARD_DROP, LOSS_DIVERGING,
                DEGENERATE_OUTPUTS, IDENTICAL_OUTPUTS)
+ENV_ERRORED = "env_errored"  # an environment's rollouts keep failing (`env/<name>/errored`)
+ENV_RESTART = "env_restart"  # an environment's server died and was restarted (the orchestrator writes these)
+ENV_ALERT_NAMES = (ENV_ERRORED, ENV_RESTART)
+_ERRORED_PREFIX, _ERRORED_SUFFIX = "env/", "/errored"
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,9 @@ class AlertThresholds:
     repetition_window: int = 8  # recent samples looked at
     repetition_fraction: float = 0.5  # fire when this share of them is degenerate (at least 2)
     identical_count: int = 4  # this many samples of different examples with one completion text
+    env_errored: float = 0.05  # an environment's share of errored rollouts above this ...
+    env_errored_steps: int = 3  # ... for this many steps in a row (its own steps: each has the metric)
+    env_errored_rearm: float = 0.02  # re-armed at or below this
 
 
 def repetition_score(text: str) -> float:
@@ -142,6 +151,7 @@ class AlertMonitor:
         self._samples: deque[tuple[str, str, bool]] = deque(maxlen=t.repetition_window)  # example, text, bad
         self._degenerate = 0  # bad ones among `_samples`
         self._examples_by_text: dict[str, dict[str, int]] = {}  # non-empty text -> example -> samples of `_samples`
+        self._env_errored_steps: dict[str, int] = {}  # environment -> its steps in a row above env_errored
         self._checks: tuple[tuple[str, Callable[[str, float, int | None], Alert | None]], ...] = (
             ("policy/entropy", self._entropy), ("reward/std", self._reward_std), ("policy/kl", self._kl_check),
             ("policy/ref_kl", self._kl_check), ("reward/mean", self._reward), ("loss", self._loss),
@@ -172,6 +182,13 @@ class AlertMonitor:
                 alert = check(key, value, step)
                 if alert is not None:
                     alerts.append(alert)
+        for key in metrics:
+            if key.startswith(_ERRORED_PREFIX) and key.endswith(_ERRORED_SUFFIX):
+                value = _number(metrics[key])
+                if value is not None:
+                    alert = self._env_errored(key[len(_ERRORED_PREFIX):-len(_ERRORED_SUFFIX)], value, step)
+                    if alert is not None:
+                        alerts.append(alert)
         return alerts
 
     def observe_sample(self, text: str, example_id: str = "", step: int | None = None) -> list[Alert]:
@@ -326,6 +343,21 @@ class AlertMonitor:
         return _alert(
             LOSS_DIVERGING, f"Loss diverging{_at(step)}: loss = {_fmt(value)} {why}. Lower the learning rate, enable "
             "gradient clipping, and resume from the last good checkpoint.", level)
+
+    def _env_errored(self, env: str, value: float, step: int | None) -> Alert | None:
+        """An environment whose rollouts errored above `env_errored` in each of its last `env_errored_steps` steps;
+        each environment has its own episodes."""
+        t = self.t
+        above = value > t.env_errored  # (nan: not above, and not cleared either)
+        steps = self._env_errored_steps[env] = self._env_errored_steps.get(env, 0) + 1 if above else 0
+        if not self._starts(f"{ENV_ERRORED}:{env}", steps >= t.env_errored_steps, value <= t.env_errored_rearm):
+            return None
+        return _alert(
+            ENV_ERRORED, f"Environment {env} is failing{_at(step)}: {value:.0%} of its rollouts errored (above "
+            f"{t.env_errored:.0%} for {steps} steps in a row). Its failed groups are dropped and drawn again from it; "
+            "the run stops if half of its rollouts keep failing. Look at the orchestrator's warnings and its server's "
+            "log (logs/env-*.log in the run's folder for an isolated environment); rollouts that time out "
+            f"(env/{env}/timed_out) need a longer [[env]] timeout.")
 
     def _grad(self, key: str, value: float, step: int | None) -> Alert | None:
         if math.isfinite(value) or not self._starts(LOSS_DIVERGING, True, False):

@@ -11,6 +11,7 @@ Two spellings of difficulty filtering, as the config allows one of them:
 from __future__ import annotations
 
 import random
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,10 @@ class ExampleSampler:
 
     def next(self) -> tuple[str, dict[str, Any]]:
         name = self.rng.choices(self.names, weights=self.weights)[0] if len(self.names) > 1 else self.names[0]
+        return name, self.row_of(name)
+
+    def row_of(self, name: str) -> dict[str, Any]:
+        """The next row of environment `name` in its shuffled order, reshuffled after each pass."""
         rows = self.rows[name]
         order = self._orders.get(name)
         if order is None or self._positions[name] >= len(order):
@@ -82,4 +87,29 @@ class ExampleSampler:
             self._positions[name] = 0
         row = rows[order[self._positions[name]]]
         self._positions[name] += 1
-        return name, row
+        return row
+
+
+class MixSampler(ExampleSampler):
+    """`ExampleSampler`'s draws, holding the environment mix when groups fail: a failed group's environment is owed
+    one group (`owe`), and the next draw serves it before drawing by weight, with that environment's next row (its
+    own shuffled order, as `next` takes them). A replacement that fails too is not owed again: an environment that
+    fails every rollout gets twice its share of groups, never all of them, and its failures count against it
+    (the orchestrator's `ENV_ERRORED_LIMIT`) rather than stalling the batch. With a share p of its groups failing, an
+    environment keeps all but p² of its share (0.25% at the 5% that raises the `env_errored` alert). Deterministic
+    for a seed and the same failures."""
+
+    def __init__(self, rows_by_env: dict[str, list[dict[str, Any]]], weights: list[float], seed: int = 42) -> None:
+        super().__init__(rows_by_env, weights, seed=seed)
+        self.owed: deque[str] = deque()
+
+    def owe(self, name: str) -> None:
+        self.owed.append(name)
+
+    def draw(self) -> tuple[str, dict[str, Any], bool]:
+        """(environment, row, whether the group replaces a failed one) for the next group."""
+        if self.owed:
+            name = self.owed.popleft()
+            return name, self.row_of(name), True
+        name, row = self.next()
+        return name, row, False

@@ -53,6 +53,10 @@ class EnvConfig(ConfigSection):
     system_prompt: str | None = Field(
         default=None, description="Replaces the system message of every prompt, as GEPA tries a candidate (prime-lab "
         "only; an environment with a `system_prompt` argument takes it through args, which Hosted Training runs).")
+    timeout: float = Field(
+        default=300.0, gt=0.0, description="Per-rollout time limit in seconds (prime-lab only): a rollout past it is "
+        "cut and counts as errored (`env/<name>/timed_out`); where the environment sets its own (`timeout_seconds`), "
+        "the smaller wins.")
 
     _id = field_validator("id")(_env_id)
 

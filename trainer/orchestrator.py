@@ -23,6 +23,15 @@ is trainer/scheduler.py's; this module keeps the groups, the asyncio tasks and t
 
 A completion cut by the sampler's context rather than by `[sampling].max_tokens` (vLLM shortens `max_tokens` to the
 room left after the prompt without a word) is logged once as a WARNING with the numbers and the fix (`context_cut`).
+
+Environments that fail: each rollout has its environment's time limit (`[[env]] timeout`, or the environment's own
+where smaller; envs/environment.py `timed_rollout`), and one past it fails. A group with a failed rollout is dropped,
+and its environment is owed the group (`MixSampler`): the next group started comes from it again, so a failing
+environment's share of the batch is not filled by the others. Each step logs, per environment, the share of its
+rollouts that errored and that timed out (`env/<name>/errored`, `env/<name>/timed_out`) and its server's restarts
+(`env/<name>/restarts`; each restart is also an `env_restart` alert). An environment with `ENV_ERRORED_LIMIT` of its
+rollouts errored for `ENV_ERRORED_STEPS` steps in a row, or whose server is down for good (`EnvironmentDown`),
+fails the run with its name and its last error.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ import asyncio
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,12 +55,15 @@ from prime_lab.envs import (
     load_environment,
     replace_system_prompt,
 )
+from prime_lab.envs.env_server import EnvironmentDown
+from prime_lab.envs.environment import DEFAULT_ROLLOUT_TIMEOUT_S, rollout_time_limit, timed_out, timed_rollout
 from prime_lab.inference.control import AdapterLoadError, policy_cache_salt
+from prime_lab.monitors.alerts import ENV_RESTART
 from prime_lab.runs.events import EventWriter
 from prime_lab.runs.processes import answers_health
 from prime_lab.runs.registry import Run
 from prime_lab.trainer.batch import Sample, rollout_samples, write_batch
-from prime_lab.trainer.buffer import ExampleSampler, GroupFilter
+from prime_lab.trainer.buffer import GroupFilter, MixSampler
 from prime_lab.trainer.config import RLConfig
 from prime_lab.trainer.loss import group_advantages
 from prime_lab.trainer.runtime import (
@@ -71,6 +83,8 @@ from prime_lab.trainer.versions import drop_versions_after, versions_dir
 
 SAMPLE_EVENTS_PER_STEP = 2
 MAX_FILTERED_BATCHES = 5  # a batch's worth of groups filtered or failed this many times over: give up
+ENV_ERRORED_LIMIT = 0.5  # an environment with this share of its rollouts errored ...
+ENV_ERRORED_STEPS = 3  # ... in this many steps in a row fails the run
 HEALTH_GRACE_S = 30.0
 REQUEST_TIMEOUT_S = 600.0
 CONTEXT_ERRORS = ("maximum context length", "max_model_len")  # how both engines word a request the context refuses
@@ -89,6 +103,22 @@ class Group:
     seconds: float
     finished_at: float = 0.0  # time.perf_counter() when its last rollout came back
     server: SamplerServer | None = None  # the sampler server its rollouts went to
+    replacement: bool = False  # started in place of a failed group of its environment (`MixSampler`)
+
+
+@dataclass
+class EnvTally:
+    """One environment's rollouts seen while a batch filled (kept, filtered, failed or stale)."""
+
+    rollouts: int = 0
+    errored: int = 0
+    timed_out: int = 0
+    failed_groups: int = 0
+
+    def add(self, group: Group) -> None:
+        self.rollouts += len(group.rollouts)
+        self.errored += sum(bool(r.error) for r in group.rollouts)
+        self.timed_out += sum(timed_out(r) for r in group.rollouts)
 
 
 def generation_span(groups: list[Group]) -> float:
@@ -173,16 +203,20 @@ class Orchestrator:
         if config.env_file:
             load_env_files(config.env_file, base=Path.cwd())
         self.names = env_names(config)
+        self.restarts: dict[str, int] = {}  # environment servers restarted so far, by environment
         # an environment at its own verifiers release runs as a server of this run: logged beside the run's other
-        # processes, registered so that the reaper ends it with the run
-        isolated.serve_for(run)
+        # processes, registered so that the reaper ends it with the run, restarted if it dies (`env_restarted`)
+        isolated.serve_for(run, on_restart=self.env_restarted)
         self.envs: dict[str, Environment] = {
             name: load_environment(e.id, **e.args) for name, e in zip(self.names, config.env, strict=True)}
+        # each environment's rollout time limit: its [[env]] timeout, or its own where smaller
+        self.timeouts = {name: e.timeout for name, e in zip(self.names, config.env, strict=True)}
+        self.time_limits = {name: rollout_time_limit(env, self.timeouts[name]) for name, env in self.envs.items()}
         # `[[env]] system_prompt` (a GEPA run's best, exported): each row's system message, as GEPA tried it
         self.system_prompts = {name: e.system_prompt for name, e in zip(self.names, config.env, strict=True)
                                if e.system_prompt is not None}
-        self.sampler = ExampleSampler({n: self.rows(n, e.get_dataset()) for n, e in self.envs.items()},
-                                      config.env_weights, seed=config.buffer.seed)
+        self.sampler = MixSampler({n: self.rows(n, e.get_dataset()) for n, e in self.envs.items()},
+                                  config.env_weights, seed=config.buffer.seed)
         self.filter = GroupFilter(config.buffer, config.difficulty_filter)
         self.sampling = sampling_args(config)
         # distillation (trainer/teacher.py): the teacher generates (loss = "sft") or scores (loss = "opd")
@@ -216,9 +250,72 @@ class Orchestrator:
         self.reported: set[str] = set()  # rollout failures logged whole already
         self.context_warned = False  # a completion cut by the sampler's context was logged (once a run)
         self.rollouts_started = self.start_step * 100_000  # per-rollout seeds differ after a resume too
+        self.last_errors: dict[str, str] = {}  # each environment's last rollout error (its first line)
+        self.errored_steps: dict[str, list[tuple[int, float]]] = {}  # (step, errored share) in a row >= limit
+        self.tallies: dict[str, EnvTally] = {}  # each environment's rollouts seen while the last batch filled
 
     def log(self, message: str, level: str = "INFO", step: int | None = None) -> None:
         log_both(self.events, message, level, step)
+
+    # Environments that fail ------------------------------------------------------------------------------------
+    def env_name(self, env: str) -> str:
+        """This run's name for the environment an isolated server names (its id, its id's last part or our name)."""
+        for name, e in zip(self.names, self.config.env, strict=True):
+            if env in (name, e.id, e.id.rsplit("/", 1)[-1], getattr(self.envs.get(name), "env_id", None)):
+                return name
+        return env
+
+    def env_restarted(self, info: Mapping[str, Any]) -> None:
+        """An environment's server died and was started again (`isolated.serve_for`'s `on_restart`): counted for
+        `env/<name>/restarts`, an `env_restart` alert on the bus (the run page and `prime rl logs` show it) and a
+        WARNING with its log's last lines."""
+        name = self.env_name(str(info.get("env", "")))
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        code = info.get("exit_code")
+        why = str(info.get("reason") or (f"exit code {code}" if code is not None else "it stopped answering"))
+        message = (f"environment {name}: its server died ({why}) and was restarted "
+                   f"({info.get('restarts', self.restarts[name])} of at most {info.get('max_restarts', '?')}); "
+                   "the groups it was serving are retried")
+        step = self.filling
+        self.events.emit("alert", {"name": ENV_RESTART, "message": message, "level": "WARNING", "env": name},
+                         step=step)
+        tail = str(info.get("log_tail") or "").strip()
+        self.log(message + (f"; its log ends:\n{tail}" if tail else ""), "WARNING", step)
+
+    def env_metrics(self, tallies: Mapping[str, EnvTally]) -> dict[str, float]:
+        """`env/<name>/errored` and `env/<name>/timed_out` (shares of the environment's rollouts seen while the batch
+        filled, dropped groups included) for each environment with rollouts seen; `env/<name>/restarts` (so far)
+        for each environment with a server of its own or a restart."""
+        metrics: dict[str, float] = {}
+        for name, tally in tallies.items():
+            if tally.rollouts:
+                metrics[f"env/{name}/errored"] = tally.errored / tally.rollouts
+                metrics[f"env/{name}/timed_out"] = tally.timed_out / tally.rollouts
+        for name, env in self.envs.items():
+            if name in self.restarts or isinstance(env, isolated.IsolatedEnvironment):
+                metrics[f"env/{name}/restarts"] = float(self.restarts.get(name, 0))
+        return metrics
+
+    def check_env_errors(self, step: int, tallies: Mapping[str, EnvTally]) -> None:
+        """Fail the run when an environment had `ENV_ERRORED_LIMIT` of its rollouts errored in each of the last
+        `ENV_ERRORED_STEPS` steps (a step without its rollouts neither counts nor breaks the run of steps)."""
+        for name, tally in tallies.items():
+            if not tally.rollouts:
+                continue
+            share = tally.errored / tally.rollouts
+            steps = self.errored_steps.setdefault(name, [])
+            if share < ENV_ERRORED_LIMIT:
+                steps.clear()
+                continue
+            steps.append((step, share))
+            if len(steps) >= ENV_ERRORED_STEPS:
+                shares = ", ".join(f"{x:.0%} at step {k}" for k, x in steps[-ENV_ERRORED_STEPS:])
+                raise OrchestratorError(
+                    f"environment {name}: its rollouts errored ({shares}; the run stops when {ENV_ERRORED_LIMIT:.0%} "
+                    f"or more do for {ENV_ERRORED_STEPS} steps in a row); last error: "
+                    f"{self.last_errors.get(name, '?')}. Look at its server's log (logs/env-*.log in the run's folder "
+                    "for an isolated environment) and the orchestrator's warnings; rollouts that time out need a "
+                    "longer [[env]] timeout")
 
     def check_context(self, rollouts: Sequence[Rollout], max_tokens: int | None) -> None:
         """Warn once when a sampler answer was cut by its context rather than by `max_tokens` (`context_cut`)."""
@@ -309,10 +406,11 @@ class Orchestrator:
         salt = policy_cache_salt(self.run.id, version)
         return replace(self.sampling, extra_body={**self.sampling.extra_body, "cache_salt": salt})
 
-    async def sample_group(self, env_name: str, row: dict[str, Any], version: int, server: SamplerServer) -> Group:
-        """`rollouts_per_example` rollouts of one example on one sampler server, scored. With a `[sampling] seed`,
-        each rollout gets its own seed derived from it (one seed for all would make every rollout of a group the
-        same)."""
+    async def sample_group(self, env_name: str, row: dict[str, Any], version: int, server: SamplerServer,
+                           replacement: bool = False) -> Group:
+        """`rollouts_per_example` rollouts of one example on one sampler server, scored, each within its
+        environment's time limit (one past it fails, `timed_rollout`). With a `[sampling] seed`, each rollout gets
+        its own seed derived from it (one seed for all would make every rollout of a group the same)."""
         t0 = time.perf_counter()
         env = self.envs[env_name]
         first = self.rollouts_started
@@ -324,22 +422,25 @@ class Orchestrator:
         if self.teacher is not None and self.teacher_sampling is not None:  # loss = "sft": the teacher generates
             client, model, sampling = self.teacher.client, self.teacher.model, self.teacher_sampling
 
+        limit = self.time_limits[env_name]
+
         async def one(i: int) -> Rollout:
             args = sampling if sampling.seed is None else \
                 replace(sampling, seed=sampling.seed * 1_000_003 + first + i)
             try:
-                rollout = await env.rollout(client, model, row, args)
+                rollout = await timed_rollout(env, client, model, row, args, limit)
             finally:
                 self.rollouts_in_flight -= 1
                 server.in_flight -= 1
                 self.top_up()  # this rollout's slot goes to a new group as soon as a group's worth is free
-            await env.score(rollout)
+            if not timed_out(rollout):  # nothing came back to score
+                await env.score(rollout)
             return rollout
 
         rollouts = await asyncio.gather(*(one(i) for i in range(self.group_size)))
         now = time.perf_counter()
         self.check_context(rollouts, sampling.max_tokens)
-        return Group(env_name, list(rollouts), version, now - t0, now, server)
+        return Group(env_name, list(rollouts), version, now - t0, now, server, replacement)
 
     def may_start_group(self) -> bool:
         """Whether a group started now, with the loaded policy, will be used (`BatchSchedule.may_start_group`)."""
@@ -353,12 +454,13 @@ class Orchestrator:
         return sum(v == version for v in self.tasks.values()) + sum(g.version == version for g in self.ready)
 
     def top_up(self) -> None:
-        """Start groups while `may_start_group`."""
+        """Start groups while `may_start_group`: an environment owed a group first (`MixSampler`)."""
         while self.may_start_group():
-            env_name, row = self.sampler.next()
+            env_name, row, replacement = self.sampler.draw()
             self.rollouts_in_flight += self.group_size
             server = self.samplers.pick(self.group_size)
-            self.tasks[asyncio.create_task(self.sample_group(env_name, row, self.version, server))] = self.version
+            task = asyncio.create_task(self.sample_group(env_name, row, self.version, server, replacement))
+            self.tasks[task] = self.version
 
     async def next_group(self) -> Group:
         if self.ready:
@@ -378,6 +480,7 @@ class Orchestrator:
         self.kept = kept
         self.ready, self.deferred = self.deferred + self.ready, []
         counts = {"easy": 0, "hard": 0, "filtered": 0, "failed": 0, "stale": 0}
+        tallies = {name: EnvTally() for name in self.names}
         seen = 0
         last_reason = ""
         while len(kept) < need_groups:
@@ -389,18 +492,24 @@ class Orchestrator:
             seen += 1
             placement = self.schedule.place(group.version, step, kept=len(kept),
                                             pending_oldest=self.pending_at(oldest_ok))
-            if placement == "stale":
-                counts["stale"] += 1
-                continue
             if placement == "deferred":
                 # the oldest groups still coming can fill this batch and no later one could take them: this one
                 # waits for the next batch
                 seen -= 1
                 self.deferred.append(group)
                 continue
+            tallies.setdefault(group.env, EnvTally()).add(group)
             errors = [r.error for r in group.rollouts if r.error]
             if errors:
+                self.last_errors[group.env] = errors[0].splitlines()[0][:300]
+            if placement == "stale":
+                counts["stale"] += 1
+                continue
+            if errors:
                 counts["failed"] += 1
+                tallies[group.env].failed_groups += 1
+                if not group.replacement:  # its environment's next group comes from it again
+                    self.sampler.owe(group.env)
                 last_reason = f"a rollout failed: {errors[0].splitlines()[0]}"
                 told = last_reason in self.reported  # the whole error (a dead server's log) once, then its line
                 self.reported.add(last_reason)
@@ -417,14 +526,23 @@ class Orchestrator:
                 counts["filtered"] += 1
                 last_reason = verdict.reason
             if seen - len(kept) >= MAX_FILTERED_BATCHES * need_groups:
+                dropped = seen - len(kept)
+                failing = max(tallies, key=lambda name: tallies[name].failed_groups)
+                if 2 * counts["failed"] >= dropped:  # mostly failures: the environment is the problem
+                    raise OrchestratorError(
+                        f"step {step}: {dropped} groups in a row were dropped and only {len(kept)} of {need_groups} "
+                        f"kept; {counts['failed']} failed, {tallies[failing].failed_groups} of them of environment "
+                        f"{failing} (last error: {self.last_errors.get(failing, '?')}). Look at its server's log "
+                        "and the orchestrator's warnings; rollouts that time out need a longer [[env]] timeout")
                 raise OrchestratorError(
-                    f"step {step}: {seen - len(kept)} groups in a row were dropped and only {len(kept)} of "
+                    f"step {step}: {dropped} groups in a row were dropped and only {len(kept)} of "
                     f"{need_groups} kept (last: {last_reason}). If every group is filtered, loosen [buffer] / "
                     "[difficulty_filter] or pick a task whose rewards vary within a group")
         total = max(1, seen)
+        self.tallies = tallies
         return kept, {"buffer/easy": counts["easy"] / total, "buffer/hard": counts["hard"] / total,
                       "buffer/filtered": counts["filtered"] / total, "buffer/stale": counts["stale"] / total,
-                      "rollout/failed_groups": float(counts["failed"])}
+                      "rollout/failed_groups": float(counts["failed"]), **self.env_metrics(tallies)}
 
     async def check_sampler(self, error: str, server: SamplerServer) -> None:
         """A failed request: if the server it went to no longer answers /health within the grace period, give up."""
@@ -476,12 +594,14 @@ class Orchestrator:
         return out
 
     async def mean_reward(self, env: Environment, rows: list[dict[str, Any]], rollouts_per_example: int) -> float:
-        """The mean reward of the current policy on `rows`, the rows dealt out over the sampler servers."""
+        """The mean reward of the current policy on `rows`, the rows dealt out over the sampler servers, each rollout
+        within the environment's time limit (a run's environment: its [[env]] timeout)."""
         sampling = replace(self.sampling_at(self.version), rl_fields=False)
+        timeout = next((self.timeouts[name] for name, e in self.envs.items() if e is env), DEFAULT_ROLLOUT_TIMEOUT_S)
         n = len(self.samplers)
         parts = await asyncio.gather(*(
             env.run_rollouts(server.client, self.model_name, rows[i::n], sampling,
-                             rollouts_per_example=rollouts_per_example, max_concurrent=32)
+                             rollouts_per_example=rollouts_per_example, max_concurrent=32, timeout=timeout)
             for i, server in enumerate(self.samplers.servers) if rows[i::n]))
         self.check_context([r for part in parts for r in part], sampling.max_tokens)
         rewards = [r.reward for part in parts for r in part]
@@ -552,6 +672,7 @@ class Orchestrator:
                 self.events.metrics(metrics, step)
                 self.run.update_status(reward=metrics["reward/mean"])  # the runs list's REWARD column
                 self.emit_samples(step, samples)
+                self.check_env_errors(step, self.tallies)
                 print(f"[orchestrator] step {step}: reward {metrics['reward/mean']:.3f} "
                       f"(policy version {self.version}, {fill:.1f}s)", flush=True)
             self.closing = True
@@ -559,6 +680,8 @@ class Orchestrator:
             if eval_sets and self.eval_due(cfg.max_steps):
                 await self.wait_for_version(cfg.max_steps)
                 await self.evaluate(cfg.max_steps, eval_sets)
+        except EnvironmentDown as exc:  # its server died more often than it may be restarted: its message, no trace
+            raise OrchestratorError(str(exc)) from exc
         except asyncio.CancelledError:
             self.log("stopping: the run was asked to stop")
         finally:
