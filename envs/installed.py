@@ -7,7 +7,8 @@ environment is a distribution that either
   name is the environment's name, its value the module (`my_env`, or `my_env:load` for another function name); or
 - follows verifiers' convention (`vf-init`, the Environments Hub): it depends on `verifiers` (or on `prime-lab`) and
   ships a top-level module named like the distribution (`reverse-text` -> `reverse_text`) that defines
-  `load_environment`.
+  `load_environment`. The module is found as the package ships it, whatever its case (`UncertaintyBench.py` for the
+  distribution `uncertaintybench`): read from the distribution's files; the id stays the canonical name.
 """
 
 from __future__ import annotations
@@ -103,6 +104,64 @@ def depends_on_verifiers(distribution: str) -> bool:
         return False
 
 
+def _module_of_path(path: str) -> str | None:
+    """The top-level module a file installs (`UncertaintyBench.py`, `pkg/__init__.py` -> `pkg`), if any."""
+    parts = path.replace("\\", "/").split("/")
+    if not parts or parts[0] in ("", "..", "__pycache__") or parts[0].endswith((".dist-info", ".egg-info", ".data")):
+        return None
+    if len(parts) == 1:
+        stem, dot, suffix = parts[0].partition(".")
+        return stem if dot and suffix == "py" and not stem.startswith("__editable__") else None
+    return parts[0] if parts[0].isidentifier() else None
+
+
+def shipped_modules(dist: importlib.metadata.Distribution) -> list[str]:
+    """The top-level modules a distribution ships, spelt as its files spell them: its top_level.txt, the modules
+    its RECORD lists, and those in the folders its .pth files add (an editable install's)."""
+    found = [line.strip() for line in (dist.read_text("top_level.txt") or "").splitlines() if line.strip()]
+    for file in dist.files or []:
+        module = _module_of_path(str(file))
+        if module is not None:
+            found.append(module)
+        if file.suffix == ".pth" and len(file.parts) == 1:
+            found += _modules_in_pth(Path(str(dist.locate_file(file))))
+    return list(dict.fromkeys(found))
+
+
+def _modules_in_pth(pth: Path) -> list[str]:
+    """The top-level modules in the folders a .pth file adds to the path (its lines that are not code)."""
+    try:
+        lines = pth.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    found = []
+    for line in lines:
+        folder = Path(line.strip())
+        if not line.strip() or line.startswith(("import ", "import\t", "#")) or not folder.is_dir():
+            continue
+        for child in sorted(folder.iterdir()):
+            if child.is_file():
+                module = _module_of_path(child.name)
+            else:
+                module = child.name if (child / "__init__.py").is_file() and child.name.isidentifier() else None
+            if module is not None:
+                found.append(module)
+    return found
+
+
+def module_of(dist: importlib.metadata.Distribution, name: str) -> str | None:
+    """The module of `dist` named like `name` (a distribution or environment name), as the package spells it:
+    the same name whatever its case and separators (`UncertaintyBench` for `uncertaintybench`), else the one
+    module whose name differs from it only by separators (`UncertaintyBench` for `uncertainty-bench`)."""
+    modules = shipped_modules(dist)
+    wanted = canonical(name)
+    same = [m for m in modules if canonical(m) == wanted]
+    if same:
+        return module_name(name) if module_name(name) in same else same[0]
+    loose = [m for m in modules if canonical(m).replace("-", "") == wanted.replace("-", "")]
+    return loose[0] if len(loose) == 1 else None
+
+
 def installed_environments() -> list[InstalledEnvironment]:
     """Every installed environment (entry points first, then verifiers' convention), sorted by name."""
     found: dict[str, InstalledEnvironment] = {}
@@ -119,6 +178,8 @@ def installed_environments() -> list[InstalledEnvironment]:
         if entries or not _framework_dependent(dist):
             continue
         module = module_name(dist_name)
+        if canonical(dist_name) not in found and not looks_like_environment(module):
+            module = module_of(dist, dist_name) or module  # as the package spells it (`UncertaintyBench`)
         if canonical(dist_name) not in found and looks_like_environment(module):
             found[canonical(dist_name)] = InstalledEnvironment(canonical(dist_name), module, LOAD_FUNCTION, dist_name,
                                                                version, summary)
@@ -126,12 +187,33 @@ def installed_environments() -> list[InstalledEnvironment]:
 
 
 def entry_point_for(env_id: str) -> tuple[str, str] | None:
-    """(module, function) of the `prime_lab.environments` entry point named like `env_id`, if one is installed."""
+    """(module, function) of the `prime_lab.environments` entry point named like `env_id`, if one is installed; else
+    of the environment a distribution named like it ships under another spelling (`UncertaintyBench.py` for the id
+    `uncertaintybench`), which the id's own module name does not reach."""
     wanted = canonical(module_name(env_id))
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if canonical(ep.name) == wanted:
             return _entry_point_target(ep.value)
-    return None
+    return _spelt_otherwise(env_id)
+
+
+def _spelt_otherwise(env_id: str) -> tuple[str, str] | None:
+    name = module_name(env_id)
+    try:
+        if importlib.util.find_spec(name) is not None:
+            return None
+    except (ImportError, ValueError):
+        pass
+    try:
+        dist = importlib.metadata.distribution(env_id.rsplit("/", 1)[-1])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+    if not _framework_dependent(dist):
+        return None
+    module = module_of(dist, dist.metadata["Name"] or name)
+    if module is None or module == name or not looks_like_environment(module):
+        return None
+    return module, LOAD_FUNCTION
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ release's wheel, without installing it) rules the release out. Releases from `DR
 Each release gets one virtual environment, `releases_home()/<release>/` (`$PRIME_LAB_HOME/verifiers`, or
 `$PRIME_LAB_VERIFIERS_HOME`), shared by every environment that needs that release: created with pip from the
 package registry, through prime-lab's constraints file (which pins torch; verifiers does not need torch and none
-is installed for it), with the driver's transport (pyzmq, msgpack) beside verifiers. A lock file keeps two
-installs from building the same one at once.
+is installed for it), with the driver's transport (pyzmq, msgpack) beside verifiers. One lock per release
+(`ReleaseEnv.locked`) keeps two processes from creating, installing into or removing the same one at once, and every
+install into it holds verifiers and the transport at their installed versions (a constraints file in its folder).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import contextlib
 import fcntl
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import tomllib
 import zipfile
 from collections.abc import Iterable, Iterator
@@ -37,6 +40,7 @@ from prime_lab.runs.paths import constraints_file, lab_home
 DRIVABLE_FROM, FIRST_UNDRIVABLE = Version("0.1.8"), Version("0.4")
 TRANSPORT = ("pyzmq>=25", "msgpack>=1.0")  # what driver.py needs beside verifiers (0.1.8/0.1.9 do not bring them)
 READY = ".prime-lab-ready"  # written last: a folder without it is a half-built environment, built again
+HOLDS = "prime-lab-holds.txt"  # in a release's folder: the constraints every install into it runs with
 
 
 class ReleaseError(RuntimeError):
@@ -48,17 +52,57 @@ def releases_home() -> Path:
     return Path(override).expanduser() if override else lab_home() / "verifiers"
 
 
-def _pip(*args: str, python: str | None = None, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+def _pip(*args: str, python: str | None = None, timeout: float = 1800,
+         constraints: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """pip with `python` (this interpreter by default), through prime-lab's constraints file and `constraints` when
+    it installs or downloads; a time-out is a ReleaseError naming the command to rerun."""
     command = [python or sys.executable, "-m", "pip", *args, "--disable-pip-version-check"]
-    constraints = constraints_file()
-    if args and args[0] in ("install", "download") and constraints is not None:
-        command += ["-c", str(constraints)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    if args and args[0] in ("install", "download"):
+        for path in (constraints_file(), *constraints):
+            if path is not None:
+                command += ["-c", str(path)]
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise ReleaseError(timed_out(command, timeout)) from None
+
+
+def timed_out(command: list[str], timeout: float) -> str:
+    """The one line a pip time-out gets: how long it waited and the command to rerun."""
+    waited = f"{timeout / 60:g} min" if timeout >= 120 else f"{timeout:g} s"
+    return (f"pip did not finish within {waited} (the package registry slow or out of reach?); rerun it to see "
+            f"where it stops: {shlex.join(command)}")
 
 
 def _last_lines(text: str, count: int = 8) -> str:
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("WARNING: Location")]
     return "\n".join(lines[-count:])
+
+
+def conflict_lines(text: str) -> list[str] | None:
+    """What pip's resolver says caused a conflict (`x 1.0 depends on tomlkit==0.12.0`, `The user requested
+    (constraint) tomlkit==0.15.2`), or None when its output is no resolution failure."""
+    if "ResolutionImpossible" not in text and "conflicting dependencies" not in text:
+        return None
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == "The conflict is caused by:"), None)
+    if start is None:
+        return []
+    cause = []
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        cause.append(line.strip())
+    return cause
+
+
+def pip_failed(done: subprocess.CompletedProcess[str], what: str) -> str:
+    """`WHAT (pip exit N; to see it again: COMMAND):` and pip's own last lines (its conflict, when it says one)."""
+    output = (done.stderr or "") + "\n" + (done.stdout or "")
+    cause = conflict_lines(output)
+    lines = "\n".join(["The conflict is caused by:", *cause]) if cause else _last_lines(done.stderr or done.stdout)
+    command = shlex.join(str(a) for a in done.args) if isinstance(done.args, list | tuple) else str(done.args)
+    return f"{what} (pip exit {done.returncode}; to see it again: {command})" + (f":\n{lines}" if lines else "")
 
 
 # Which releases exist, and which ones an environment accepts ---------------------------------------------------
@@ -68,8 +112,7 @@ def available_releases() -> list[Version]:
     done = _pip("index", "versions", "verifiers", timeout=120)
     match = re.search(r"Available versions:\s*(.+)", done.stdout)
     if done.returncode != 0 or match is None:
-        raise ReleaseError("cannot list verifiers' releases from the package registry (pip index versions "
-                           f"verifiers failed):\n{_last_lines(done.stderr or done.stdout)}")
+        raise ReleaseError(pip_failed(done, "cannot list verifiers' releases from the package registry"))
     versions = []
     for text in match.group(1).split(","):
         with contextlib.suppress(InvalidVersion):
@@ -225,8 +268,7 @@ def release_contents(version: Version) -> ReleaseContents:
                     str(folder), timeout=300)
         wheel = next(folder.glob(f"verifiers-{version}-*.whl"), None)
         if done.returncode != 0 or wheel is None:
-            raise ReleaseError(f"cannot download verifiers {version} from the package registry:\n"
-                               f"{_last_lines(done.stderr or done.stdout)}")
+            raise ReleaseError(pip_failed(done, f"cannot download verifiers {version} from the package registry"))
     sources: dict[str, str] = {}
     with zipfile.ZipFile(wheel) as archive:
         for name in archive.namelist():
@@ -260,6 +302,9 @@ def installed_contents() -> ReleaseContents | None:
 
 # One virtual environment per release ------------------------------------------------------------------------------
 
+_held = threading.local()  # the release locks this thread holds, and how many times over
+
+
 @dataclass(frozen=True)
 class ReleaseEnv:
     """The virtual environment of one verifiers release."""
@@ -278,18 +323,31 @@ class ReleaseEnv:
         return (self.folder / READY).is_file() and self.python.is_file()
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def locked(self) -> Iterator[None]:
+        """This release's lock: held while its environment is created, installed into, uninstalled from or removed,
+        so that one process at a time changes it. Taken again by the thread that holds it, it is already held."""
         releases_home().mkdir(parents=True, exist_ok=True)
-        with open(releases_home() / f".{self.release}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        path = str(releases_home() / f".{self.release}.lock")
+        counts: dict[str, int] = _held.__dict__.setdefault("counts", {})
+        if counts.get(path):
+            counts[path] += 1
             try:
                 yield
             finally:
+                counts[path] -= 1
+            return
+        with open(path, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            counts[path] = 1
+            try:
+                yield
+            finally:
+                counts.pop(path, None)
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def ensure(self, say: object = None) -> bool:
         """Create it if it is not there yet (pip, from the registry; a minute or so). True when it was created."""
-        with self._locked():
+        with self.locked():
             if self.ready():
                 return False
             if callable(say):
@@ -301,16 +359,50 @@ class ReleaseEnv:
             if made.returncode != 0:
                 raise ReleaseError(f"cannot create a virtual environment in {self.folder}: "
                                    f"{_last_lines(made.stderr or made.stdout)}")
-            done = self.pip("install", "-q", f"verifiers=={self.release}", *TRANSPORT)
+            try:
+                done = self.pip("install", "-q", f"verifiers=={self.release}", *TRANSPORT)
+            except ReleaseError:
+                shutil.rmtree(self.folder, ignore_errors=True)
+                raise
             if done.returncode != 0:
                 shutil.rmtree(self.folder, ignore_errors=True)
-                raise ReleaseError(f"pip could not install verifiers {self.release} into a new virtual environment:"
-                                   f"\n{_last_lines(done.stderr or done.stdout)}")
+                raise ReleaseError(pip_failed(done, f"pip could not install verifiers {self.release} into a new "
+                                                    "virtual environment"))
             (self.folder / READY).write_text(self.release + "\n")
             return True
 
+    def installed(self) -> dict[str, str]:
+        """What is installed in it: canonical distribution name -> version."""
+        import importlib.metadata
+
+        found = {}
+        site = [str(p) for p in self.folder.glob("lib/python*/site-packages")]
+        for dist in importlib.metadata.distributions(path=site):
+            name = dist.metadata["Name"] or ""
+            if name:
+                found[re.sub(r"[-_.]+", "-", name).lower()] = dist.version or ""
+        return found
+
+    def holds(self) -> Path:
+        """The constraints file every install into it runs with: verifiers at this release, the driver's transport
+        at the versions installed (written afresh each time)."""
+        installed = self.installed()
+        pins = [f"verifiers=={self.release}"] + [f"{n}=={installed[n]}" for n in ("pyzmq", "msgpack") if n in installed]
+        path = self.folder / HOLDS
+        path.write_text("# what every install into this environment leaves as it is (prime-lab)\n"
+                        + "\n".join(pins) + "\n")
+        return path
+
     def pip(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return _pip(*args, python=str(self.python))
+        """pip in this environment; an install holds verifiers and the transport (`holds()`)."""
+        held = (self.holds(),) if args and args[0] == "install" and self.folder.is_dir() else ()
+        return _pip(*args, python=str(self.python), constraints=held)
+
+    def remove(self) -> None:
+        """Delete it (under its lock; the next install that needs this release creates it again)."""
+        with self.locked():
+            (self.folder / READY).unlink(missing_ok=True)
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _base_python() -> str:

@@ -6,6 +6,8 @@ server serves a whole test session.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,3 +23,12 @@ def lab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home.mkdir()
     monkeypatch.setenv("PRIME_LAB_HOME", str(home))
     yield home
+
+
+@pytest.fixture
+def uninstall_after() -> Iterator[list[str]]:
+    """Distribution names a test installs beside prime-lab (its own interpreter's pip): uninstalled after it."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", name], timeout=300, check=False)

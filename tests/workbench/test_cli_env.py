@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -91,14 +90,6 @@ def test_env_install_refuses_what_is_not_a_package(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     empty = prime("env", "install", str(tmp_path / "empty"), cwd=tmp_path)
     assert empty.returncode == 1 and "has no pyproject.toml" in empty.stderr
-
-
-@pytest.fixture
-def uninstall_after() -> Iterator[list[str]]:
-    names: list[str] = []
-    yield names
-    for name in names:
-        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", name], timeout=300, check=False)
 
 
 def init_install_and_eval(name: str, tmp_path: Path, *flags: str) -> dict[str, Any]:

@@ -49,7 +49,7 @@ app.add_typer(rl_app, name="rl", help="Same as `prime train` (its older name; bo
 app.add_typer(sft_app, name="sft", help="Supervised fine-tuning: configs and runs (prime-rl's SFT configs run).")
 app.add_typer(eval_app, name="eval", help="Evaluate models on environments (vf-eval's flags).")
 app.add_typer(gepa_app, name="gepa", help="GEPA prompt optimization (headless; the same events as the TUI).")
-app.add_typer(env_app, name="env", help="Environments: list (installed and built-in), init, install.")
+app.add_typer(env_app, name="env", help="Environments: list (installed and built-in), init, install, uninstall.")
 app.add_typer(secret_app, name="secret", help="Secrets (API keys) environments get as variables, stored locally.")
 app.command("serve")(serve)
 app.add_typer(lab_app, name="lab", help="The Textual workbench (prime lab [PATH]), and a workspace: setup, doctor.")

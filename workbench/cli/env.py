@@ -1,8 +1,10 @@
-"""`prime env`: the environments this machine can run (installed and built-in), new ones, and installing them."""
+"""`prime env`: the environments this machine can run (installed and built-in), new ones, installing and
+uninstalling them."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -10,7 +12,10 @@ from prime_lab.workbench.cli import secret
 from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, err, fail, print_json
 from prime_lab.workbench.cli.render import print_table
 
-env_app = typer.Typer(help="Environments: list, create and install them.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from prime_lab.envs.install import ReleaseChoice
+
+env_app = typer.Typer(help="Environments: list, create, install and uninstall them.", no_args_is_help=True)
 
 
 DESCRIPTION_CHARS = 72  # a failing import's message is long: one line in the table, all of it with -v or -o json
@@ -108,47 +113,85 @@ def install(
 
     An environment that needs a verifiers release other than the one beside prime-lab (what its metadata declares,
     narrowed by what it imports; or --verifiers) goes into that release's own virtual environment, created once per
-    release with pip, and runs there as a server of the run."""
-    from prime_lab.envs.install import InstallError, choose_release, environments_of, install_isolated
-    from prime_lab.envs.install import install as pip_install
+    release with pip, and runs there as a server of the run. Beside prime-lab, what is installed stays as it is:
+    a package that needs another verifiers or another version of one of prime-lab's dependencies goes into a release
+    environment of its own instead, or is refused. An install whose environments do not import, or that breaks
+    another environment of its release, is taken back."""
+    from prime_lab.envs.install import HeldBack, InstallError, choose_release, own_release_for
+    from prime_lab.envs.releases import ReleaseError
+
+    path = target.expanduser().resolve()
+    try:
+        choice = choose_release(path, verifiers, isolate)
+        if choice.release is None:
+            try:
+                install_beside(target, choice.reason)
+                return
+            except HeldBack as held:
+                choice = own_release_for(path, verifiers, held)
+                err(f"not beside prime-lab: {held.words()}; into verifiers {choice.release}'s own environment "
+                    f"instead ({choice.reason})")
+                install_at_release(path, choice, said=True)
+                return
+        install_at_release(path, choice)
+    except (InstallError, ReleaseError) as exc:
+        fail(str(exc))
+
+
+def install_beside(target: Path, reason: str) -> None:
+    """`prime env install` beside prime-lab (install.install_beside: taken back when an environment does not
+    import); prints each id it provides."""
+    from prime_lab.envs import install
+
+    done = install.install_beside(target, say=err)
+    how = done.plan
+    err(f"installed {how.project or how.target} ({'editable' if how.editable else 'from a file'}"
+        + (f", constraints {how.constraints}" if how.constraints else "") + ")")
+    err(f"beside prime-lab: {reason}")
+    for env in done.environments:
+        typer.echo(f"{env['id']}\t{env['module']}")
+        err(f"ready: prime eval run {env['id']}")
+
+
+def install_at_release(target: Path, choice: ReleaseChoice, said: bool = False) -> None:
+    """`prime env install` into the environment of `choice`'s release (`said`: its reason is printed already)."""
+    from prime_lab.envs.install import install_isolated
+
+    for ruled in choice.ruled_out_words():
+        err(f"ruled out by what it imports: verifiers {ruled}")
+    if not said:
+        err(f"verifiers {choice.release}: {choice.reason}")
+    records = install_isolated(target, choice, say=err)
+    for record in records:
+        err(f"installed {record.distribution} {record.version} into verifiers {record.release}'s own "
+            f"environment ({record.python})")
+        typer.echo(f"{record.name}\t{record.module}")
+        err(f"ready: prime eval run {record.name}")
+
+
+@env_app.command("uninstall")
+def uninstall(
+    env_id: str = typer.Argument(..., metavar="ID", help="The environment's id, as `prime env list` shows it."),
+    release_env: bool = typer.Option(False, "--release-env",
+                                     help="Also delete its verifiers release's own virtual environment, when no "
+                                          "other installed environment uses it."),
+) -> None:
+    """pip-uninstall the package that provides an environment (beside prime-lab or in its release's own virtual
+    environment), and every environment it provides; prints their ids."""
+    from prime_lab.envs.install import InstallError
+    from prime_lab.envs.install import uninstall as pip_uninstall
     from prime_lab.envs.releases import ReleaseError
 
     try:
-        choice = choose_release(target.expanduser().resolve(), verifiers, isolate)
-        if choice.release is not None:
-            for ruled in choice.ruled_out_words():
-                err(f"ruled out by what it imports: verifiers {ruled}")
-            err(f"verifiers {choice.release}: {choice.reason}")
-            records = install_isolated(target.expanduser().resolve(), choice, say=err)
-            for record in records:
-                err(f"installed {record.distribution} {record.version} into verifiers {record.release}'s own "
-                    f"environment ({record.python})")
-                typer.echo(f"{record.name}\t{record.module}")
-                err(f"ready: prime eval run {record.name}")
-            return
-        done = pip_install(target)
-        if done.project:  # beside prime-lab now: an earlier install at its own release no longer applies
-            from prime_lab.envs.isolated import remove_record
-
-            remove_record(done.project)
-        found = environments_of(done.project) if done.project else []
+        removal = pip_uninstall(env_id, release_env)
     except (InstallError, ReleaseError) as exc:
         fail(str(exc))
-    how = "editable" if done.editable else "from a file"
-    err(f"installed {done.project or done.target} ({how}"
-        + (f", constraints {done.constraints}" if done.constraints else "") + ")")
-    err(f"beside prime-lab: {choice.reason}")
-    if done.project and not found:
-        fail(f"{done.project} is installed but provides no environment prime-lab can find: declare an entry point "
-             "in [project.entry-points.\"prime_lab.environments\"] (NAME = \"module\"), or name its module like the "
-             "package and depend on verifiers or prime-lab")
-    broken = [f for f in found if "error" in f]
-    for env in found:
-        if "error" not in env:
-            typer.echo(f"{env['id']}\t{env['module']}")
-            err(f"ready: prime eval run {env['id']}")
-    if broken:
-        fail("; ".join(str(f["error"]) for f in broken))
+    err(f"uninstalled {removal.distribution} {removal.version} ({removal.where}): "
+        f"{', '.join(removal.ids) or 'no environment'} no longer installed")
+    if removal.release_env:
+        err(removal.release_env)
+    for name in removal.ids:
+        typer.echo(name)
 
 
 # `prime env secret`: one environment's secrets, over the global ones (`prime secret`, cli/secret.py).
