@@ -30,7 +30,7 @@ from tests.envs.scripted import scripted_endpoint
 from tests.envs.verifiers_standins import VF_ENVS, completion, guessing_model
 from tests.gepa.reflection_standin import write_gepa_config
 from tests.support import cli
-from tests.support.rl_runs import logs, metrics, start, wait_final, write_envs_config
+from tests.support.rl_runs import logs, metrics, start, wait_final, wait_step, write_envs_config
 
 pytestmark = pytest.mark.slow
 prime = partial(cli.prime, timeout=900)
@@ -195,12 +195,19 @@ def test_eval_tool_game(registry: str, release: str, installed: dict[str, Any], 
 # Training ------------------------------------------------------------------------------------------------------
 
 def test_rl_run_mixing_releases(releases: dict[str, Any], learnable_model_dir: Path, tmp_path: Path) -> None:
-    """One run: vf-fruit-task on verifiers 0.1.12 in its own interpreter, vf-legacy-sort on 0.3.1 beside us."""
+    """One run: vf-fruit-task on verifiers 0.1.12 in its own interpreter, vf-legacy-sort on 0.3.1 beside us. Its
+    environment server is killed (-9) after the first step: restarted, counted, and the run completes."""
     envs = ["vf-fruit-task", "vf-legacy-sort"]
-    run = start(write_envs_config(tmp_path / "rl.toml", learnable_model_dir, dict.fromkeys(envs, {}), steps=4))
+    run = start(write_envs_config(tmp_path / "rl.toml", learnable_model_dir, dict.fromkeys(envs, {}), steps=5))
+    wait_step(run, 1, timeout=300)
+    killed = run.status()["processes"]["env-vf-fruit-task"]["pid"]
+    os.kill(killed, signal.SIGKILL)
     status = wait_final(run, timeout=600)
     assert status["state"] == "completed", status.get("reason", "") + logs(run)
-    samples = [json.loads(line) for step in range(1, 5)
+    restarts = [e.data for e in run.event_log().events() if e.kind == "alert" and e.data.get("name") == "env_restart"]
+    assert len(restarts) == 1 and "vf-fruit-task" in restarts[0]["message"], restarts
+    assert max(m.get("env/vf-fruit-task/restarts", 0.0) for m in metrics(run, "orchestrator").values()) == 1.0
+    samples = [json.loads(line) for step in range(1, 6)
                for line in (run.rollouts_dir / f"step_{step}.jsonl").read_text().splitlines()]
     assert {s["env"] for s in samples} == set(envs)
     for sample in samples:  # the sampler's token ids and logprobs reached the trainer, from both interpreters
@@ -211,10 +218,11 @@ def test_rl_run_mixing_releases(releases: dict[str, Any], learnable_model_dir: P
     for env in envs:
         assert any(s["reward"] > 0 for s in samples if s["env"] == env), env
     trained = metrics(run, "trainer")
-    assert len(trained) == 4 and all(m["optim/grad_norm"] > 0 for m in trained.values())
-    # the environment's server was the run's: registered with its reaper, logged with it, ended with it
+    assert len(trained) == 5 and all(m["optim/grad_norm"] > 0 for m in trained.values())
+    # the environment's server was the run's: registered with its reaper, logged with it, ended with it (the
+    # restarted one under the same role)
     server = (status.get("processes") or {}).get("env-vf-fruit-task")
-    assert server is not None and not pid_alive(server["pid"], server.get("start_time"))
+    assert server is not None and server["pid"] != killed and not pid_alive(server["pid"], server.get("start_time"))
     assert "verifiers 0.1.12" in (run.dir / "logs" / "env-vf-fruit-task.log").read_text()
 
 
