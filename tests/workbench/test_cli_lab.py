@@ -35,6 +35,10 @@ def test_setup_writes_a_workspace_then_changes_nothing_and_force_overwrites(tmp_
 
     again = prime("lab", "setup", cwd=folder)
     assert again.returncode == 0 and "Nothing changed" in again.stdout and "created" not in again.stdout
+    # rich's panel into a pipe (not --plain): each command beside its whole note, not one word of it per line
+    rows = [line for line in again.stdout.splitlines() if "prime lab doctor" in line or "prime rl run @" in line]
+    assert len(rows) == 2 and "check the workspace and this machine" in rows[0] \
+        and "train it with RL (LoRA)" in rows[1], again.stdout
 
     config = folder / "configs" / "gepa" / "reverse-text.toml"
     template = config.read_text()

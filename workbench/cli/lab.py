@@ -8,6 +8,7 @@ imported only when the workbench runs.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,7 +142,10 @@ def _get_started(folder: Path) -> None:
     grid.add_column(style="dim")
     for command, note in lines:
         grid.add_row(command, note)
-    Console().print(Panel(grid, title="Get started", title_align="left", expand=False))
+    # Not a terminal (a file, a pipe): rich would squeeze the panel into 80 columns, one word of a note per line;
+    # the panel takes the width of its content instead
+    Console(width=None if sys.stdout.isatty() else 200).print(Panel(grid, title="Get started", title_align="left",
+                                                                  expand=False))
 
 
 @lab_app.command("doctor")
