@@ -266,7 +266,7 @@ point written in {api}: change the data, the system prompt and the reward in `{m
 prime env install .                  # editable: edits to {module}.py apply at the next run
 prime env list                       # {name} is listed as installed, with its arguments
 prime eval run {name} -n 5 -r 3      # SmolLM2 served locally; -m/-b for other models
-python -m pytest tests               # the data and the reward, without a model (needs pytest)
+python -m pytest tests               # the data and the reward, without a model
 ```
 
 Arguments of `load_environment` (`-a '{{"seed": 1}}'`): `num_train_examples` (200), `num_eval_examples` (50),

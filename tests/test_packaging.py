@@ -60,3 +60,24 @@ def test_every_data_file_is_installed() -> None:
             if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts:
                 assert (installed / path.relative_to(root)).exists(), (
                     f"{path.relative_to(REPO)} is not installed: add it to [tool.setuptools.package-data]")
+
+
+def test_the_example_environments_tests_run_with_what_the_setup_installs(tmp_path: Path) -> None:
+    """`scripts/setup` (no --dev) installs prime-lab's own requirements: pytest is one of them, and the example
+    environment's tests pass with the command its README gives."""
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    from packaging.requirements import Requirement
+
+    core = {Requirement(r).name for r in importlib.metadata.requires("prime-lab") or [] if "extra ==" not in r}
+    assert "pytest" in core
+    from tests.support.cli import prime
+
+    assert prime("lab", "setup", "ws", "--plain", cwd=tmp_path).returncode == 0
+    folder = tmp_path / "ws" / "environments" / "my-env"
+    assert "python -m pytest tests" in (folder / "README.md").read_text()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=folder,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
