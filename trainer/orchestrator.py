@@ -618,11 +618,15 @@ class Orchestrator:
 
     async def evaluate(self, step: int, sets: list[tuple[str, Environment, int, int]]) -> None:
         metrics = {}
+        examples: dict[str, int] = {}
+        rollouts: dict[str, int] = {}
         for name, env, n, r in sets:
             rows = env.get_eval_dataset(n, seed=0)
+            examples[name], rollouts[name] = len(rows), r  # what each mean is over (runs/evaluations.py reads them)
             metrics[f"eval/{name}/reward"] = await self.mean_reward(
                 env, self.rows(name, rows) if self.envs.get(name) is env else rows, r)
-        self.events.emit("eval", {"metrics": metrics, "policy_version": self.version}, step=step)
+        self.events.emit("eval", {"metrics": metrics, "policy_version": self.version, "examples": examples,
+                                  "rollouts_per_example": rollouts}, step=step)
         self.events.metrics(metrics, step)
         self.log(f"eval at step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()), step=step)
 

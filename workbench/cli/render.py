@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console, JustifyMethod, OverflowMethod
 from rich.table import Column, Table
 
+from prime_lab.runs.evaluations import Evaluation, mean_of
 from prime_lab.runs.events import Event
 
 # The few numbers a person wants on a metrics line, in this order; the rest follow alphabetically.
@@ -94,21 +95,22 @@ def _tsv_cell(value: Any) -> str:
 
 def print_table(columns: Sequence[str | Column], rows: Iterable[Sequence[str]], *,
                 overflow: OverflowMethod = "ellipsis", justify: dict[str, JustifyMethod] | None = None,
-                styles: Sequence[str | None] | None = None) -> None:
-    """A borderless table with bold headers on stdout, the one look of every `prime` table; under --plain,
-    tab-separated lines (the header first) with every value whole.
+                styles: Sequence[str | None] | None = None, stderr: bool = False) -> None:
+    """A borderless table with bold headers on stdout (or stderr), the one look of every `prime` table; under
+    --plain, tab-separated lines (the header first) with every value whole.
 
     A column given as a rich `Column` keeps its own settings; `styles` styles each row (say "dim")."""
     if _plain:
+        out = sys.stderr if stderr else sys.stdout
         for line in ([c.header if isinstance(c, Column) else c for c in columns], *rows):
-            sys.stdout.write("\t".join(_tsv_cell(value) for value in line) + "\n")
+            out.write("\t".join(_tsv_cell(value) for value in line) + "\n")
         return
     table = Table(*(c if isinstance(c, Column) else Column(c, overflow=overflow,
                                                            justify=(justify or {}).get(c, "left"))
                     for c in columns), box=None, header_style="bold")
     for i, row in enumerate(rows):
         table.add_row(*row, style=styles[i] if styles is not None else None)
-    Console().print(table)
+    Console(stderr=stderr).print(table)
 
 
 def steps_of(status: dict[str, Any]) -> str:
@@ -129,3 +131,31 @@ def runs_table(statuses: list[dict[str, Any]]) -> None:
     whole = [Column(name, no_wrap=True, min_width=max([len(name), *(len(r[i]) for r in rows)]))
              for i, name in ((0, "ID"), (1, "STATE"))]
     print_table((*whole, "KIND", "MODEL", "ENVIRONMENTS", "STEP", "REWARD", "STARTED"), rows)
+
+
+def print_evaluations(evaluations: list[Evaluation], max_steps: Any = None, *, stderr: bool = False) -> None:
+    """A run's evaluations before and after training, under a line that says what each mean is of: per
+    environment the base model's mean reward (step 0), the final policy's (the newest evaluation; `step N` while
+    it is not the run's last step) and the change; an SFT run's validation loss the same way. Nothing when the run
+    has none."""
+    if not evaluations:
+        return
+    reward = any(e.is_reward for e in evaluations)
+    digits = 3 if reward else 4
+    steps = [e.final_step for e in evaluations if e.final_step is not None]
+    last = max(steps) if steps else None
+    final = "FINAL" if last is None or last == max_steps else "LATEST"
+    sizes = len({e.over() for e in evaluations}) > 1
+
+    def value(x: float | None, step: int | None = None, sign: str = "") -> str:
+        if x is None:
+            return "-"
+        return f"{x:{sign}.{digits}f}" + (f" (step {step})" if step is not None and step != last else "")
+
+    head = ["ENV" if reward else "METRIC", *(["OVER"] if sizes else []), "BASE (step 0)",
+            f"{final} (step {last})" if last is not None else final, "CHANGE"]
+    rows = [[e.env or e.metric, *([e.over()] if sizes else []), value(e.base), value(e.final, e.final_step),
+             value(e.change, sign="+")] for e in evaluations]
+    title = f"{'evaluation' if reward else 'validation'} ({mean_of(evaluations)})"
+    (sys.stderr if stderr else sys.stdout).write(title + "\n")
+    print_table(head, rows, justify={h: "right" for h in head[1:] if h != "OVER"}, stderr=stderr)

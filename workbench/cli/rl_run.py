@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 
 from prime_lab.workbench.cli.common import config_path, err, fail
-from prime_lab.workbench.cli.render import live_output
+from prime_lab.workbench.cli.render import live_output, print_evaluations
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -239,6 +239,7 @@ def _started(run_: Any, foreground: bool) -> None:
 
 def follow_progress(run_id: str, poll: float = 0.5) -> int:
     """Print a progress line per step (rewritten in place on a terminal) until the run ends; 0 if it completed."""
+    from prime_lab.runs.evaluations import run_evaluations
     from prime_lab.runs.events import Event
     from prime_lab.runs.registry import FINAL_STATES, RunRegistry
 
@@ -265,10 +266,13 @@ def follow_progress(run_id: str, poll: float = 0.5) -> int:
                     _line(f"{item.source}: {item.data.get('level')}: {item.data.get('message')}", tty)
                 elif item.kind == "alert":
                     _line(f"ALERT {item.data.get('name')}: {item.data.get('message')}", tty)
+                elif item.kind == "eval" and item.step is not None:
+                    _line(_eval_line(item.step, item.data), tty)
             status = run_.status()
             if status.get("state") in FINAL_STATES and not items:
                 if tty:
                     sys.stderr.write("\n")
+                print_evaluations(run_evaluations(run_), max_steps, stderr=True)
                 reason = status.get("reason")
                 err(f"{run_id} {status.get('state')}" + (f": {reason}" if reason else ""))
                 return 0 if status.get("state") == "completed" else 1
@@ -295,6 +299,17 @@ def _progress(step: int, max_steps: int, latest: dict[str, Any], elapsed: float,
         sys.stderr.flush()
     else:
         err(line)
+
+
+def _eval_line(step: int, data: dict[str, Any]) -> str:
+    """An `[eval]` evaluation as it arrives: each environment's mean reward, of the base model or the policy."""
+    from prime_lab.runs.evaluations import EVAL_REWARD
+
+    metrics = data.get("metrics")
+    rewards = [f"{m.group(1)} {value:.3f}" for key, value in (metrics.items() if isinstance(metrics, dict) else ())
+               if (m := EVAL_REWARD.fullmatch(str(key))) and isinstance(value, int | float)]
+    who = "the base model" if step == 0 else f"the policy after step {step}"
+    return f"evaluation of {who} (mean reward): " + (", ".join(rewards) or "-")
 
 
 def _line(text: str, tty: bool) -> None:

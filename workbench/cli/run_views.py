@@ -20,15 +20,17 @@ import typer
 
 from prime_lab.runs.display import duration, one_line
 from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, err, fail, print_json
-from prime_lab.workbench.cli.render import is_plain, number, print_table, size, steps_of, when
+from prime_lab.workbench.cli.render import is_plain, number, print_evaluations, print_table, size, steps_of, when
 
 if TYPE_CHECKING:
+    from prime_lab.runs.evaluations import Evaluation
     from prime_lab.runs.events import Event
     from prime_lab.runs.registry import Run
 
 RUN_ID = typer.Argument(..., help="Run id (or a unique prefix).")
 RATE_WINDOW = 10  # the last steps the time per step (and so the ETA) is measured over
 ROLLOUT_LINE = 160  # characters of a rollout's prompt, completion, answer or error shown
+EVALUATED_KINDS = ("rl", "sft")  # the kinds whose runs evaluate themselves before and after training (`evaluation`)
 # The metrics table's columns (what fits 80 columns); a run that logs none of them shows its first few names.
 TABLE_METRICS = ("reward/mean", "policy/entropy", "policy/kl", "loss", "perf/tokens_per_s")
 # an SFT run's (prime-rl's names)
@@ -82,9 +84,10 @@ def _label(key: str, value: str) -> str:
 
 
 # get ------------------------------------------------------------------------------------------------------------
-def run_facts(run: Run) -> dict[str, Any]:
-    """status.json as it stands (a dead active run reads `failed`), each process with whether it is alive, and the
-    run's folders and files that exist."""
+def run_facts(run: Run, evaluations: list[Evaluation] | None = None) -> dict[str, Any]:
+    """status.json as it stands (a dead active run reads `failed`), each process with whether it is alive, the
+    run's folders and files that exist, and for an RL or SFT run its evaluations before and after training
+    (`evaluation`: `runs.evaluations.Evaluation.to_json` each; `evaluations` when read already)."""
     status = run.status()
     live = run.live_processes(status)
     found = status.get("processes")
@@ -96,16 +99,28 @@ def run_facts(run: Run) -> dict[str, Any]:
               "model": run.model_dir}
     facts = {k: v for k, v in status.items() if k not in ("processes", "pgid")}
     facts.update(id=run.id, processes=processes, paths={k: str(p) for k, p in places.items() if p.exists()})
+    if status.get("kind") in EVALUATED_KINDS:
+        facts["evaluation"] = [e.to_json() for e in (evaluations_of(run) if evaluations is None else evaluations)]
     return facts
 
 
+def evaluations_of(run: Run, events: Iterable[Event] | None = None) -> list[Evaluation]:
+    """An RL or SFT run's evaluations before and after training (`runs.evaluations`); none for other kinds."""
+    from prime_lab.runs.evaluations import run_evaluations
+
+    return run_evaluations(run, events) if run.read_status().get("kind") in EVALUATED_KINDS else []
+
+
 SHOWN_FACTS = ("id", "name", "kind", "state", "reason", "model", "envs", "step", "max_steps", "attempt",
-               "created_at", "started_at", "updated_at", "ended_at", "processes", "paths")
+               "created_at", "started_at", "updated_at", "ended_at", "processes", "paths", "evaluation")
 
 
 def get(ctx: typer.Context, run_id: str = RUN_ID, output: OutputFormat = OUTPUT_OPTION) -> None:
-    """A run's facts: id, kind, state, step, model, times, reason, processes and where its files are."""
-    facts = run_facts(find_run(ctx, run_id))
+    """A run's facts: id, kind, state, step, model, times, reason, processes and where its files are; an RL or SFT
+    run's evaluation before and after training."""
+    run = find_run(ctx, run_id)
+    evaluations = evaluations_of(run)
+    facts = run_facts(run, evaluations)
     if output is OutputFormat.json:
         print_json(facts)
         return
@@ -130,6 +145,9 @@ def get(ctx: typer.Context, run_id: str = RUN_ID, output: OutputFormat = OUTPUT_
               if key not in SHOWN_FACTS and value not in (None, "", [], {})]
     lines += [_label(key if key != "dir" else "directory", path) for key, path in facts["paths"].items()]
     typer.echo("\n".join(lines))
+    if evaluations:
+        typer.echo("")
+        print_evaluations(evaluations, facts.get("max_steps"))
 
 
 # metrics --------------------------------------------------------------------------------------------------------
@@ -360,12 +378,15 @@ def _latest(rows: list[dict[str, Any]], key: str) -> Any:
     return next((row["metrics"][key] for row in reversed(rows) if key in row["metrics"]), None)
 
 
-def run_progress(run: Run, now: float | None = None) -> dict[str, Any]:
+def run_progress(run: Run, now: float | None = None, events: list[Event] | None = None) -> dict[str, Any]:
+    """Where the run stands (`progress -o json`), from its status and its events (`events` when read already); an
+    RL or SFT run's with its evaluations before and after training (`evaluation`, as in `run_facts`)."""
     from prime_lab.runs.registry import ACTIVE_STATES
 
     now = time.time() if now is None else now
     status = run.status()
-    rows = _run_metrics(run)
+    events = run.event_log().events() if events is None else events
+    rows = step_metrics(events)
     state = status.get("state")
     step = int(status.get("step") or 0)
     max_steps = status.get("max_steps")
@@ -383,7 +404,9 @@ def run_progress(run: Run, now: float | None = None) -> dict[str, Any]:
             "reward": _latest(rows, "reward/mean") if rows else status.get("reward"),
             "tokens_per_s": _latest(rows, "perf/tokens_per_s") or _latest(rows, "perf/throughput"),
             # an SFT run's (prime-rl's names)
-            "loss": _latest(rows, "loss/mean"), "val_loss": _latest(rows, "val/loss")}
+            "loss": _latest(rows, "loss/mean"), "val_loss": _latest(rows, "val/loss"),
+            **({"evaluation": [e.to_json() for e in evaluations_of(run, events)]}
+               if status.get("kind") in EVALUATED_KINDS else {})}
 
 
 def _bar(fraction: float, width: int = 24) -> str:
@@ -392,8 +415,11 @@ def _bar(fraction: float, width: int = 24) -> str:
 
 
 def progress(run_id: str = RUN_ID, output: OutputFormat = OUTPUT_OPTION) -> None:
-    """Where a run stands: state, step, elapsed time, ETA, the latest reward (SFT: loss, val loss) and tokens/s."""
-    facts = run_progress(_run(run_id))
+    """Where a run stands: state, step, elapsed time, ETA, the latest reward (SFT: loss, val loss) and tokens/s;
+    an RL or SFT run's evaluation before and after training."""
+    run = _run(run_id)
+    events = run.event_log().events()
+    facts = run_progress(run, events=events)
     if output is OutputFormat.json:
         print_json(facts)
         return
@@ -413,3 +439,6 @@ def progress(run_id: str = RUN_ID, output: OutputFormat = OUTPUT_OPTION) -> None
     if facts.get("reason"):
         lines.append(f"reason: {facts['reason']}")
     typer.echo("\n".join(lines))
+    if facts.get("evaluation"):
+        typer.echo("")
+        print_evaluations(evaluations_of(run, events), facts["max_steps"])
