@@ -77,3 +77,33 @@ class Reservation:
         with self.budget._lock:
             self.budget.reserved -= self.held
             self.held = 0
+
+
+# Accounting: what a budget pays for ------------------------------------------------------------------------------
+def minibatch_sizes(free: int, minibatch_size: int, num_train: int, limit: int) -> list[int]:
+    """The minibatch of each proposal that `free` calls pay for, at most `limit` of them. A proposal scores its
+    parent and its child on the same minibatch (two calls a row): full minibatches while they fit, then a smaller
+    last one with what is left (as the sequential algorithm shrinks its last minibatch)."""
+    sizes: list[int] = []
+    while len(sizes) < limit:
+        k = min(minibatch_size, num_train, free // 2)
+        if k < 1:
+            break
+        sizes.append(k)
+        free -= 2 * k
+    return sizes
+
+
+def proposals_within(max_calls: int, *, num_train: int, num_val: int, minibatch_size: int) -> int:
+    """The proposals a budget tries when at most one child is accepted: what is left after the seed's validation
+    and one validation pass kept for an accepted child, in minibatch pairs (the last minibatch may be smaller).
+    Each further accepted child costs another validation pass (`num_val` calls), one proposal or so fewer; a
+    proposal that is skipped or proposes nothing new costs less, leaving room for more."""
+    nv = min(num_val, max_calls)
+    return len(minibatch_sizes(max_calls - 2 * nv, minibatch_size, num_train, limit=max_calls))
+
+
+def budget_for(proposals: int, *, num_train: int, num_val: int, minibatch_size: int) -> int:
+    """The smallest budget that tries `proposals` full-size proposals (the inverse of `proposals_within`): the
+    seed's validation, two minibatch evaluations a proposal, one validation pass for an accepted child."""
+    return 2 * num_val + proposals * 2 * min(minibatch_size, num_train)

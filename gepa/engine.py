@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from prime_lab.gepa.adapter import Adapter, Candidate, EvaluationBatch
-from prime_lab.gepa.budget import BudgetClosed, MetricBudget, Reservation
+from prime_lab.gepa.budget import BudgetClosed, MetricBudget, Reservation, minibatch_sizes
 from prime_lab.gepa.merge import (
     EPS,
     MergePlan,
@@ -64,9 +64,10 @@ class IterationRecord(TypedDict):
 
     A record is built when its iteration is drawn (the keys not marked NotRequired, and `component` and
     `round_size` for a reflection, `ancestor` and `parent_scores` for a merge), gains its scores as they come, and is
-    completed when emitted: every emitted record has `verdict`, `metric_calls` (spent so far), `seconds`, `best_idx`
-    and `best_score` (the best candidate and its average validation score after the iteration). The run's log, its
-    status, the progress bar and the dashboard read these records.
+    completed when emitted: every emitted record has `verdict`, `accepted`, `metric_calls` (spent so far), `seconds`,
+    `best_idx` and `best_score` (the best candidate and its average validation score after the iteration). Every
+    proposed child's texts are in it, whatever its verdict, so a rejected prompt can be read as well as an accepted
+    one. The run's log, its status, the progress bar, the dashboard and the run's proposals.jsonl read these records.
     """
 
     iteration: int
@@ -78,8 +79,10 @@ class IterationRecord(TypedDict):
     child_idx: int | None  # the new candidate's index when accepted, else None
     round_size: NotRequired[int]  # reflection: proposals in its round
     parent_scores: NotRequired[list[float]]  # on the minibatch (a merge: the better parent's score on each row)
+    texts: NotRequired[Candidate]  # the child's full texts, whenever one was proposed (all but skipped_perfect)
     child_scores: NotRequired[list[float]]  # on the minibatch, when the child was scored
     verdict: NotRequired[Verdict]
+    accepted: NotRequired[bool]  # the child became a candidate (verdict "accepted": it beat its parent, validated)
     metric_calls: NotRequired[int]
     seconds: NotRequired[float]
     best_idx: NotRequired[int]
@@ -246,15 +249,8 @@ class GepaEngine:
         limit = self.config.num_parallel_proposals
         if self.config.max_iterations is not None:
             limit = min(limit, self.config.max_iterations - self.state.iteration)
-        free = self.budget.available - self.state.num_val
-        sizes: list[int] = []
-        while len(sizes) < limit:
-            k = min(self.config.minibatch_size, len(self.trainset), free // 2)
-            if k < 1:
-                break
-            sizes.append(k)
-            free -= 2 * k
-        return sizes
+        return minibatch_sizes(self.budget.available - self.state.num_val, self.config.minibatch_size,
+                               len(self.trainset), limit)
 
     def _plan(self, sizes: list[int]) -> tuple[list[Proposal], Reservation]:
         """Draw the round's parents and minibatches in order and reserve their calls: both minibatch evaluations
@@ -298,6 +294,7 @@ class GepaEngine:
             dataset = self.adapter.make_reflective_dataset(parent, parent_eval, [p.component])
             proposed = self.adapter.propose_new_texts(parent, dataset, [p.component])
             child = {**parent, **{c: t for c, t in proposed.items() if c in parent}}
+            p.record["texts"] = child
             if child == parent:
                 p.verdict = "unchanged"
                 return
@@ -392,7 +389,8 @@ class GepaEngine:
         ids = merge_minibatch(n, self.config.minibatch_size, self.rng)
         record: IterationRecord = {"iteration": state.iteration, "type": "merge",
                                    "parent": [plan.first, plan.second], "ancestor": plan.ancestor, "minibatch": ids,
-                                   "child_idx": None, "parent_scores": best_parent_scores(state, plan, ids)}
+                                   "child_idx": None, "parent_scores": best_parent_scores(state, plan, ids),
+                                   "texts": dict(plan.texts)}
         state.merges_done += 1
         sub = self._evaluate([self.valset[x] for x in ids], plan.texts, reservation).scores
         record["child_scores"] = sub
@@ -438,10 +436,12 @@ class GepaEngine:
 
     def _record(self, record: IterationRecord, verdict: Verdict, seconds: float) -> None:
         record["verdict"] = verdict
+        record["accepted"] = verdict == "accepted"
         record["metric_calls"] = self.budget.used
         record["seconds"] = seconds
         record["best_idx"] = self.state.best_idx
         record["best_score"] = self.state.average(self.state.best_idx)
+        self.state.add_proposal(cast(dict[str, Any], record))
         self.emit("gepa.iteration", cast(dict[str, Any], record))
 
     def _end_iteration(self) -> None:

@@ -4,7 +4,8 @@ Where the environment's `load_environment` takes a `system_prompt` argument, the
 args` (the same file runs on Hosted Training); where it does not, through `[[env]] system_prompt`, prime-lab's
 local field that replaces each row's system message exactly as GEPA tried the prompt (validation says so in a note).
 The rest is a small RL run on the same model, environment and sampling, with `[eval]` evaluating the base model
-before step 1 and the trained policy at the end, so the run itself answers "did it get better".
+before step 1 and the trained policy at the end, so the run itself answers "did it get better". When no candidate
+beat the seed, the "best prompt" is the seed's own: the config says so, and `seed_warning` is the warning to show.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ class GepaResult:
     best_score: float | None
     seed_score: float | None
     num_val: int
+    best_idx: int | None = None  # None: a run whose metadata does not say
+
+    @property
+    def best_is_seed(self) -> bool:
+        """No candidate beat the seed prompt on the validation set (the earliest candidate wins a tie)."""
+        return self.best_idx == 0
 
     @classmethod
     def of(cls, run: Run) -> GepaResult:
@@ -51,9 +58,12 @@ class GepaResult:
             raise ExportError(f"GEPA run {run.id}: its resolved.json cannot be read ({exc})") from None
         meta = _json(run.gepa_dir / "metadata.json")
         candidates = [json.loads(line) for line in _text(run.gepa_dir / "candidates.jsonl").splitlines() if line]
+        best_idx = meta.get("best_idx")
         return cls(run.id, settings["env_id"], dict(settings.get("env_args") or {}), settings["model"],
                    dict(settings.get("sampling") or {}), best.read_text(encoding="utf-8"), meta.get("best_score"),
-                   candidates[0].get("score") if candidates else None, int(settings.get("num_val") or 0))
+                   candidates[0].get("score") if candidates else None,
+                   int(meta.get("num_val_used") or settings.get("num_val") or 0),
+                   best_idx if isinstance(best_idx, int) else None)
 
 
 def _text(path: Path) -> str:
@@ -66,6 +76,17 @@ def _json(path: Path) -> dict[str, Any]:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def seed_warning(result: GepaResult) -> str | None:
+    """A warning when the run's best prompt is the seed's own (no candidate beat it); None otherwise."""
+    if not result.best_is_seed:
+        return None
+    score = f" ({result.seed_score:.3f} on {result.num_val} validation examples)" if result.seed_score is not None \
+        else ""
+    return (f"warning: no candidate of GEPA run {result.run_id} beat the seed prompt{score}: the exported config "
+            "starts RL from the environment's own prompt. A GEPA run with a larger -B tries more candidates "
+            f"(its proposals: prime gepa logs {result.run_id}).")
 
 
 def takes_system_prompt(env_id: str) -> bool:
@@ -86,11 +107,18 @@ def prompt_route(env_id: str, through_args: bool) -> str:
 def rl_config(result: GepaResult, *, through_args: bool, max_steps: int = 30) -> str:
     """The RL config's text (tomlkit, with comments saying where the prompt came from)."""
     doc = tomlkit.document()
-    scores = ""
-    if result.best_score is not None and result.seed_score is not None:
-        scores = (f" (validation reward {result.best_score:.3f}, seed prompt {result.seed_score:.3f}, on "
-                  f"{result.num_val} examples)")
-    doc.add(tomlkit.comment(f"RL from GEPA run {result.run_id}: {result.env_id} starts from its best prompt{scores}."))
+    if result.best_is_seed:
+        seed = f" (validation reward {result.seed_score:.3f} on {result.num_val} examples)" \
+            if result.seed_score is not None else ""
+        doc.add(tomlkit.comment(f"RL from GEPA run {result.run_id}: no candidate beat the seed prompt{seed}, so "
+                                f"{result.env_id} starts from its own prompt."))
+    else:
+        scores = ""
+        if result.best_score is not None and result.seed_score is not None:
+            scores = (f" (validation reward {result.best_score:.3f}, seed prompt {result.seed_score:.3f}, on "
+                      f"{result.num_val} examples)")
+        doc.add(tomlkit.comment(f"RL from GEPA run {result.run_id}: {result.env_id} starts from its best prompt"
+                                f"{scores}."))
     doc.add(tomlkit.comment(f"prime rl run @this.toml; then prime eval compare the seed prompt, `--system-prompt-file "
                             f"{result.run_id}` and `--adapter <rl run>`"))
     doc.add(tomlkit.nl())

@@ -1,5 +1,6 @@
 """The documented output files of a GEPA run (`best_prompt.txt`, `pareto_frontier.jsonl`, `metadata.json`) plus
-every candidate with its lineage and scores (`candidates.jsonl`)."""
+every candidate with its lineage and scores (`candidates.jsonl`) and every proposal, accepted or not, with its texts,
+parent, minibatch scores and verdict (`proposals.jsonl`)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,13 @@ def candidate_rows(state: GepaState) -> list[dict[str, Any]]:
             for i in range(len(state.candidates))]
 
 
+def proposal_rows(state: GepaState) -> list[dict[str, Any]]:
+    """One row per iteration, in order: the fields of its `gepa.iteration` event less timings and running totals
+    (`iteration`, `type`, `parent`, `minibatch`, `parent_scores`, `texts`, `child_scores`, `verdict`, `accepted`,
+    `child_idx`, ...)."""
+    return [dict(p) for p in state.proposals]
+
+
 def write_outputs(out_dir: Path, state: GepaState, config: dict[str, Any], *, completed: bool,
                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write (or rewrite) the outputs for `state`; returns the metadata. Nothing is written before the seed's
@@ -46,7 +54,10 @@ def write_outputs(out_dir: Path, state: GepaState, config: dict[str, Any], *, co
     (out_dir / "best_prompt.txt").write_text(state.candidates[best].get(SYSTEM_PROMPT, ""))
     _write_jsonl(out_dir / "pareto_frontier.jsonl", frontier_rows(state))
     _write_jsonl(out_dir / "candidates.jsonl", candidate_rows(state))
+    _write_jsonl(out_dir / "proposals.jsonl", proposal_rows(state))
     metadata = {"num_candidates": len(state.candidates), "best_idx": best, "best_score": state.average(best),
+                "seed_score": state.average(0), "beat_seed": best != 0, "num_proposals": state.num_proposed,
+                "num_accepted": state.num_accepted,
                 "total_metric_calls": state.metric_calls,
                 "completed_at": datetime.now().isoformat(timespec="seconds") if completed else None,
                 "stop_reason": state.stop_reason, "iterations": state.iteration, "num_val_used": state.num_val,

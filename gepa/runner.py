@@ -1,5 +1,6 @@
 """One GEPA run: load the environment, split its data, search through the engine, stream `gepa.*` events into
-the run's event log, write the outputs (also when interrupted) and, with a test split, score seed and best on it.
+the run's event log (and each proposal, its text included, into its log), write the outputs (also when
+interrupted), with a test split score seed and best on it, and say plainly when no candidate beat the seed.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from prime_lab.envs import Environment, SamplingArgs, isolated, load_environment
+from prime_lab.gepa.budget import budget_for, proposals_within
 from prime_lab.gepa.config import GepaSearchSection
 from prime_lab.gepa.data_split import train_val_test
 from prime_lab.gepa.engine import EngineConfig, GepaEngine
@@ -77,6 +79,7 @@ class GepaOutcome:
     metadata: dict[str, Any]
     output_dir: Path
     test: dict[str, float] | None = None
+    note: str | None = None  # `no_gain_note`: set when no candidate beat the seed
 
 
 def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_dir: Path, *,
@@ -98,13 +101,19 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
     writer = run.writer("gepa") if run is not None else None
     log = open(run.log_path("gepa"), "a") if run is not None else None  # noqa: SIM115 - closed in finally
 
+    def say(message: str, step: int, level: str = "INFO") -> None:
+        """A line of the run's log, and the same as a `log` event (what `prime gepa logs` shows)."""
+        if log is not None:
+            log.write(f"{time.strftime('%H:%M:%S')} {message}\n")
+            log.flush()
+        if writer is not None:
+            writer.log(message, level=level, step=step)
+
     def emit(kind: str, data: dict[str, Any], step: int) -> None:
         if writer is not None:
             writer.emit(kind, data, step=step)
-        if log is not None and kind == "gepa.iteration":
-            log.write(f"{time.strftime('%H:%M:%S')} iteration {data['iteration']} {data['type']}: "
-                      f"{data['verdict']}  calls {data['metric_calls']}  best {data['best_score']:.4f}\n")
-            log.flush()
+        if kind == "gepa.iteration":
+            say(iteration_log(data), step)
         if run is not None and kind == "gepa.iteration":
             run.update_status(step=data["iteration"], best_score=data["best_score"],
                               metric_calls=data["metric_calls"])
@@ -124,7 +133,11 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
         test_scores = _score_test(adapter, state, test) if test else None
         extra = {"num_test": len(test), "test": test_scores} if test_scores else {}
         metadata = write_outputs(out_dir, state, settings.metadata_config(), completed=True, extra=extra)
-        return GepaOutcome(state, metadata, out_dir, test_scores)
+        note = no_gain_note(state, num_train=len(train), max_calls=settings.max_metric_calls,
+                            minibatch_size=settings.minibatch_size, perfect_score=settings.perfect_score)
+        if note is not None:
+            say(note, state.iteration, "WARNING")
+        return GepaOutcome(state, metadata, out_dir, test_scores, note)
     finally:
         if not completed:
             saved = out_dir / STATE_FILE
@@ -135,6 +148,48 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
             writer.close()
         if log is not None:
             log.close()
+
+
+def iteration_log(data: dict[str, Any]) -> str:
+    """A `gepa.iteration` event as the run's log shows it: the verdict and minibatch scores on one line, then the
+    proposed text (a reflection: the component it rewrote; a merge: every component), indented."""
+    parent = data["parent"]
+    source = f"#{parent}" if isinstance(parent, int) else " + ".join(f"#{p}" for p in parent)
+    scores = ""
+    if data.get("parent_scores") and data.get("child_scores"):
+        before, after = data["parent_scores"], data["child_scores"]
+        scores = f"  minibatch {sum(before) / len(before):.4f} -> {sum(after) / len(after):.4f}"
+    child = f" -> #{data['child_idx']}" if data.get("child_idx") is not None else ""
+    lines = [f"iteration {data['iteration']} {data['type']} of {source}{child}: "
+             f"{data['verdict']}{scores}  calls {data['metric_calls']}  best {data['best_score']:.4f}"]
+    texts: dict[str, str] = data.get("texts") or {}
+    shown = [data["component"]] if data.get("component") in texts else sorted(texts)
+    for component in shown:
+        lines.append(f"    {component}:")
+        lines.extend(f"    | {line}" for line in texts[component].splitlines() or [""])
+    return "\n".join(lines)
+
+
+def no_gain_note(state: GepaState, *, num_train: int, max_calls: int, minibatch_size: int,
+                 perfect_score: float | None = None) -> str | None:
+    """None when a candidate beat the seed on the validation set; else one line saying so, with what was tried
+    and what to change: a budget that tries more proposals (`budget.budget_for`), unless the seed is already
+    perfect."""
+    if not state.candidates or state.best_idx != 0:
+        return None
+    tried, accepted, seed = state.num_proposed, state.num_accepted, state.average(0)
+    note = (f"no candidate beat the seed: {tried} proposal{'s' * (tried != 1)}, {accepted} accepted to validation, "
+            f"best is the seed ({seed:.4f})")
+    if perfect_score is not None and all(s >= perfect_score for s in state.val_scores[0]):
+        return f"{note}; it already scores {perfect_score:g} on every validation example"
+    nv = state.num_val
+    room = proposals_within(max_calls, num_train=num_train, num_val=nv, minibatch_size=minibatch_size)
+    target = max(4, 2 * max(tried, room))
+    larger = budget_for(target, num_train=num_train, num_val=nv, minibatch_size=minibatch_size)
+    flags = f"-n {num_train} -N {nv}" + (f" --minibatch-size {minibatch_size}" if minibatch_size != _D.minibatch_size
+                                         else "")
+    return (f"{note}; try a larger budget: -B {larger} tries {target} proposals with {flags} "
+            f"(-B {max_calls} had room for {room})")
 
 
 def _score_test(adapter: EnvironmentAdapter, state: GepaState, test: list[dict[str, Any]]) -> dict[str, float]:

@@ -1,6 +1,6 @@
-"""The search state: every candidate with its lineage and validation scores, the budget spent, the RNG and the
-minibatch epoch. Saved whole (atomic rename) after every round of proposals; a run resumes from it without
-re-spending."""
+"""The search state: every candidate with its lineage and validation scores, every proposal (accepted or not)
+with its texts and minibatch scores, the budget spent, the RNG and the minibatch epoch. Saved whole (atomic rename)
+after every round of proposals; a run resumes from it without re-spending."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Any
 from prime_lab.gepa.adapter import Candidate
 from prime_lab.runs.atomic import write_json_atomic
 
-STATE_VERSION = 1
+STATE_VERSION = 1  # a state saved before `proposals` were kept loads with none
+_NOT_KEPT = frozenset({"seconds", "metric_calls", "best_idx", "best_score"})
 
 
 @dataclass
@@ -24,6 +25,7 @@ class GepaState:
     val_scores: list[list[float]] = field(default_factory=list)
     found_at_calls: list[int] = field(default_factory=list)
     found_at_iteration: list[int] = field(default_factory=list)
+    proposals: list[dict[str, Any]] = field(default_factory=list)  # one per iteration: `add_proposal`
     iteration: int = 0
     metric_calls: int = 0
     num_val: int = 0  # validation rows in use (fewer than given only when the budget is smaller)
@@ -55,6 +57,21 @@ class GepaState:
         self.found_at_calls.append(self.metric_calls)
         self.found_at_iteration.append(self.iteration)
         return len(self.candidates) - 1
+
+    def add_proposal(self, record: dict[str, Any]) -> None:
+        """Keep an iteration's record (engine.IterationRecord): what was proposed, from which parent, its minibatch
+        scores and verdict. Timings and the running totals are left out, so the same search gives the same state."""
+        self.proposals.append({k: v for k, v in record.items() if k not in _NOT_KEPT})
+
+    @property
+    def num_proposed(self) -> int:
+        """Iterations that proposed a text (all but those skipped on a perfect minibatch)."""
+        return sum("texts" in p for p in self.proposals)
+
+    @property
+    def num_accepted(self) -> int:
+        """Proposals that beat their parent on the minibatch and were validated: candidates now."""
+        return sum(bool(p.get("accepted")) for p in self.proposals)
 
     def ancestors(self, idx: int) -> set[int]:
         seen: set[int] = set()

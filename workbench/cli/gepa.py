@@ -53,7 +53,8 @@ def run(
     use_merge: bool = typer.Option(False, "--use-merge", help="Also merge candidates from different branches."),
     backend: str = typer.Option("builtin", "--backend", help="Local sampler when no -b: builtin or vllm."),
 ) -> None:
-    """Optimize ENV's system prompt: best_prompt.txt, pareto_frontier.jsonl, metadata.json in the run."""
+    """Optimize ENV's system prompt: best_prompt.txt, pareto_frontier.jsonl, metadata.json, proposals.jsonl (every
+    proposal, accepted or not) in the run."""
     from prime_lab.gepa import launcher
     from prime_lab.workbench.cli.secret import inject_secrets
 
@@ -111,7 +112,9 @@ def _search(run: Any, job: Any, backend: str) -> None:
                f"(seed {seed_score:.4f})  metric calls {meta['total_metric_calls']}/{spec.max_metric_calls}")
     if outcome.test:
         typer.echo(f"test ({spec.num_test} held-out): seed {outcome.test['seed']:.4f}  best {outcome.test['best']:.4f}")
-    typer.echo(f"best prompt: {out / 'best_prompt.txt'}")
+    typer.echo(f"best prompt: {out / 'best_prompt.txt'}  (every proposal: {out / 'proposals.jsonl'})")
+    if outcome.note:  # the last line: no candidate beat the seed, and what to change
+        typer.echo(outcome.note)
 
 
 # After `run` in the help: the verbs on GEPA runs (an RL run's or an evaluation's id is an error naming its command).
@@ -125,7 +128,14 @@ def export(
 ) -> None:
     """A GEPA run's best prompt as the start of what comes next: `--rl`, an RL config (validated)."""
     from prime_lab.envs import EnvironmentLoadError
-    from prime_lab.gepa.export import ExportError, GepaResult, prompt_route, rl_config, takes_system_prompt
+    from prime_lab.gepa.export import (
+        ExportError,
+        GepaResult,
+        prompt_route,
+        rl_config,
+        seed_warning,
+        takes_system_prompt,
+    )
     from prime_lab.runs.registry import RunRegistry
     from prime_lab.trainer.config import validate_rl_config
 
@@ -141,6 +151,9 @@ def export(
     if not checked.ok:  # a bug of ours, or a model GEPA reached only through an endpoint
         fail("the exported config does not validate:\n" + "\n".join(p.format() for p in checked.errors))
     how = prompt_route(result.env_id, through_args)
+    warning = seed_warning(result)
+    if warning:
+        err(warning)
     if output is None:
         typer.echo(text, nl=False)
         err(how)
