@@ -1,8 +1,8 @@
 """Evaluation: an environment's rollouts against an OpenAI-compatible endpoint, scored, written as verifiers does.
 
 Writes `results.jsonl` (one row per rollout, appended as each finishes, so nothing done is lost to a crash) and
-`metadata.json`, streams `eval` events into the run's event log, and ends with a difficulty report: the reference
-guide's pre-training check (baseline reward above 0 and below 0.8, rewards that vary within an example).
+`metadata.json`, streams `eval` events into the run's event log, and ends with the reward statistics and the
+readiness verdict for RL (`evals.readiness`: ready, not ready or not a baseline, each check a pass or a problem).
 
 A system prompt given for the evaluation (`--system-prompt-file`, a GEPA run's best prompt) replaces each row's
 system message (or opens a prompt that has none), as GEPA's environment adapter does with a candidate's: the
@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -35,6 +33,7 @@ from prime_lab.envs import (
     replace_system_prompt,
 )
 from prime_lab.envs.environment import DEFAULT_ROLLOUT_TIMEOUT_S
+from prime_lab.evals.readiness import Readiness, RewardStats, assess
 from prime_lab.problems.schema import ConfigSection
 from prime_lab.problems.validation import Validation, validate_file
 from prime_lab.runs.registry import Run, RunError, RunRegistry
@@ -111,60 +110,11 @@ def with_system_prompt(rows: list[dict[str, Any]], system_prompt: str | None) ->
 
 
 @dataclass
-class DifficultyReport:
-    """Per-example reward statistics and the pre-training verdict."""
-
-    avg_reward: float
-    mean_example_std: float
-    zero_variance_share: float
-    examples: int
-    verdict: list[str]
-    ok: bool
-
-    @classmethod
-    def from_rollouts(cls, rollouts: list[Rollout], rollouts_per_example: int) -> DifficultyReport:
-        by_example: dict[str, list[float]] = defaultdict(list)
-        for r in rollouts:
-            by_example[f"{r.task}/{r.example_id}"].append(r.reward)
-        stds = [_std(v) for v in by_example.values()]
-        avg = sum(r.reward for r in rollouts) / len(rollouts) if rollouts else 0.0
-        mean_std = sum(stds) / len(stds) if stds else 0.0
-        zero = sum(s < 1e-9 for s in stds) / len(stds) if stds else 0.0
-        verdict: list[str] = []
-        ok = True
-        if avg <= 0.0:
-            ok = False
-            verdict.append(f"baseline reward is {avg:.3f}: the task is too hard for this model (no reward signal); "
-                           "make it easier or start from a stronger model")
-        elif avg >= 0.8:
-            ok = False
-            verdict.append(f"baseline reward is {avg:.3f} (>= 0.8): the task is too easy; little left to learn")
-        else:
-            verdict.append(f"baseline reward {avg:.3f} is within (0, 0.8): there is room to learn")
-        if rollouts_per_example < 2:
-            verdict.append("one rollout per example: within-example variance cannot be measured (use -r 2 or more)")
-        elif zero >= 0.5:
-            ok = False
-            verdict.append(f"{zero:.0%} of examples got the same reward on every rollout: group advantages will be "
-                           "zero for them; raise the temperature or use a continuous reward")
-        else:
-            verdict.append(f"rewards vary within examples (mean per-example std {mean_std:.3f}, "
-                           f"{zero:.0%} with zero variance)")
-        return cls(avg, mean_std, zero, len(by_example), verdict, ok)
-
-
-def _std(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-
-
-@dataclass
 class EvalResult:
     rollouts: list[Rollout]
     metadata: dict[str, Any]
-    report: DifficultyReport
+    report: RewardStats
+    readiness: Readiness
     output_dir: Path
 
     @property
@@ -196,7 +146,8 @@ def run_evaluation(
     if run is not None:  # an environment at its own verifiers release serves this run: its log goes with the run's
         isolated.serve_for(run)
     env = env or load_environment(spec.env_id, **spec.env_args)
-    rows = with_system_prompt(env.get_eval_dataset(spec.num_examples, seed=spec.seed), spec.system_prompt)
+    own_rows = env.get_eval_dataset(spec.num_examples, seed=spec.seed)
+    rows = with_system_prompt(own_rows, spec.system_prompt)
     total = len(rows) * spec.rollouts_per_example
     output_dir.mkdir(parents=True, exist_ok=True)
     results_path = output_dir / "results.jsonl"
@@ -207,6 +158,7 @@ def run_evaluation(
                          timeout=spec.request_timeout)
     done = 0
     rewards: list[float] = []
+    written: list[dict[str, Any]] = []  # the rows of results.jsonl, for the verdict
     started = time.perf_counter()
 
     def on_rollout(rollout: Rollout) -> None:
@@ -214,6 +166,7 @@ def run_evaluation(
         done += 1
         rewards.append(rollout.reward)
         row = redact(rollout.result_row())
+        written.append(row)
         with open(results_path, "a") as fh:
             fh.write(json.dumps(row, default=str) + "\n")
         if writer is not None:
@@ -245,20 +198,39 @@ def run_evaluation(
         if writer is not None:
             writer.close()
     elapsed_ms = (time.perf_counter() - started) * 1000
-    report = DifficultyReport.from_rollouts(rollouts, spec.rollouts_per_example)
+    stats = RewardStats.from_rows(written)
     metric_names = sorted({k for r in rollouts for k in r.metrics})
     metadata = redact({
         "env_id": spec.env_id, "env_args": spec.env_args, "model": spec.model, "base_url": spec.base_url,
         "num_examples": len(rows), "rollouts_per_example": spec.rollouts_per_example,
         "sampling_args": asdict(spec.sampling), "date": datetime.now().isoformat(timespec="seconds"),
-        "time_ms": elapsed_ms, "avg_reward": report.avg_reward,
+        "time_ms": elapsed_ms, "avg_reward": stats.avg_reward,
         "avg_metrics": {k: sum(r.metrics.get(k, 0.0) for r in rollouts) / len(rollouts) for k in metric_names}
         if rollouts else {},
-        "difficulty": asdict(report), "errors": sum(r.stop_condition == "error" for r in rollouts),
+        "difficulty": asdict(stats), "errors": sum(r.stop_condition == "error" for r in rollouts),
+        "env_system_prompt": _system_message(own_rows), "format_hint": _format_hint(env),
         "run_id": run.id if run is not None else None, **spec.metadata,
     })
+    readiness = assess(written, metadata)
+    metadata["readiness"] = readiness.to_dict()
     (output_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str) + "\n")
-    return EvalResult(rollouts, metadata, report, output_dir)
+    return EvalResult(rollouts, metadata, stats, readiness, output_dir)
+
+
+def _system_message(rows: list[dict[str, Any]]) -> str | None:
+    """The environment's own system prompt: the system message its first row opens with (None without one)."""
+    prompt = rows[0].get("prompt") if rows else None
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system":
+        return str(prompt[0].get("content") or "")
+    return None
+
+
+def _format_hint(env: Environment) -> str:
+    """The environment's parser's format hint ('' where it gives none or cannot say)."""
+    try:
+        return str(env.parser.format_hint() or "")
+    except Exception:  # an environment's own parser: its hint is a nicety, never a reason to lose the results
+        return ""
 
 
 # ------------------------------------------------------------------------------------------------------------

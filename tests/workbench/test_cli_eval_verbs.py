@@ -72,7 +72,7 @@ def test_eval_samples_get_and_logs_of_an_evaluation(tmp_path: Path) -> None:
     shown = prime("eval", "samples", run.id[:7])
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
-    assert lines[0] == f"{run.id} · gsm8k on scripted · 2 rollouts · reward mean 0.500 (min 0.000, max 1.000)"
+    assert lines[0] == f"{run.id} · gsm8k on scripted · 2 rollouts · reward mean of all 2: 0.500 (min 0.000, max 1.000)"
     for i, (row, reward) in enumerate(zip(results, ("1", "0"), strict=True), 1):
         assert f"#{i}  {row['task']}  {row['example_id']}  reward {reward}" in lines, shown.stdout
         question = [m["content"] for m in row["prompt"] if m["role"] == "user"][-1]
@@ -81,7 +81,9 @@ def test_eval_samples_get_and_logs_of_an_evaluation(tmp_path: Path) -> None:
     assert "    completion  <answer>-1</answer>" in lines
 
     first = prime("eval", "samples", run.id, "-n", "1")
-    assert "1 rollout · reward mean 1.000" in first.stdout and "#2" not in first.stdout
+    assert first.stdout.splitlines()[0] == (f"{run.id} · gsm8k on scripted · 1 of 2 rollouts · reward mean of the 1 "
+                                            "shown: 1.000 (min 1.000, max 1.000); evaluation: 0.500 over 2 rollouts")
+    assert "#2" not in first.stdout
     assert "(1 of 2 rollouts shown" in first.stderr
     assert json.loads(prime("eval", "samples", run.id, "-o", "json").stdout) == results
     assert json.loads(prime("eval", "samples", run.id, "--num", "1", "-o", "json").stdout) == results[:1]

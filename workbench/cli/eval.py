@@ -1,7 +1,8 @@
 """`prime eval run`: evaluate a model on an environment (vf-eval's flags), as a run in the registry, the base model
 or a trained run's policy (`--adapter RUN[:STEP]`), with the environment's system prompt or another
 (`--system-prompt-file`); `prime eval compare`: evaluations side by side, with a paired bootstrap interval for each
-difference; and the verbs on evaluations: list, get, samples, logs, stop, delete."""
+difference; and the verbs on evaluations: list, get (with the readiness verdict), samples (headed by what its
+means are of), logs, stop, delete."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ from prime_lab.workbench.cli.run_verbs import add_run_verbs
 if TYPE_CHECKING:
     from prime_lab.envs import Environment, Rollout
     from prime_lab.evals.compare import Comparison
-    from prime_lab.evals.evaluation import SystemPrompt
+    from prime_lab.evals.evaluation import EvalResult, SystemPrompt
     from prime_lab.evals.launcher import EvalJob, OnProgress
     from prime_lab.evals.policies import TrainedPolicy
+    from prime_lab.evals.readiness import Readiness
+    from prime_lab.runs.registry import Run
 
 eval_app = typer.Typer(help="Evaluate models on environments.", no_args_is_help=True)
 
@@ -67,7 +70,7 @@ def run(
                                                        "text, or a GEPA run's best prompt."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Print each rollout's reward as it finishes."),
 ) -> None:
-    """Evaluate MODEL on ENV: results.jsonl, metadata.json, and a difficulty report for RL."""
+    """Evaluate MODEL on ENV: results.jsonl, metadata.json, and a readiness verdict for RL."""
     from prime_lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
     from prime_lab.evals import launcher
     from prime_lab.workbench.cli.secret import inject_secrets
@@ -154,16 +157,16 @@ def _progress_bar(verbose: bool) -> Iterator[OnProgress]:
         yield on_progress
 
 
-def _summarise(result: Any) -> None:
-    report = result.report
+def _summarise(result: EvalResult) -> None:
+    stats = result.report
     meta = result.metadata
     typer.echo(f"env {meta['env_id']}  model {meta['model']}  examples {meta['num_examples']} x "
                f"{meta['rollouts_per_example']} rollouts  {meta['time_ms'] / 1000:.1f} s")
-    typer.echo(f"avg reward {report.avg_reward:.3f}" + "".join(f"  {k} {v:.3f}"
-                                                             for k, v in meta["avg_metrics"].items()))
-    typer.echo(f"per-example reward std {report.mean_example_std:.3f}; zero-variance examples "
-               f"{report.zero_variance_share:.0%}; errors {result.failed}")
-    typer.echo(("ready for RL: " if report.ok else "not ready for RL: ") + "; ".join(report.verdict))
+    typer.echo(f"avg reward {stats.avg_reward:.3f} (the mean of all {stats.rollouts} rollouts)"
+               + "".join(f"  {k} {v:.3f}" for k, v in meta["avg_metrics"].items()))
+    typer.echo(f"per-example reward std {stats.mean_example_std:.3f}; zero-variance examples "
+               f"{stats.zero_variance_share:.0%}; errors {result.failed}")
+    typer.echo("\n".join(result.readiness.lines()))
     typer.echo(f"results: {result.output_dir / 'results.jsonl'}")
 
 
@@ -227,7 +230,88 @@ def _print_comparison(comparison: Comparison) -> None:
                        f"({_signed(change.delta)})  {change.prompt}")
 
 
+# `get` and `samples` ---------------------------------------------------------------------------------------------
+def _verdict(run: Run) -> tuple[Readiness | None, str]:
+    """An evaluation's readiness verdict (None, with why, while it has none: not finished, no results)."""
+    from prime_lab.evals.readiness import ReadinessError, read_readiness
+
+    output_dir = run.read_status().get("output_dir")
+    if not output_dir:
+        return None, "no results yet"
+    try:
+        return read_readiness(Path(output_dir)), ""
+    except ReadinessError as exc:
+        return None, str(exc)
+
+
+def get(ctx: typer.Context, run_id: str = run_views.RUN_ID, output: OutputFormat = OUTPUT_OPTION) -> None:
+    """An evaluation's facts (id, state, model, times, where its files are) and its readiness verdict for RL."""
+    run = run_views.find_run(ctx, run_id)
+    readiness, why = _verdict(run)
+    if output is OutputFormat.json:
+        print_json({**run_views.run_facts(run), "readiness": readiness.to_dict() if readiness else None})
+        return
+    run_views.get(ctx, run.id, output)
+    typer.echo("")
+    typer.echo("\n".join(readiness.lines()) if readiness else f"verdict: none yet ({why})")
+
+
+def samples(
+    ctx: typer.Context,
+    run_id: str = run_views.RUN_ID,
+    num: int | None = typer.Option(None, "-n", "--num", min=1, help="Only the first N rollouts."),
+    output: OutputFormat = OUTPUT_OPTION,
+) -> None:
+    """An evaluation's rollouts, as far as it got, under the reward mean of those shown and of the evaluation."""
+    from prime_lab.workbench.dashboards.files import read_jsonl_from
+
+    run = run_views.find_run(ctx, run_id)
+    status = run.read_status()
+    results = Path(status["output_dir"]) / "results.jsonl" if status.get("output_dir") else None
+    if results is None or not results.is_file():
+        fail(f"{run.id} has no results yet" + (f" ({results})" if results is not None else ""))
+    rows, _ = read_jsonl_from(results, 0)
+    shown = rows[:num] if num is not None else rows
+    if output is OutputFormat.json:
+        print_json(shown)
+        return
+    envs = ", ".join(status.get("envs") or []) or "-"
+    text = run_views.rollouts_text("", shown)
+    body = text.split("\n", 1)[1] if "\n" in text else ""  # the rollouts, under a header of our own
+    typer.echo(f"{run.id} · {envs} on {status.get('model') or '-'} · {_samples_header(shown, rows, results.parent)}"
+               + (f"\n{body}" if body else ""))
+    if len(shown) < len(rows):
+        err(f"({len(shown)} of {len(rows)} rollouts shown; without -n all of them)")
+
+
+def _samples_header(shown: list[dict[str, Any]], rows: list[dict[str, Any]], folder: Path) -> str:
+    """What the rewards' means are of: of the rollouts shown, and (when those are not all) of the evaluation, over
+    all its rollouts (metadata.json's once it finished, else those in results.jsonl so far)."""
+    def rewards(of: list[dict[str, Any]]) -> list[float]:
+        return [float(r["reward"]) for r in of if isinstance(r.get("reward"), int | float)]
+
+    mine, every = rewards(shown), rewards(rows)
+    count = f"{len(shown)} rollout{'s' * (len(shown) != 1)}"
+    if not mine:
+        return f"{count}, none scored"
+    try:
+        finished = json.loads((folder / "metadata.json").read_text()).get("avg_reward")
+    except (OSError, ValueError, AttributeError):
+        finished = None
+    done = isinstance(finished, int | float)
+    spread = f"(min {min(mine):.3f}, max {max(mine):.3f})"
+    if len(shown) == len(rows):
+        of = f"all {len(mine)}" if done else f"the {len(mine)} so far"
+        return f"{count} · reward mean of {of}: {sum(mine) / len(mine):.3f} {spread}"
+    whole = f"evaluation: {finished:.3f} over {len(every)} rollouts" if done else \
+        f"evaluation so far: {sum(every) / len(every):.3f} over {len(every)} rollouts"
+    return (f"{len(shown)} of {len(rows)} rollouts · reward mean of the {len(mine)} shown: "
+            f"{sum(mine) / len(mine):.3f} {spread}; {whole}")
+
+
 # After `run` and `compare` in the help: the verbs on evaluations (an RL or GEPA run's id is an error naming its
-# own command).
+# own command). `get` is this group's own (the shared one, with the readiness verdict): registered after the
+# shared verbs, it takes their `get`'s place (a Typer group keeps the last command of a name).
 add_run_verbs(eval_app, kind="eval")
-eval_app.command("samples")(run_views.samples)
+eval_app.command("get")(get)
+eval_app.command("samples")(samples)
