@@ -87,7 +87,7 @@ def test_two_marked_evaluations_compare_with_means_an_interval_and_the_examples(
             assert f"{ENV} · 4 examples in common · paired bootstrap 95% interval" in status
             evaluations = cells(screen.query_one("#compare-evaluations", DataTable))
             [difference] = screen.view.comparison.differences
-            assert evaluations[0] == ["A", "0.250", "-", "smollm2-135m", "baseline", "eval-base"]
+            assert evaluations[0] == ["A", "0.250", "-", "smollm2-135m", "reference", "eval-base"]
             assert evaluations[1][:3] == ["B", "0.875", f"+0.625 [{difference.low:+.3f}, {difference.high:+.3f}]"]
             assert 0 < difference.low < 0.625 < difference.high  # every example improved, by 0.5 or 1
             assert evaluations[1][3:] == ["smollm2-135m + rl-x adapters/step_2, prompt of gepa-y", "better",

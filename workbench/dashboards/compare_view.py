@@ -50,7 +50,7 @@ class ComparisonView:
         for s in self.comparison.evaluations:
             d = by_letter.get(s.letter)
             interval = f"{signed(d.mean)} [{signed(d.low)}, {signed(d.high)}]" if d else "-"
-            rows.append((s.letter, f"{s.mean:.3f}", interval, s.label, verdict(d) if d else "baseline",
+            rows.append((s.letter, f"{s.mean:.3f}", interval, s.label, verdict(d) if d else "reference",
                          s.run_id or s.path))
         return rows
 
