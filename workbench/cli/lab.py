@@ -8,7 +8,6 @@ imported only when the workbench runs.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +15,7 @@ import typer
 from typer.core import TyperGroup
 
 from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, config_path, fail, print_json
-from prime_lab.workbench.cli.render import is_plain, print_table, size
+from prime_lab.workbench.cli.render import console, is_plain, print_table, size
 
 if TYPE_CHECKING:
     from prime_lab.problems.validation import Validation
@@ -133,7 +132,6 @@ def _get_started(folder: Path) -> None:
         rows = (f"{command:<{width}}  # {note}" if note else command for command, note in lines)
         typer.echo("Get started:\n" + "\n".join(rows))
         return
-    from rich.console import Console
     from rich.panel import Panel
     from rich.table import Table
 
@@ -142,10 +140,7 @@ def _get_started(folder: Path) -> None:
     grid.add_column(style="dim")
     for command, note in lines:
         grid.add_row(command, note)
-    # Not a terminal (a file, a pipe): rich would squeeze the panel into 80 columns, one word of a note per line;
-    # the panel takes the width of its content instead
-    Console(width=None if sys.stdout.isatty() else 200).print(Panel(grid, title="Get started", title_align="left",
-                                                                  expand=False))
+    console().print(Panel(grid, title="Get started", title_align="left", expand=False))
 
 
 @lab_app.command("doctor")

@@ -7,6 +7,7 @@ process, here, and every table, progress bar and rewritten line asks for it.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -39,6 +40,17 @@ def is_plain() -> bool:
 def live_output() -> bool:
     """Whether progress may be drawn live (bars, a line rewritten in place): on a terminal, and not --plain."""
     return not _plain and sys.stderr.isatty()
+
+
+PIPE_WIDTH = 200  # columns for rich output that goes to a file or a pipe (rich's default there is 80)
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console for `prime`'s output. On a terminal, its width; into a file or a pipe (no COLUMNS set), room
+    for a table's natural width: rich would squeeze it into 80 columns, cutting ids and wrapping notes a word a line."""
+    stream = sys.stderr if stderr else sys.stdout
+    wide = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, width=PIPE_WIDTH if wide else None)
 
 
 def progress_console() -> Console:
@@ -110,7 +122,7 @@ def print_table(columns: Sequence[str | Column], rows: Iterable[Sequence[str]], 
                     for c in columns), box=None, header_style="bold")
     for i, row in enumerate(rows):
         table.add_row(*row, style=styles[i] if styles is not None else None)
-    Console(stderr=stderr).print(table)
+    console(stderr).print(table)
 
 
 def steps_of(status: dict[str, Any]) -> str:
