@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import tomlkit
 from pydantic import BaseModel
@@ -19,11 +19,21 @@ from tomlkit.items import AoT, Table
 
 from prime_lab.problems.validation import KeyPath, Problem, Validation, validate_toml
 
+if TYPE_CHECKING:
+    from prime_lab.workbench.schema_fields import FieldSpec, SectionSpec
+
 ConfigKind = Literal["rl", "sft", "gepa", "eval"]
 Validator = Callable[[str, "str | None"], Validation[Any]]
 # Settings a kind's schema keeps in a table that its configs may also write as one value: an SFT config's model is
 # `[model] name = "..."` (prime-rl) or `model = "..."` (ours, the template's); the form's field edits either.
 SHORTHANDS: dict[ConfigKind, dict[KeyPath, KeyPath]] = {"sft": {("model", "name"): ("model",)}}
+# The losses that learn from a teacher: they need a [teacher] table (trainer/config.py's teacher check says so).
+TEACHER_LOSSES = ("sft", "opd")
+# Optional tables that another setting calls for, and the test for it: the form shows such a table only while it is
+# called for or the file has it (an RL config's [teacher], with a distillation loss).
+CALLED_FOR: dict[ConfigKind, dict[KeyPath, Callable[[ConfigDocument], bool]]] = {
+    "rl": {("teacher",): lambda document: document.get(("loss",)) in TEACHER_LOSSES},
+}
 
 
 def _validate_rl(text: str, file: str | None) -> Validation[Any]:
@@ -150,6 +160,23 @@ class ConfigDocument:
             except (KeyError, IndexError, TypeError):
                 return None
         return node.unwrap() if hasattr(node, "unwrap") else node
+
+    def table_in_use(self, table: KeyPath) -> bool:
+        """An optional table is in use when the file has it or another setting calls for it: then its required
+        fields are required."""
+        if self.get(table) is not None:
+            return True
+        called_for = CALLED_FOR.get(self.kind, {}).get(table)
+        return called_for is not None and called_for(self)
+
+    def field_required(self, section: SectionSpec, spec: FieldSpec) -> bool:
+        """Whether the form shows a field as required now: required by the schema, in a table that is in use."""
+        return spec.required and (section.optional_table is None or self.table_in_use(section.optional_table))
+
+    def table_hidden(self, table: KeyPath) -> bool:
+        """A table that only some settings call for, while none does and the file does not have it (the form hides
+        [teacher] under loss = "rl")."""
+        return table in CALLED_FOR.get(self.kind, {}) and not self.table_in_use(table)
 
     def set_value(self, path: KeyPath, value: Any) -> None:
         """The form changed: set (or, with None, remove) one value; the text is re-rendered from the document."""

@@ -37,12 +37,16 @@ class FieldSpec:
 
 @dataclass(frozen=True)
 class SectionSpec:
-    """A group of fields: `()` for the top level, ("sampling",) for [sampling]; `entries` for [[env]] lists."""
+    """A group of fields: `()` for the top level, ("sampling",) for [sampling]; `entries` for [[env]] lists.
+
+    `optional_table` is the optional table the section sits in (("teacher",) for [teacher] and [teacher.client]):
+    a file may leave it out, and then its required fields are not required."""
 
     path: KeyPath
     fields: tuple[FieldSpec, ...]
     help: str = ""
     entries: type[BaseModel] | None = None  # a list of tables ([[env]]): the entry schema
+    optional_table: KeyPath | None = None
 
     @property
     def title(self) -> str:
@@ -118,18 +122,21 @@ def field_spec(path: KeyPath, info: Any) -> FieldSpec:
                      required=info.is_required(), choices=choices, optional=optional)
 
 
-def _table_sections(path: KeyPath, schema: type[BaseModel], help_text: str) -> list[SectionSpec]:
+def _table_sections(path: KeyPath, schema: type[BaseModel], help_text: str,
+                    optional_table: KeyPath | None = None) -> list[SectionSpec]:
     """A table's fields, then a section per table nested in it ([teacher.sampling]), depth first; a table with no
     fields of its own ([monitors]) has no section."""
     fields: list[FieldSpec] = []
     nested: list[SectionSpec] = []
     for name, info in schema.model_fields.items():
-        sub = _model(_strip_optional(info.annotation)[0])
+        annotation, optional = _strip_optional(info.annotation)
+        sub = _model(annotation)
         if sub is not None:
-            nested += _table_sections(path + (name,), sub, info.description or "")
+            inner = optional_table or ((path + (name,)) if optional else None)
+            nested += _table_sections(path + (name,), sub, info.description or "", inner)
         elif _list_of_models(info.annotation) is None:  # (a list of tables inside a table: the TOML view edits it)
             fields.append(field_spec(path + (name,), info))
-    own = [SectionSpec(path, tuple(fields), help=help_text)] if fields else []
+    own = [SectionSpec(path, tuple(fields), help=help_text, optional_table=optional_table)] if fields else []
     return own + nested
 
 
@@ -138,11 +145,11 @@ def sections(schema: type[BaseModel]) -> list[SectionSpec]:
     top: list[FieldSpec] = []
     out: list[SectionSpec] = []
     for name, info in schema.model_fields.items():
-        annotation, _ = _strip_optional(info.annotation)
+        annotation, optional = _strip_optional(info.annotation)
         sub = _model(annotation)
         entries = _list_of_models(annotation)
         if sub is not None:
-            out += _table_sections((name,), sub, info.description or "")
+            out += _table_sections((name,), sub, info.description or "", (name,) if optional else None)
         elif entries is not None:
             fields = [field_spec((n,), i) for n, i in entries.model_fields.items()]
             out.append(SectionSpec((name,), tuple(fields), help=info.description or "", entries=entries))

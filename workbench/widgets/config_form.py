@@ -12,6 +12,7 @@ from typing import Any
 
 import tomlkit
 from pydantic import BaseModel
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -28,8 +29,15 @@ UNSET = "unset"
 LABEL_MAX = 34  # the widest label column; a longer name ends in an ellipsis and shows whole in its tooltip
 
 
-def field_label(spec: FieldSpec) -> str:
-    return f"{spec.path[-1]}{' *' if spec.required else ''}"
+def field_label(spec: FieldSpec, required: bool | None = None) -> str:
+    required = spec.required if required is None else required
+    return f"{spec.path[-1]}{' *' if required else ''}"
+
+
+def field_help(spec: FieldSpec, required: bool) -> str:
+    default = f" · default {spec.default}" if spec.default else (" · required" if required else "")
+    help_text = f" · {spec.help}" if spec.help else ""
+    return f"{spec.type_name}{default}{help_text}"
 
 
 def label_width(specs: Iterable[FieldSpec]) -> int:
@@ -67,7 +75,10 @@ def show_value(value: Any) -> str:
 
 
 class FieldRow(Vertical):
-    """One field: its key, a control for its type, and a line with type, default and help."""
+    """One field: its key, a control for its type, and a line with type, default and help.
+
+    `required` is whether the field is required now: a required field of an optional table that the file leaves out
+    ([teacher] model, under loss = "rl") is not, and says so."""
 
     @dataclass
     class Edited(Message):
@@ -80,6 +91,7 @@ class FieldRow(Vertical):
         self.path = path
         self.blink = blink
         self.label_width = label_width
+        self.required = spec.required
         self._shown: object = None  # what load() last put in the control: its echo is not an edit
 
     @property
@@ -93,12 +105,26 @@ class FieldRow(Vertical):
         with Horizontal(classes="field-line"):
             yield self._label()
             yield self._control()
-        default = f" · default {spec.default}" if spec.default else (" · required" if spec.required else "")
-        help_text = f" · {spec.help}" if spec.help else ""
-        yield Static(f"{spec.type_name}{default}{help_text}", classes="field-help", markup=False)
+        yield Static(field_help(spec, self.required), classes="field-help", markup=False)
+
+    def set_required(self, required: bool) -> None:
+        """Mark the field required or not (its label, help line and placeholder)."""
+        if required == self.required:
+            return
+        self.required = required
+        if not self.is_mounted or not self.children:
+            return
+        self.query_one(".field-name", Label).update(field_label(self.spec, required))
+        self.query_one(".field-help", Static).update(field_help(self.spec, required))
+        control = self.query_one(".field-control")
+        if isinstance(control, Input):
+            control.placeholder = self._placeholder()
+
+    def _placeholder(self) -> str:
+        return self.spec.default or ("required" if self.required else UNSET)
 
     def _label(self) -> Label:
-        text = field_label(self.spec)
+        text = field_label(self.spec, self.required)
         label = Label(text, classes="field-name")
         if self.label_width is not None:  # inline: the column is the form's, wider than the stylesheet's default
             label.styles.width = self.label_width
@@ -116,8 +142,8 @@ class FieldRow(Vertical):
             choices = spec.choices if spec.kind == "choice" else ("true", "false")
             return Select([(c, c) for c in choices], prompt=f"({spec.default or UNSET})", allow_blank=True,
                           compact=True, classes="field-control")
-        control = Input(placeholder=spec.default or ("required" if spec.required else UNSET), compact=True,
-                        classes="field-control", select_on_focus=False)
+        control = Input(placeholder=self._placeholder(), compact=True, classes="field-control",
+                        select_on_focus=False)
         control.cursor_blink = self.blink
         return control
 
@@ -191,7 +217,11 @@ class EnvEntry(Vertical):
 
 
 class ConfigForm(VerticalScroll):
-    """Every field of the schema; invalid fields get the `-invalid` class."""
+    """Every field of the schema; invalid fields get the `-invalid` class.
+
+    The focus goes to a field's control, which takes what is typed (`focus_target` says which); the form itself takes
+    none (focused, then left, it would restyle all its widgets). A table that only some settings call for
+    ([teacher]) shows while it is called for or the file has it."""
 
     BINDINGS = [
         Binding("ctrl+n", "add_env", "Add env", id="form.add_env"),
@@ -215,6 +245,10 @@ class ConfigForm(VerticalScroll):
         self.layout_sections = sections(schema) if schema is not None else []
         self.label_width = label_width(spec for section in self.layout_sections for spec in section.fields)
         self._env_counts: dict[KeyPath, int] = {}
+        self._last_control: Widget | None = None
+        self._populated = False
+        self._mounted: set[KeyPath] = set()  # sections whose rows are mounted
+        self.can_focus = schema is None  # (no fields: the form holds the focus itself)
 
     def compose(self) -> ComposeResult:
         if self.schema is None:
@@ -227,21 +261,34 @@ class ConfigForm(VerticalScroll):
     async def populate(self) -> None:
         """Mount the field rows, one section at a time, after the first frame.
 
-        A full RL form is ~80 rows (several hundred widgets, ~3 s of styling on 2 cores); mounting them after the
-        editor has painted keeps the first frame fast, and each section's mount yields to input in between.
+        A full RL form is ~100 rows (several hundred widgets, ~3 s of styling on 2 cores); mounting them after the
+        editor has painted keeps the first frame fast, and each section's mount yields to input in between. A hidden
+        section's rows are mounted when it first shows.
         """
         for section in self.layout_sections:
-            if section.entries is None and section.fields:
-                container = self.query_one(f"#{self._section_id(section)}", Vertical)
-                await container.mount_all([FieldRow(spec, spec.path, blink=self.blink, label_width=self.label_width)
-                                           for spec in section.fields])
+            await self._mount_rows(section)
+        self._populated = True
+
+    async def _mount_rows(self, section: SectionSpec) -> None:
+        if section.entries is not None or not section.fields or section.path in self._mounted:
+            return
+        container = self.query_one(f"#{self._section_id(section)}", Vertical)
+        if not container.display:
+            return
+        self._mounted.add(section.path)
+        await container.mount_all([FieldRow(spec, spec.path, blink=self.blink, label_width=self.label_width)
+                                   for spec in section.fields])
 
     @staticmethod
     def _section_id(section: SectionSpec) -> str:
         return "section-" + ("core" if not section.path else "-".join(str(p) for p in section.path))
 
     async def show(self, document: ConfigDocument) -> None:
-        """Refresh every control from the document (and rebuild [[env]] entries when their count changed)."""
+        """Refresh every control from the document (and rebuild [[env]] entries when their count changed), show the
+        tables the document uses, and mark the fields required now and the invalid ones.
+
+        A table called for but not written yet ([teacher] under loss = "sft") has its required fields marked
+        invalid: the problems list the setting that calls for it."""
         for section in self.layout_sections:
             if section.entries is None:
                 continue
@@ -253,9 +300,55 @@ class ConfigForm(VerticalScroll):
                 await container.mount_all([EnvEntry(section, i, blink=self.blink, label_width=self.label_width)
                                            for i in range(count)])
         invalid = document.problem_paths()
-        for row in self.query(FieldRow):
-            row.load(document.get(row.path))
-            row.set_class(row.key in invalid, "-invalid")
+        for section in self.layout_sections:
+            table = section.optional_table
+            container = self.query_one(f"#{self._section_id(section)}", Vertical)
+            container.display = table is None or not document.table_hidden(table)
+            if self._populated:
+                await self._mount_rows(section)
+            missing = table is not None and document.table_in_use(table) and document.get(table) is None
+            for row in container.query(FieldRow):
+                row.set_required(document.field_required(section, row.spec))
+                row.load(document.get(row.path))
+                row.set_class(row.key in invalid or (missing and row.required), "-invalid")
+        focused = self.screen.focused
+        if focused is not None and self in focused.ancestors and not self.shows(focused):
+            target = self._shown_before(focused) or self.focus_target()
+            if target is not None:
+                target.focus()
+
+    def shows(self, widget: Widget) -> bool:
+        """Whether a widget of the form is displayed (no section or entry around it hidden)."""
+        for node in widget.ancestors_with_self:
+            if node is self:
+                return True
+            if not node.display:
+                return False
+        return False
+
+    def _shown_before(self, control: Widget) -> Widget | None:
+        """The last shown control above a hidden one (the field that hid it, when it was the one above)."""
+        before: Widget | None = None
+        for other in self.query(".field-control"):
+            if other is control:
+                return before
+            if self.shows(other):
+                before = other
+        return before
+
+    def focus_target(self) -> Widget | None:
+        """Where the form's focus goes: the control focused last, while it is still shown, else the first shown
+        (None until `populate` has mounted the fields)."""
+        if not self._populated:
+            return None
+        last = self._last_control
+        if last is not None and last.is_attached and self.shows(last):
+            return last
+        return next((control for control in self.query(".field-control") if self.shows(control)), None)
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        if event.widget.has_class("field-control"):
+            self._last_control = event.widget
 
     def focused_env(self) -> int | None:
         focused = self.screen.focused

@@ -23,6 +23,8 @@ class ProblemsPanel(OptionList):
         self.problems: list[Problem] = []
 
     def show(self, problems: list[Problem]) -> None:
+        if problems == self.problems and self.option_count:
+            return  # unchanged (a keystroke in a valid file): no new lines, no new layout
         self.problems = list(problems)
         self.clear_options()
         if not problems:
@@ -37,6 +39,19 @@ class ProblemsPanel(OptionList):
             self.highlighted = 0
         errors = sum(p.severity == "error" for p in problems)
         self.border_title = f"Problems ({errors} error{'s' if errors != 1 else ''})"
+        self.set_class(errors > 0, "-errors")
+        if self.has_focus:
+            self._show_keys()
+
+    def on_focus(self) -> None:
+        self._show_keys()
+
+    def on_blur(self) -> None:
+        self.border_subtitle = ""
+
+    def _show_keys(self) -> None:
+        """While focused, the keys that act here (the problems hold no text to type)."""
+        self.border_subtitle = ("enter: to its line · " if self.problems else "") + "ctrl+g: back"
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
