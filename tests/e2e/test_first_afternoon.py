@@ -61,6 +61,8 @@ def test_a_first_afternoon(tmp_path: Path, smollm2_dir: Path, installed_example:
     config.write_text(tomlkit.dumps(doc))
     step = prime("rl", "run", "@configs/rl/my-env.toml", "--foreground", cwd=ws)
     assert step.returncode == 0, step.stderr
+    # the run's own base -> final evaluation, where the user looks: at the end of the foreground run
+    assert "evaluation (mean reward over 2 examples x" in step.stderr and "BASE (step 0)" in step.stderr, step.stderr
     rl = newest("rl", ws)
 
     # before/after on the same examples: the best prompt, and the trained adapter under it
