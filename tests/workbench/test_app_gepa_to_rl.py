@@ -113,3 +113,17 @@ def test_a_run_without_a_best_prompt_says_so(tmp_path: Path) -> None:
             assert not list((root / "configs" / "rl").glob("from-*"))
 
     asyncio.run(scenario())
+
+
+def test_a_run_whose_best_is_the_seed_exports_with_a_warning(tmp_path: Path) -> None:
+    root = lab_folder(tmp_path)
+    run = gepa_run("reverse-text")
+    (run.gepa_dir / "metadata.json").write_text(json.dumps({"best_score": 0.5, "best_idx": 0, "seed_score": 0.5}))
+
+    async def scenario() -> None:
+        async with exported(root, run) as (pilot, notes):
+            path = root / "configs" / "rl" / f"from-{run.id}.toml"
+            await until(pilot, lambda: editing(pilot) == path, what=lambda: notes)
+            assert any(f"no candidate of GEPA run {run.id} beat the seed prompt" in n for n in notes), notes
+
+    asyncio.run(scenario())

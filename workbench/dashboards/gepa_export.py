@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from prime_lab.gepa.export import ExportError, GepaResult, rl_config, takes_system_prompt
+from prime_lab.gepa.export import ExportError, GepaResult, rl_config, seed_warning, takes_system_prompt
 from prime_lab.runs.registry import Run
 from prime_lab.trainer.config import validate_rl_config
 
@@ -17,6 +17,7 @@ class ExportedConfig:
     path: Path
     env_id: str
     through_args: bool  # the prompt is in [[env]].args (the environment takes system_prompt), else in system_prompt
+    warning: str | None = None  # no candidate beat the seed: the config starts from the environment's own prompt
 
     def how(self) -> str:
         from prime_lab.gepa.export import prompt_route
@@ -51,4 +52,4 @@ def export_rl(run: Run, root: Path) -> ExportedConfig:
                 fh.write(text)
         except FileExistsError:
             continue
-        return ExportedConfig(path, result.env_id, through_args)
+        return ExportedConfig(path, result.env_id, through_args, seed_warning(result))

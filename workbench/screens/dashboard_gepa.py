@@ -175,6 +175,8 @@ class GepaDashboard(DashboardScreen):
         shown = exported.path.relative_to(app.settings.root) if exported.path.is_relative_to(app.settings.root) \
             else exported.path
         app.notify(f"Wrote {shown}: {exported.how()}.", title="RL config", timeout=12)
+        if exported.warning:  # as `prime gepa export` warns: the best prompt is the seed's own
+            app.notify(exported.warning.removeprefix("warning: "), title="RL config", severity="warning", timeout=20)
         app.open_config(exported.path)
 
     # Drawing ------------------------------------------------------------------------------------------------
