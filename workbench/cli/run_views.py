@@ -278,32 +278,6 @@ def rollouts_text(title: str, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# samples --------------------------------------------------------------------------------------------------------
-def samples(
-    ctx: typer.Context,
-    run_id: str = RUN_ID,
-    num: int | None = typer.Option(None, "-n", "--num", min=1, help="Only the first N rollouts."),
-    output: OutputFormat = OUTPUT_OPTION,
-) -> None:
-    """An evaluation's rollouts (its results.jsonl, as far as it got): prompt, completion, reward, answer, error."""
-    from prime_lab.workbench.dashboards.files import read_jsonl_from
-
-    run = find_run(ctx, run_id)
-    status = run.read_status()
-    results = Path(status["output_dir"]) / "results.jsonl" if status.get("output_dir") else None
-    if results is None or not results.is_file():
-        fail(f"{run.id} has no results yet" + (f" ({results})" if results is not None else ""))
-    rows, _ = read_jsonl_from(results, 0)
-    shown = rows[:num] if num is not None else rows
-    if output is OutputFormat.json:
-        print_json(shown)
-        return
-    envs = ", ".join(status.get("envs") or []) or "-"
-    typer.echo(rollouts_text(f"{run.id} · {envs} on {status.get('model') or '-'}", shown))
-    if len(shown) < len(rows):
-        err(f"({len(shown)} of {len(rows)} rollouts shown; without -n all of them)")
-
-
 # checkpoints ----------------------------------------------------------------------------------------------------
 def _folder(path: Path) -> tuple[int, float]:
     """Bytes of the files under `path`, and when it was last written."""
