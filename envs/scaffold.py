@@ -2,9 +2,11 @@
 
 The package is one module named like the environment (verifiers' convention: `my-env` -> `my_env.py`), a
 pyproject that declares it under the `prime_lab.environments` entry point group (so `prime env list` finds it without
-importing it), a README and a test. Its environment is a small complete task (sums of two numbers, data generated in
-code, so it runs offline) to change into yours, written in prime-lab's protocol or, with `verifiers=True`, in
-verifiers' classic API (`import verifiers as vf`, `datasets.Dataset` data) so that it also runs under verifiers.
+importing it), a README and a test. Its environment is a small complete task (write a word in capital letters,
+with partial credit on the way: a task SmolLM2-135M half knows, so its reward starts above 0 and RL lifts it; data
+generated in code, so it runs offline) to change into yours, written in prime-lab's protocol or, with
+`verifiers=True`, in verifiers' classic API (`import verifiers as vf`, `datasets.Dataset` data) so that it also
+runs under verifiers.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ build-backend = "setuptools.build_meta"
 [project]
 name = "{name}"
 version = "0.1.0"
-description = "Sums of two numbers, in <answer> tags (a starting point: replace it with your task)."
+description = "A word in capital letters, in <answer> tags (a starting point: replace it with your task)."
 requires-python = ">=3.11"
 dependencies = {dependencies}
 
@@ -107,10 +109,12 @@ py-modules = ["{module}"]
 """
 
 _PRIME_LAB_MODULE = '''\
-"""{name}: add two numbers; reward 1 for the right sum inside <answer> tags.
+"""{name}: write a word in capital letters; reward 1 for it inside <answer> tags, partial credit on the way.
 
 A starting point: change the rows, the system prompt and the reward, then `prime eval run {name}`. Rows are
 prime-lab's dataset format: `question` (or `prompt`, chat messages), `answer`, and optionally `info` and `task`.
+The partial credit (0.5 for the word in capitals anywhere, 0.2 for it in any case) is what makes it learnable: a
+reward that is 0 on every rollout gives RL nothing to reinforce.
 """
 
 from __future__ import annotations
@@ -120,7 +124,10 @@ from typing import Any
 
 from prime_lab.envs import Rubric, SingleTurnEnv, XMLParser
 
-SYSTEM_PROMPT = "Add the two numbers. Give only the sum, inside <answer></answer> tags."
+WORDS = ("apple", "river", "stone", "cloud", "green", "table", "light", "music", "paper", "horse", "bread", "chair",
+         "dream", "earth", "flame", "glass", "honey", "juice", "knife", "lemon", "mouse", "night", "ocean", "piano",
+         "queen", "radio", "sugar", "tiger", "water", "zebra", "candle", "garden", "orange", "planet", "silver")
+SYSTEM_PROMPT = "Write the word in capital letters, inside <answer></answer> tags."
 
 parser = XMLParser(["answer"])
 
@@ -128,16 +135,18 @@ parser = XMLParser(["answer"])
 def make_rows(count: int, seed: int) -> list[dict[str, Any]]:
     """`count` questions with their answers, the same for the same seed."""
     rng = random.Random(seed)
-    rows = []
-    for _ in range(count):
-        a, b = rng.randint(0, 99), rng.randint(0, 99)
-        rows.append({"question": f"{a} + {b}", "answer": str(a + b)})
-    return rows
+    return [{"question": f"Capitalize every letter: {word}", "answer": word.upper()}
+            for word in (rng.choice(WORDS) for _ in range(count))]
 
 
-def correct_answer(completion: Any, answer: str) -> float:
-    """1.0 when the tagged answer is the sum."""
-    return float((parser.parse_answer(completion) or "").strip() == answer)
+def capitalized(completion: Any, answer: str) -> float:
+    """1.0 for the word in capitals inside the tags; 0.5 for it in capitals anywhere; 0.2 for it in any case."""
+    if (parser.parse_answer(completion) or "").strip() == answer:
+        return 1.0
+    text = completion if isinstance(completion, str) else " ".join(str(m.get("content") or "") for m in completion)
+    if answer in text:
+        return 0.5
+    return 0.2 if answer.lower() in text.lower() else 0.0
 
 
 def load_environment(
@@ -148,15 +157,17 @@ def load_environment(
 ) -> SingleTurnEnv:
     return SingleTurnEnv(dataset=make_rows(num_train_examples, seed),
                          eval_dataset=make_rows(num_eval_examples, seed + 1),
-                         system_prompt=system_prompt, parser=parser, rubric=Rubric([correct_answer], parser=parser))
+                         system_prompt=system_prompt, parser=parser, rubric=Rubric([capitalized], parser=parser))
 '''
 
 _VERIFIERS_MODULE = '''\
-"""{name}: add two numbers; reward 1 for the right sum inside <answer> tags (verifiers' classic API).
+"""{name}: write a word in capital letters; reward 1 for it inside <answer> tags, partial credit on the way
+(verifiers' classic API).
 
 A starting point: change the data, the system prompt and the reward, then `prime eval run {name}`. `dataset_name`
 takes a local folder of json, jsonl, csv or parquet files with `question` and `answer` columns (or a Hub id, which
-needs the Hub: prime-lab loads environments offline unless HF_HUB_OFFLINE=0).
+needs the Hub: prime-lab loads environments offline unless HF_HUB_OFFLINE=0). The partial credit is what makes it
+learnable: a reward that is 0 on every rollout gives RL nothing to reinforce.
 """
 
 import random
@@ -164,7 +175,10 @@ import random
 import verifiers as vf
 from datasets import Dataset, load_dataset
 
-SYSTEM_PROMPT = "Add the two numbers. Give only the sum, inside <answer></answer> tags."
+WORDS = ("apple", "river", "stone", "cloud", "green", "table", "light", "music", "paper", "horse", "bread", "chair",
+         "dream", "earth", "flame", "glass", "honey", "juice", "knife", "lemon", "mouse", "night", "ocean", "piano",
+         "queen", "radio", "sugar", "tiger", "water", "zebra", "candle", "garden", "orange", "planet", "silver")
+SYSTEM_PROMPT = "Write the word in capital letters, inside <answer></answer> tags."
 
 parser = vf.XMLParser(["answer"], answer_field="answer")
 
@@ -172,16 +186,18 @@ parser = vf.XMLParser(["answer"], answer_field="answer")
 def make_dataset(count: int, seed: int) -> Dataset:
     """`count` questions with their answers, the same for the same seed."""
     rng = random.Random(seed)
-    rows = []
-    for _ in range(count):
-        a, b = rng.randint(0, 99), rng.randint(0, 99)
-        rows.append({"question": f"{a} + {b}", "answer": str(a + b)})
-    return Dataset.from_list(rows)
+    words = [rng.choice(WORDS) for _ in range(count)]
+    return Dataset.from_list([{"question": f"Capitalize every letter: {w}", "answer": w.upper()} for w in words])
 
 
-def correct_answer(parser, completion, answer, **kwargs) -> float:
-    """1.0 when the tagged answer is the sum."""
-    return 1.0 if (parser.parse_answer(completion) or "").strip() == answer else 0.0
+def capitalized(parser, completion, answer, **kwargs) -> float:
+    """1.0 for the word in capitals inside the tags; 0.5 for it in capitals anywhere; 0.2 for it in any case."""
+    if (parser.parse_answer(completion) or "").strip() == answer:
+        return 1.0
+    text = completion if isinstance(completion, str) else " ".join(str(m.get("content") or "") for m in completion)
+    if answer in text:
+        return 0.5
+    return 0.2 if answer.lower() in text.lower() else 0.0
 
 
 def load_environment(
@@ -197,7 +213,7 @@ def load_environment(
         splits = load_dataset(dataset_name)
         dataset = splits["train"]
         eval_dataset = splits["test"] if "test" in splits else None
-    rubric = vf.Rubric(funcs=[correct_answer], weights=[1.0], parser=parser)
+    rubric = vf.Rubric(funcs=[capitalized], weights=[1.0], parser=parser)
     return vf.SingleTurnEnv(dataset=dataset, eval_dataset=eval_dataset, system_prompt=system_prompt,
                             parser=parser, rubric=rubric)
 '''
@@ -205,7 +221,7 @@ def load_environment(
 _PRIME_LAB_TEST = '''\
 """The environment's data and reward, without a model (run: pytest)."""
 
-from {module} import SYSTEM_PROMPT, correct_answer, load_environment
+from {module} import SYSTEM_PROMPT, capitalized, load_environment
 
 
 def test_rows_are_questions_with_the_system_prompt_and_answers() -> None:
@@ -213,28 +229,30 @@ def test_rows_are_questions_with_the_system_prompt_and_answers() -> None:
     rows = env.get_eval_dataset()
     assert len(rows) == 3 and len(env.get_dataset()) == 5
     assert rows[0]["prompt"][0] == {"role": "system", "content": SYSTEM_PROMPT}
-    a, b = rows[0]["prompt"][-1]["content"].split(" + ")
-    assert rows[0]["answer"] == str(int(a) + int(b))
+    word = rows[0]["prompt"][-1]["content"].rsplit(" ", 1)[-1]
+    assert rows[0]["answer"] == word.upper()
 
 
-def test_the_reward_is_one_for_the_right_sum_only() -> None:
+def test_the_reward_is_one_in_tags_and_partial_on_the_way() -> None:
     env = load_environment(num_train_examples=1, num_eval_examples=1)
     row = env.get_eval_dataset()[0]
+    word = row["answer"]
 
     def score(reply: str) -> float:
         completion = [{"role": "assistant", "content": reply}]
-        return env.rubric.score_sync(prompt=row["prompt"], completion=completion, answer=row["answer"], state={},
+        return env.rubric.score_sync(prompt=row["prompt"], completion=completion, answer=word, state={},
                                      info=row["info"], task=row["task"]).reward
 
-    assert score(f"<answer>{row['answer']}</answer>") == 1.0
-    assert score("<answer>-1</answer>") == 0.0
-    assert correct_answer([{"role": "assistant", "content": "no tags"}], row["answer"]) == 0.0
+    assert score(f"<answer>{word}</answer>") == 1.0
+    assert score(f"Here: {word}") == 0.5
+    assert score(f"<answer>{word.lower()}</answer>") == 0.2
+    assert capitalized([{"role": "assistant", "content": "no idea"}], word) == 0.0
 '''
 
 _VERIFIERS_TEST = '''\
 """The environment's data and reward, without a model (run: pytest)."""
 
-from {module} import correct_answer, load_environment, parser
+from {module} import capitalized, load_environment, parser
 
 
 def test_rows_are_questions_with_answers() -> None:
@@ -243,24 +261,25 @@ def test_rows_are_questions_with_answers() -> None:
     assert len(rows) == 3
     first = rows[0]
     question = first["question"] if "question" in first else first["prompt"][-1]["content"]
-    a, b = question.split(" + ")
-    assert first["answer"] == str(int(a) + int(b))
+    assert first["answer"] == question.rsplit(" ", 1)[-1].upper()
 
 
-def test_the_reward_is_one_for_the_right_sum_only() -> None:
-    def reward(reply: str, answer: str) -> float:
-        return correct_answer(parser, [{"role": "assistant", "content": reply}], answer)
+def test_the_reward_is_one_in_tags_and_partial_on_the_way() -> None:
+    def reward(reply: str) -> float:
+        return capitalized(parser, [{"role": "assistant", "content": reply}], "APPLE")
 
-    assert reward("<answer>12</answer>", "12") == 1.0
-    assert reward("<answer>13</answer>", "12") == 0.0
-    assert reward("no tags", "12") == 0.0
+    assert reward("<answer>APPLE</answer>") == 1.0
+    assert reward("It is APPLE.") == 0.5
+    assert reward("<answer>apple</answer>") == 0.2
+    assert reward("<answer>PEAR</answer>") == 0.0
 '''
 
 _README = """\
 # {name}
 
-Sums of two numbers: the model answers inside `<answer>` tags; the reward is 1 for the right sum. A starting
-point written in {api}: change the data, the system prompt and the reward in `{module}.py`.
+A word in capital letters: the model answers inside `<answer>` tags; the reward is 1 for the word in capitals there,
+0.5 for it in capitals anywhere, 0.2 for it in any case (the partial credit that lets RL learn). A starting point
+written in {api}: change the data, the system prompt and the reward in `{module}.py`.
 
 ```bash
 prime env install .                  # editable: edits to {module}.py apply at the next run

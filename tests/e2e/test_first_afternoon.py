@@ -1,6 +1,8 @@
 """From an empty folder to a measured better model, as README's "A first afternoon" shows it, on SmolLM2: setup,
 doctor, a baseline evaluation of the example environment, GEPA, its best prompt exported as an RL config, the RL
-run, an evaluation of its adapter, and `prime eval compare` of base, best prompt and adapter."""
+run, an evaluation of its adapter, and `prime eval compare` of base, best prompt and adapter. The RL run is the
+exported config cut to 12 steps and 24-token answers (README, "A first afternoon"), and the test checks the lift
+itself: the run's own evaluation, base model and final policy on the same 20 examples x 4 rollouts."""
 
 from __future__ import annotations
 
@@ -51,19 +53,27 @@ def test_a_first_afternoon(tmp_path: Path, smollm2_dir: Path, installed_example:
                  "-P", "1", cwd=ws)
     assert step.returncode == 0, step.stderr
     gepa = newest("gepa", ws)
-    step = prime("gepa", "export", gepa, "--rl", "-o", "configs/rl/my-env.toml", "--max-steps", "2", cwd=ws)
+    step = prime("gepa", "export", gepa, "--rl", "-o", "configs/rl/my-env.toml", "--max-steps", "12", cwd=ws)
     assert step.returncode == 0 and "takes system_prompt" in step.stderr, step.stderr
     config = ws / "configs" / "rl" / "my-env.toml"
     doc = tomlkit.parse(config.read_text())  # sized for a CI machine, as the README's note says
-    doc["batch_size"], doc["rollouts_per_example"] = 8, 4
-    doc["sampling"]["max_tokens"] = 24  # type: ignore[index]
-    doc["eval"]["num_examples"] = 2  # type: ignore[index]
+    assert (doc["batch_size"], doc["rollouts_per_example"]) == (16, 4)  # kept: the lift needs the batch and steps
+    doc["sampling"]["max_tokens"] = 24  # type: ignore[index]  # "<answer>APPLE</answer>" and a few words fit
+    doc["eval"]["num_examples"], doc["eval"]["rollouts_per_example"] = 20, 4  # type: ignore[index]
     config.write_text(tomlkit.dumps(doc))
     step = prime("rl", "run", "@configs/rl/my-env.toml", "--foreground", cwd=ws)
     assert step.returncode == 0, step.stderr
     # the run's own base -> final evaluation, where the user looks: at the end of the foreground run
-    assert "evaluation (mean reward over 2 examples x" in step.stderr and "BASE (step 0)" in step.stderr, step.stderr
+    assert "evaluation (mean reward over 20 examples x 4 rollouts)" in step.stderr, step.stderr
     rl = newest("rl", ws)
+    # the lift: +0.125, +0.140 and +0.080 in three runs of this config (x 1, 2, 2 rollouts); the change's noise
+    # from sampling alone is about 0.025 at 20 x 4 (rewards of sd ~0.15), so 0.03 is well below what it learns
+    got = prime("rl", "get", rl, "-o", "json", cwd=ws)
+    evaluation = json.loads(got.stdout)["evaluation"]
+    print("the run's evaluation:", json.dumps(evaluation))
+    [row] = evaluation
+    assert (row["env"], row["examples"], row["rollouts_per_example"]) == ("my-env", 20, 4), row
+    assert row["final_step"] == 12 and row["final"] - row["base"] >= 0.03, row
 
     # before/after on the same examples: the best prompt, and the trained adapter under it
     for out, flags in (("outputs/best", ["--system-prompt-file", gepa]),

@@ -111,7 +111,7 @@ def init_install_and_eval(name: str, tmp_path: Path, *flags: str) -> dict[str, A
     with scripted_endpoint(["<answer>right</answer>"] * rows) as ep:
         proc = prime("eval", "run", name, "-b", ep.base_url, "-m", "m", "-n", str(rows), "-r", "1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert len(ep.requests) == rows and "Add the two numbers" in ep.requests[0]["messages"][0]["content"]
+    assert len(ep.requests) == rows and "Write the word in capital letters" in ep.requests[0]["messages"][0]["content"]
     [run] = RunRegistry().runs()
     assert run.status()["state"] == "completed"
     return listed[name]
