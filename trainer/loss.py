@@ -93,8 +93,11 @@ def inside_nucleus(logprobs: torch.Tensor) -> torch.Tensor:
 
 
 def k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    """Schulman's k3 KL estimator per token: exp(x) - x - 1 with x = log(q/p); non-negative, unbiased."""
-    return log_ratio.exp() - log_ratio - 1
+    """Schulman's k3 KL estimator per token: exp(x) - x - 1 with x = log(q/p); non-negative, unbiased. As
+    expm1(x) - x, clamped at 0: written as exp(x) - x - 1 it rounded to -1.8e-10 at step 1 (a "negative KL")."""
+    import torch
+
+    return (torch.expm1(log_ratio) - log_ratio).clamp(min=0.0)
 
 
 def policy_loss(

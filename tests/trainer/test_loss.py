@@ -133,3 +133,17 @@ def test_mismatch_kl_ignores_masked_placeholders_and_has_the_sampler_direction()
     x = 0.5  # log(p_trainer / p_sampler) on the one loss token
     out = policy_loss(torch.tensor([[-1.0 + x]]), torch.tensor([[-1.0]]), torch.tensor([0.0]), torch.tensor([[1]]))
     assert out.mismatch_kl == pytest.approx(math.exp(x) - x - 1, rel=1e-6)
+
+
+def test_k3_is_never_negative_and_exact_near_zero() -> None:
+    """exp(x) - x - 1 in float32 rounds to -6e-8 for |x| ~ 1e-4 (a step-1 `policy/kl` of -1.8e-10 was logged)."""
+    import torch
+
+    from prime_lab.trainer.loss import k3
+
+    x = torch.randn(100_000, generator=torch.Generator().manual_seed(0)) * 1e-4
+    got = k3(x)
+    exact = x.double().exp() - x.double() - 1
+    assert float(got.min()) >= 0.0
+    assert float((got.double() - exact).abs().max()) < 1e-10
+    assert float(k3(torch.tensor([2.0]))) == pytest.approx(math.exp(2.0) - 3.0, rel=1e-6)
