@@ -73,7 +73,7 @@ LEFTOVER_GRACE_S = 30.0  # how long a run's processes may take to exit after its
 PRIME_RL_16K_AC = 13340.0  # prime-rl's published tokens/s: 1 x H100, Qwen3-0.6B LoRA r16, 16k, checkpointing
 # What a run's processes import (the probe imports them first and names what is missing).
 NEEDED = ("torch", "transformers", "peft", "safetensors", "tokenizers", "numpy", "pydantic", "msgspec", "tomlkit",
-          "typer", "rich", "httpx", "openai", "fastapi", "uvicorn")
+          "typer", "rich", "httpx", "openai", "fastapi", "uvicorn", "psutil", "pynvml")
 RUN_MODULES = ("prime_lab.workbench.cli", "prime_lab.trainer.launcher", "prime_lab.trainer.orchestrator",
                "prime_lab.trainer.train", "prime_lab.trainer.sft", "prime_lab.inference.builtin.server")
 

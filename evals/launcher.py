@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.runs.registry import Run, RunRegistry, working
+from prime_lab.runs.system_metrics import sampling
 
 if TYPE_CHECKING:
     from prime_lab.envs import Environment, Rollout, SamplingArgs
@@ -170,6 +171,7 @@ def evaluate(run: Run, output_dir: Path, job: EvalJob, environment: Environment,
              + (f", system prompt from {prompt.path}" if prompt else "") + f" -> {output_dir}")
     try:
         with working(run, "eval") as cleanup:
+            cleanup.enter_context(sampling(run))  # system metrics of this process and the sampler it starts
             base_url, served = _endpoint(run, job, policy, backend, cleanup.callback, announce)
             records = {"base_model": policy.base_model if policy is not None else model_name,
                        "policy": policy.metadata() if policy is not None else None,

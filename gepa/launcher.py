@@ -20,6 +20,7 @@ from prime_lab.gepa.config import GepaConfig, GepaEnvSection, validate_gepa_file
 from prime_lab.gepa.env_adapter import Endpoint
 from prime_lab.gepa.runner import GepaOutcome, GepaSettings, OnEvent, run_gepa
 from prime_lab.runs.registry import Run, RunRegistry, working
+from prime_lab.runs.system_metrics import sampling
 
 Announce = Callable[[str], None]
 
@@ -113,6 +114,7 @@ def search(run: Run, job: GepaJob, *, backend: str = "builtin", on_event: OnEven
     spec = job.settings
     announce(f"GEPA {run.id}: {spec.env_id} on {spec.model} (budget {spec.max_metric_calls} calls) -> {run.dir}")
     with working(run, "gepa") as cleanup:
+        cleanup.enter_context(sampling(run))  # system metrics of this process and the samplers it starts
         try:
             task, reflection = _endpoints(run, job, backend, cleanup.callback, announce)
             run.set_state("running", source="gepa")

@@ -9,7 +9,9 @@ refusing W&B only delays or degrades this process, and what goes wrong is report
 
 What it logs: every `metrics` event at its `step` (W&B's `_step` is the training step), `eval` results, the
 `sample` rollouts of a step as a `wandb.Table` (`samples`), `alert` events as W&B alerts plus an `alerts/<name>`
-point at their step, and the resolved config as the run config.
+point at their step, the resolved config as the run config, and the supervisor's `system` samples as system metrics
+(`system/trainer.0/cpu_percent`, `system/gpu.0/memory_used_bytes`, ...: runs/system_metrics.py). A sample has no
+step: it goes with the step the trainer is on (the newest sample of a step wins), so the charts share the x-axis.
 
 Steps: the orchestrator and the trainer both write `metrics` for a step, the orchestrator up to `max_async_level`
 steps ahead, and W&B drops a step lower than one already logged. So values are collected per step and a step is
@@ -51,6 +53,7 @@ from prime_lab.runs.atomic import write_json_atomic
 from prime_lab.runs.events import RESTART, BadLine, Event
 from prime_lab.runs.paths import child_python
 from prime_lab.runs.registry import FINAL_STATES, Run
+from prime_lab.runs.system_metrics import SYSTEM, SystemSample
 
 MODULE = "prime_lab.monitors.wandb_mirror"
 Mode = Literal["online", "offline", "disabled"]
@@ -132,6 +135,8 @@ class StepAssembler:
                 return [AlertNow(alert)]
             self._record(step).alerts.append(alert)
             return self._ready()
+        if event.kind == SYSTEM:
+            return self._system(event)
         if event.kind not in ("metrics", "eval", "sample") or step is None:
             return []
         if step <= self.logged:
@@ -155,6 +160,13 @@ class StepAssembler:
         if out:
             self.logged = out[-1].step
         return out
+
+    def _system(self, event: Event) -> list[Action]:
+        """A system sample joins the step the trainer is on (its newest step, still waiting to be logged; step 0
+        before its first), never a step W&B holds already."""
+        trainer = self.progress.get("trainer", min(self.progress.values()))
+        self._record(max(self.logged + 1, trainer, 0)).values.update(SystemSample.from_event_data(event.data).scalars())
+        return self._ready()
 
     def _record(self, step: int) -> StepRecord:
         if step not in self.pending:

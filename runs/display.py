@@ -1,4 +1,4 @@
-"""How a run's facts read to a person: a duration as long as it needs to be, a text cut to one line.
+"""How a run's facts read to a person: a duration as long as it needs to be, a size in bytes, a text cut to one line.
 
 One spelling for the CLI's tables and the dashboards' headers alike (`prime train progress` and the RL dashboard show
 the same elapsed time the same way)."""
@@ -22,6 +22,18 @@ def duration(seconds: float | None) -> str:
         return f"{hours}h {minutes:02d}m"
     days, hours = divmod(hours, 24)
     return f"{days}d {hours}h"
+
+
+def size(num_bytes: float | None) -> str:
+    """`512 B`, `1.5 KiB`, `102.4 MiB`, `4.0 GiB` (GiB the largest unit; `-` when unknown)."""
+    if num_bytes is None:
+        return "-"
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
 
 
 def one_line(text: object, width: int) -> str:

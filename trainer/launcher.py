@@ -10,7 +10,8 @@ are planned once (trainer/placement.py: the sampler servers first, then the trai
 has a timeout. The run is `failed` within seconds when a process exits with an error (the reason is that process's
 last ERROR event, or the tail of its log) or when a sampler server dies or stops answering `/health`; the other
 processes are then stopped. SIGTERM (`prime rl stop`) stops them all cleanly: the trainer finishes its step and
-checkpoints. The run ends `completed` when the trainer has trained `max_steps` steps.
+checkpoints. The run ends `completed` when the trainer has trained `max_steps` steps. Meanwhile a thread samples
+what each process of the run costs and each GPU into the event log (`system` events, runs/system_metrics.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from prime_lab.runs.paths import child_python
 from prime_lab.runs.processes import RunningServer, log_tail
 from prime_lab.runs.reaper import ReaperHandle, die_with_parent, start_reaper
 from prime_lab.runs.registry import Run
+from prime_lab.runs.system_metrics import DEFAULT_INTERVAL_S, SystemSampler, interval_from_env
 from prime_lab.trainer.batch import batch_path
 from prime_lab.trainer.config import InferenceConfig, RLConfig
 from prime_lab.trainer.distributed import NODE_VARIABLES, Topology, TopologyError, topology, torchrun_argv
@@ -160,6 +162,7 @@ class Supervisor:
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.reaper: ReaperHandle | None = None
         self.mirror: subprocess.Popen[bytes] | None = None  # the W&B mirror (not registered: never a run failure)
+        self.system: SystemSampler | None = None  # samples every process of the run (`system` events)
         self.offset = 0
         self.last_error: dict[str, str] = {}
         self.monitor = AlertMonitor()
@@ -248,6 +251,26 @@ class Supervisor:
         with open(self.run.log_path("wandb"), "ab") as log:
             self.mirror = subprocess.Popen(mirror_argv(self.run.dir), stdin=subprocess.DEVNULL, stdout=log,
                                            stderr=subprocess.STDOUT)
+
+    def start_system_sampler(self) -> None:
+        """Sample what each process of the run costs (CPU, memory, threads) and each GPU, every few seconds, into
+        the event log as `system` events (runs/system_metrics.py) until the run ends."""
+        try:
+            interval = interval_from_env()
+        except ValueError as exc:
+            self.log(f"{exc}; sampling every {DEFAULT_INTERVAL_S:g} s", "WARNING")
+            interval = DEFAULT_INTERVAL_S
+        try:
+            self.system = SystemSampler.for_run(self.run, interval_s=interval).start()
+        except ImportError as exc:  # an interpreter without psutil (a wheelhouse that lacks it): the run goes on
+            self.log(f"no system metrics for this run: {exc.name or exc} is not installed (pip install psutil)",
+                     "WARNING")
+
+    def stop_system_sampler(self) -> None:
+        """Its last sample, taken before the processes are stopped (what they cost running, not stopping)."""
+        if self.system is not None:
+            self.system.stop()
+            self.system = None
 
     def finish_mirror(self) -> None:
         """After the final state: the mirror logs what it holds and exits by itself (seconds offline; online it may
@@ -532,6 +555,7 @@ class Supervisor:
         final, reason = "failed", ""
         try:
             self.start()
+            self.start_system_sampler()
             final = "stopped" if self.stop.set else self.watch()
             reason = {"stopped": "stopped by the user", "completed": f"trained {self.config.max_steps} steps"}[final]
         except LaunchFailed as exc:
@@ -542,6 +566,7 @@ class Supervisor:
             traceback.print_exc()
             final, reason = "failed", f"launcher error: {type(exc).__name__}: {exc}"
         finally:
+            self.stop_system_sampler()
             self.stop_children(STOP_GRACE_S if final != "failed" else 15.0)
             self.follow_events()
         if final == "failed":

@@ -18,6 +18,7 @@ import pytest
 
 from prime_lab.runs.events import Event
 from prime_lab.runs.registry import RunRegistry
+from prime_lab.runs.system_metrics import INTERVAL_VARIABLE, SYSTEM
 from tests.support.rl_runs import (
     fixture_envs,
     logs,
@@ -98,9 +99,12 @@ def test_vllm_backend_takes_the_trainers_adapters(learnable_model_dir: Path, tmp
     assert rewards(run)[-1] != rewards(run)[0]
 
 
-def test_two_local_samplers_share_the_run(learnable_model_dir: Path, tmp_path: Path) -> None:
+def test_two_local_samplers_share_the_run(learnable_model_dir: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """`[inference] num_servers = 2`: the launcher starts two built-in servers, the orchestrator spreads the groups
-    over both and loads each new adapter into both (each step samples with the adapter of the step before)."""
+    over both and loads each new adapter into both (each step samples with the adapter of the step before). The
+    supervisor's system samples carry each process of the run."""
+    monkeypatch.setenv(INTERVAL_VARIABLE, "0.5")  # a short run still gets samples (default: every 5 s)
     config = write_config(tmp_path / "rl.toml", learnable_model_dir, steps=3, async_level=0)
     config.write_text(config.read_text().replace("[inference]\n", "[inference]\nnum_servers = 2\n"))
     run = start(config)
@@ -113,6 +117,20 @@ def test_two_local_samplers_share_the_run(learnable_model_dir: Path, tmp_path: P
     orch = metrics(run, "orchestrator")
     assert [orch[k]["policy/version"] for k in sorted(orch)] == [0, 1, 2]
     assert all(m["sampler/max_share"] <= 0.75 and m["rollout/failed_groups"] == 0 for m in orch.values()), orch
+    # system metrics: every process of the run in the supervisor's samples, with its registered pid
+    samples = [e for e in run.event_log().events() if e.kind == SYSTEM]
+    assert samples and all(e.source == "launcher" and e.step is None for e in samples)
+    seen = {(p["role"], p.get("rank"), p["pid"]) for e in samples for p in e.data["processes"]}
+    pids = {role: info["pid"] for role, info in status["processes"].items()}
+    for role, rank, registered in (("supervisor", None, "launcher"), ("trainer", 0, "trainer"),
+                                   ("orchestrator", None, "orchestrator"), ("sampler", 0, "inference"),
+                                   ("sampler", 1, "inference-2")):
+        assert (role, rank, pids[registered]) in seen, (role, sorted(seen))
+    busy = max(p["cpu_percent"] for e in samples for p in e.data["processes"] if p["role"] == "trainer")
+    assert busy > 10 and all(p["rss_bytes"] > 0 for e in samples for p in e.data["processes"])
+    table = prime("rl", "metrics", run.id, "--system").stdout  # the run has ended: its samples stay
+    assert {"supervisor", "trainer.0", "orchestrator", "sampler.0", "sampler.1"} <= {
+        line.split()[0] for line in table.splitlines() if line.strip()}, table
 
 
 def test_external_samplers_listed_in_base_urls(learnable_model_dir: Path, tmp_path: Path) -> None:

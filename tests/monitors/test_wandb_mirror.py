@@ -155,6 +155,33 @@ def test_an_sft_runs_steps_wait_for_the_trainer_alone() -> None:
     assert steps.feed(metrics(2, 3, **{"loss/mean": 1.5})) == [StepRecord(1, {"loss/mean": 2.0, "val/loss": 2.5})]
 
 
+SYSTEM_SAMPLE = {"interval_s": 5.0, "processes": [
+    {"role": "trainer", "rank": 0, "pid": 10, "cpu_percent": 97.5, "rss_bytes": 2_000_000, "threads": 12},
+    {"role": "sampler", "rank": 0, "pid": 11, "cpu_percent": 150.0, "rss_bytes": 3_000_000, "threads": 30}],
+    "gpus": [{"index": 0, "name": "NVIDIA H100", "utilization_percent": 55.0, "memory_used_bytes": 10**9,
+              "memory_total_bytes": 8 * 10**10}]}
+SYSTEM_SCALARS = {"system/trainer.0/cpu_percent": 97.5, "system/trainer.0/rss_bytes": 2e6,
+                  "system/trainer.0/threads": 12.0, "system/sampler.0/cpu_percent": 150.0,
+                  "system/sampler.0/rss_bytes": 3e6, "system/sampler.0/threads": 30.0,
+                  "system/gpu.0/utilization_percent": 55.0, "system/gpu.0/memory_used_bytes": 1e9}
+
+
+def test_a_system_sample_joins_the_step_the_trainer_is_on() -> None:
+    def event(source: str, kind: str, step: int | None, seq: int, data: dict[str, Any]) -> Event:
+        return Event(seq=seq, time=0.0, source=source, kind=kind, step=step, data=data)
+
+    later = {**SYSTEM_SAMPLE, "processes": [{**SYSTEM_SAMPLE["processes"][0], "cpu_percent": 50.0}]}
+    steps = StepAssembler(max_async_level=2)
+    assert steps.feed(event("launcher", "system", None, 1, SYSTEM_SAMPLE)) == []  # before any step: step 0
+    steps.feed(event("orchestrator", "metrics", 1, 2, {"reward": 0.1}))
+    steps.feed(event("orchestrator", "metrics", 2, 3, {"reward": 0.2}))
+    assert steps.feed(event("trainer", "metrics", 1, 4, {"loss": 1.0})) == [StepRecord(0, SYSTEM_SCALARS)]
+    steps.feed(event("launcher", "system", None, 5, SYSTEM_SAMPLE))
+    steps.feed(event("launcher", "system", None, 6, later))  # the trainer is still on step 1: the newest wins
+    out = steps.feed(event("trainer", "metrics", 2, 7, {"loss": 2.0}))
+    assert out == [StepRecord(1, {"reward": 0.1, "loss": 1.0, **SYSTEM_SCALARS, "system/trainer.0/cpu_percent": 50.0})]
+
+
 def test_importing_the_mirror_loads_no_wandb() -> None:
     """The launcher imports it to build the command; wandb (and torch, textual) load only in the mirror process."""
     code = ("import sys, prime_lab.monitors.wandb_mirror; "
@@ -173,6 +200,9 @@ def test_offline_run_has_every_metric_of_every_step(tmp_path: Path, lab_home: Pa
     run.set_state("running")
     mirror = start_mirror(run, mirror_env(tmp_path))  # follows the log while the run writes it
     expected = write_steps(run, range(1, 9), pause=0.05)
+    with run.writer("launcher") as launcher:  # the supervisor's system sample, after the trainer's last step
+        launcher.emit("system", SYSTEM_SAMPLE)
+    expected[8].update(SYSTEM_SCALARS)
     run.set_state("completed")
     _, stderr = mirror.communicate(timeout=60)
     assert mirror.returncode == 0, stderr

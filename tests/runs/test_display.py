@@ -38,3 +38,10 @@ def test_one_line_cuts_a_longer_text_to_the_width_with_an_ellipsis() -> None:
 
 def test_one_line_reads_anything_as_its_text() -> None:
     assert one_line({"role": "user"}, 40) == "{'role': 'user'}"
+
+
+def test_size_in_binary_units_up_to_gib() -> None:
+    from prime_lab.runs.display import size
+
+    assert [size(n) for n in (None, 0, 1023, 1024, 1536, 100 * 2**20 + 2**19, 2**30, 3 * 2**40)] == [
+        "-", "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "100.5 MiB", "1.0 GiB", "3072.0 GiB"]

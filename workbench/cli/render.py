@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console, JustifyMethod, OverflowMethod
 from rich.table import Column, Table
 
+from prime_lab.runs.display import size as size
 from prime_lab.runs.evaluations import Evaluation, mean_of
 from prime_lab.runs.events import Event
 
@@ -64,15 +65,6 @@ def clock(ts: float | None) -> str:
 
 def when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "-"
-
-
-def size(num_bytes: int) -> str:
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"  # pragma: no cover - the loop returns
 
 
 def number(value: Any) -> str:

@@ -4,6 +4,7 @@ of one run.
 Each view reads what the run already wrote, its directory (status.json, rollouts/, checkpoints/, adapters/), its
 event log and an evaluation's results.jsonl, and stores nothing. Metrics come from the log's final timeline
 (`runs.events.final_timeline`): a restarted run shows each step once, with the values of its latest attempt.
+`metrics --system` shows the supervisor's `system` samples instead: what each process costs, and each GPU.
 
 `get` (and `find_run`) serve the groups of every kind: under `prime eval` and `prime gepa` (`scope`), a run of
 another kind is an error that names the command for it.
@@ -183,10 +184,20 @@ def metrics(
     min_step: int | None = typer.Option(None, "--min-step", help="From this step on."),
     max_step: int | None = typer.Option(None, "--max-step", help="Up to this step."),
     limit: int | None = typer.Option(None, "-n", "--limit", min=1, help="Only the last N steps of that range."),
+    system: bool = typer.Option(False, "--system", help="What each process of the run costs (CPU, memory, threads) "
+                                "and each GPU, from the latest sample of each; json has every sample (-n: the last "
+                                "N)."),
     output: OutputFormat = OUTPUT_OPTION,
 ) -> None:
-    """Metrics per step, one row a step (a restarted run: the latest attempt's values); json has every metric."""
+    """Metrics per step, one row a step (a restarted run: the latest attempt's values); json has every metric.
+    With --system: the run's system metrics instead."""
     run = _run(run_id)
+    if system:
+        if min_step is not None or max_step is not None:
+            fail("--min-step and --max-step do not apply to --system (system samples have no step); "
+                 "use -n N for the last N samples")
+        show_system_metrics(run, limit, output)
+        return
     rows = [row for row in _run_metrics(run) if (min_step is None or row["step"] >= min_step)
             and (max_step is None or row["step"] <= max_step)]
     if limit is not None:
@@ -206,6 +217,48 @@ def metrics(
     names = len({key for row in rows for key in row["metrics"]})
     if names > len(columns):
         err(f"({len(columns)} of {names} metrics shown; `-o json` has them all)")
+
+
+def system_events(run: Run) -> list[Event]:
+    """The run's `system` events (runs/system_metrics.py: its supervisor's samples of each process and GPU)."""
+    from prime_lab.runs.system_metrics import SYSTEM
+
+    return [event for event in run.event_log().events() if event.kind == SYSTEM]
+
+
+def show_system_metrics(run: Run, limit: int | None, output: OutputFormat) -> None:
+    """`metrics --system`: each process's latest CPU %, memory and threads, and each GPU (json: the samples)."""
+    from prime_lab.runs.system_metrics import SystemSample, latest_by_process
+
+    events = system_events(run)
+    if limit is not None:
+        events = events[-limit:]
+    if output is OutputFormat.json:
+        print_json([{"time": event.time, **event.data} for event in events])
+        return
+    if not events:
+        err(f"No system metrics for {run.id} yet (its supervisor samples its processes every few seconds while it "
+            "runs)")
+        return
+    samples = [SystemSample.from_event_data(event.data, time=event.time) for event in events]
+    latest = latest_by_process(samples)
+    print_table(("PROCESS", "PID", "CPU %", "RSS", "THREADS"),
+                [(label, str(p.pid), "-" if p.cpu_percent is None else f"{p.cpu_percent:.1f}",
+                  "-" if p.rss_bytes is None else size(p.rss_bytes), "-" if p.threads is None else str(p.threads))
+                 for label, p in latest.items()],
+                justify={"PID": "right", "CPU %": "right", "RSS": "right", "THREADS": "right"})
+    gpus = samples[-1].gpus
+    if gpus:
+        typer.echo("")
+        print_table(("GPU", "NAME", "UTIL %", "MEMORY USED", "MEMORY TOTAL"),
+                    [(str(g.index), g.name,
+                      "-" if g.utilization_percent is None else f"{g.utilization_percent:.0f}",
+                      "-" if g.memory_used_bytes is None else size(g.memory_used_bytes),
+                      "-" if g.memory_total_bytes is None else size(g.memory_total_bytes)) for g in gpus],
+                    justify={"GPU": "right", "UTIL %": "right", "MEMORY USED": "right", "MEMORY TOTAL": "right"})
+    every = f", every {samples[-1].interval_s:g} s" if samples[-1].interval_s else ""
+    err(f"the latest of {len(samples)} sample{'s' * (len(samples) != 1)}{every}, the last at "
+        f"{when(samples[-1].time)}" + ("" if gpus else "; no GPU visible"))
 
 
 # rollouts -------------------------------------------------------------------------------------------------------
