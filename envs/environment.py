@@ -277,6 +277,15 @@ def timed_out(rollout: Rollout) -> bool:
     return bool(rollout.error and rollout.error.startswith(TIMED_OUT))
 
 
+def empty(rollout: Rollout) -> bool:
+    """Whether `rollout` came back without error but with nothing from the model: no text and no tool call in any
+    assistant message (an end-of-sequence token alone is empty). prime-rl's guide watches these with the errored
+    ones ("sustained > 5% is a smell")."""
+    said = any(m.get("role") == "assistant" and (str(m.get("content") or "").strip() or m.get("tool_calls"))
+               for m in rollout.completion if isinstance(m, dict))
+    return not rollout.error and not said
+
+
 async def timed_rollout(env: Environment, client: Any, model: str, row: dict[str, Any], sampling: SamplingArgs,
                         timeout: float | None) -> Rollout:
     """`env.rollout(...)`, cut after `timeout` seconds (None: no limit): a rollout past it is cancelled and comes

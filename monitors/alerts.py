@@ -8,6 +8,13 @@ is fed and returns the alerts that start now, and one sign of the run's environm
 keep failing (`env/<name>/errored` above 5% for 3 steps in a row, prime-rl's guide's rule), whose share of the
 batch is then held by drawing it again (trainer/orchestrator.py) until a hard limit fails the run.
 
+The guide's other signs to watch during a run (prime-rl's docs/training.md) warn only when they last: the mismatch KL
+rising (`policy/kl`, "the early-warning sign for off-policy collapse"), spikes of `optim/grad_norm` over its running
+median ("spikes precede divergence"), and one side of the run waiting on the other: the trainer for its batches
+(`time/wait_for_batch` against its `time/step`: orchestrator-bound) or the orchestrator for the policy
+(`time/wait_for_weights` against its `rollout/generation_time`: trainer-bound). Each message names the setting that
+usually helps. monitors/health.py reads the same state into the run's health line.
+
 An alert fires once per *episode*: when its condition becomes true. While the condition holds it stays quiet; once
 the condition has cleared (with some hysteresis) it is re-armed and a new episode may fire again. The RL launcher
 feeds the monitor every event it follows and writes what it returns as `alert` events; the TUI runs its own monitor
@@ -22,9 +29,9 @@ import math
 import statistics
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from prime_lab.runs.events import Event
 
@@ -42,7 +49,16 @@ ALERT_NAMES = (ENTROPY_COLLAPSE, REWARD_STD_COLLAPSE, KL_EXPLODING, REWARD_DROP,
 ENV_ERRORED = "env_errored"  # an environment's rollouts keep failing (`env/<name>/errored`)
 ENV_RESTART = "env_restart"  # an environment's server died and was restarted (the orchestrator writes these)
 ENV_ALERT_NAMES = (ENV_ERRORED, ENV_RESTART)
+KL_RISING = "kl_rising"  # the mismatch KL keeps growing
+GRAD_NORM_SPIKES = "grad_norm_spikes"  # optim/grad_norm spikes again and again
+ORCHESTRATOR_BOUND = "orchestrator_bound"  # the trainer keeps waiting for its batches
+TRAINER_BOUND = "trainer_bound"  # the orchestrator keeps waiting for the policy
+HEALTH_ALERT_NAMES = (KL_RISING, GRAD_NORM_SPIKES, ORCHESTRATOR_BOUND, TRAINER_BOUND)
+# each side's wait, what it was busy with meanwhile (the same process's metrics of a step), and who waits on whom
+BOUND_METRICS = {ORCHESTRATOR_BOUND: ("time/wait_for_batch", "time/step"),
+                 TRAINER_BOUND: ("time/wait_for_weights", "rollout/generation_time")}
 _ERRORED_PREFIX, _ERRORED_SUFFIX = "env/", "/errored"
+MAX_LAYOUTS = 64  # sets of metric keys whose errored keys are remembered
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,18 @@ class AlertThresholds:
     env_errored: float = 0.05  # an environment's share of errored rollouts above this ...
     env_errored_steps: int = 3  # ... for this many steps in a row (its own steps: each has the metric)
     env_errored_rearm: float = 0.02  # re-armed at or below this
+    kl_trend_window: int = 10  # policy/kl values whose newer half is compared with the older half
+    kl_trend_ratio: float = 2.0  # rising: the newer half's median at least this many times the older half's ...
+    kl_trend_min: float = 1e-3  # ... and above this ...
+    kl_trend_steps: int = 3  # ... on this many steps in a row
+    kl_trend_rearm: float = 1.25  # re-armed once the newer half is at most this many times the older (or <= min)
+    grad_window: int = 20  # optim/grad_norm values forming its running median; spikes are counted over as many
+    grad_warmup: int = 5  # values in the median before a spike can count
+    grad_spike_ratio: float = 5.0  # a spike: above this many times the running median
+    grad_spikes: int = 3  # fire at this many spikes among the last grad_window values; re-armed at none
+    bound_share: float = 0.5  # a process waiting on the other for more than this share of its step ...
+    bound_steps: int = 10  # ... for this many of its steps in a row: orchestrator- or trainer-bound
+    bound_rearm: float = 0.3  # re-armed at or below this share
 
 
 def repetition_score(text: str) -> float:
@@ -102,6 +130,23 @@ def completion_text(completion: Any) -> str:
         return "\n".join(str(m.get("content") or "") for m in completion
                          if isinstance(m, dict) and m.get("role", "assistant") == "assistant")
     return ""
+
+
+class GradSpike(NamedTuple):
+    """A spike of optim/grad_norm: which value it was (counted from 1), the value, the running median it beat."""
+
+    position: int
+    value: float
+    median: float
+    step: int | None
+
+
+def trend_halves(values: Sequence[float]) -> tuple[float, float]:
+    """The medians of the older and of the newer half of `values` (at least 2; an odd middle one is left out):
+    one step far off the rest moves neither."""
+    items = list(values)
+    half = len(items) // 2
+    return statistics.median(items[:half]), statistics.median(items[len(items) - half:])
 
 
 def _number(value: Any) -> float | None:
@@ -151,11 +196,22 @@ class AlertMonitor:
         self._samples: deque[tuple[str, str, bool]] = deque(maxlen=t.repetition_window)  # example, text, bad
         self._degenerate = 0  # bad ones among `_samples`
         self._examples_by_text: dict[str, dict[str, int]] = {}  # non-empty text -> example -> samples of `_samples`
-        self._env_errored_steps: dict[str, int] = {}  # environment -> its steps in a row above env_errored
+        self._errored_keys: dict[tuple[str, ...], list[tuple[str, str]]] = {}  # by the keys of a metrics dict
+        self.env_errored_steps: dict[str, int] = {}  # environment -> its steps in a row above env_errored
+        self.env_errored_latest: dict[str, float] = {}  # environment -> its latest errored share
+        self.kl_recent: deque[float] = deque(maxlen=max(2, t.kl_trend_window))  # finite policy/kl, for its trend
+        self._kl_rising_steps = 0
+        self.grad_norms: deque[float] = deque(maxlen=t.grad_window)  # finite optim/grad_norm values, spikes left out
+        self.grad_seen = 0  # optim/grad_norm values seen
+        self.grad_spikes: deque[GradSpike] = deque()  # the spikes among the last grad_window values, oldest first
+        # per side: (wait, its share of the step) of its recent steps; its steps in a row above bound_share
+        self.waits: dict[str, deque[tuple[float, float]]] = {
+            name: deque(maxlen=max(1, t.bound_steps)) for name in BOUND_METRICS}
+        self._bound_steps = dict.fromkeys(BOUND_METRICS, 0)
         self._checks: tuple[tuple[str, Callable[[str, float, int | None], Alert | None]], ...] = (
             ("policy/entropy", self._entropy), ("reward/std", self._reward_std), ("policy/kl", self._kl_check),
             ("policy/ref_kl", self._kl_check), ("reward/mean", self._reward), ("loss", self._loss),
-            ("optim/grad_norm", self._grad))
+            ("optim/grad_norm", self._grad), ("policy/kl", self._kl_trend))
 
     # Entry points -------------------------------------------------------------------------------------------
     def observe(self, event: Event) -> list[Alert]:
@@ -182,14 +238,34 @@ class AlertMonitor:
                 alert = check(key, value, step)
                 if alert is not None:
                     alerts.append(alert)
-        for key in metrics:
-            if key.startswith(_ERRORED_PREFIX) and key.endswith(_ERRORED_SUFFIX):
-                value = _number(metrics[key])
-                if value is not None:
-                    alert = self._env_errored(key[len(_ERRORED_PREFIX):-len(_ERRORED_SUFFIX)], value, step)
+        for name, (wait_key, busy_key) in BOUND_METRICS.items():
+            if wait_key in metrics and busy_key in metrics:
+                wait, busy = _number(metrics[wait_key]), _number(metrics[busy_key])
+                if wait is not None and busy is not None:
+                    alert = self._bound(name, wait, busy, step)
                     if alert is not None:
                         alerts.append(alert)
+        for key, env in self.errored_keys(metrics):
+            value = _number(metrics[key])
+            if value is not None:
+                value += _number(metrics.get(f"{_ERRORED_PREFIX}{env}/empty")) or 0.0  # errored or empty
+                alert = self._env_errored(env, value, step)
+                if alert is not None:
+                    alerts.append(alert)
         return alerts
+
+    def errored_keys(self, metrics: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """The `env/<name>/errored` keys of `metrics` with their environments. A run logs the same keys step after
+        step: they are found once per set of keys, not by looking at every key of every step."""
+        layout = tuple(metrics)
+        found = self._errored_keys.get(layout)
+        if found is None:
+            if len(self._errored_keys) >= MAX_LAYOUTS:
+                self._errored_keys.clear()
+            found = self._errored_keys[layout] = [
+                (key, key[len(_ERRORED_PREFIX):-len(_ERRORED_SUFFIX)]) for key in layout
+                if key.startswith(_ERRORED_PREFIX) and key.endswith(_ERRORED_SUFFIX)]
+        return found
 
     def observe_sample(self, text: str, example_id: str = "", step: int | None = None) -> list[Alert]:
         """One sampled completion's text."""
@@ -236,6 +312,10 @@ class AlertMonitor:
         return [alert for event in events for alert in self.observe(event)]
 
     # Checks -------------------------------------------------------------------------------------------------
+    def ongoing(self, name: str) -> bool:
+        """Whether an episode of the alert `name` is going on (of any environment or KL, for those)."""
+        return any(key == name or key.startswith(name + ":") for key in self.active)
+
     def _starts(self, key: str, firing: bool, cleared: bool) -> bool:
         """Whether an episode of `key` starts now: `firing` starts one unless one is going on, `cleared` ends it.
         (The caller formats the message only when one starts: this runs for every metric of every event.)"""
@@ -349,19 +429,91 @@ class AlertMonitor:
         each environment has its own episodes."""
         t = self.t
         above = value > t.env_errored  # (nan: not above, and not cleared either)
-        steps = self._env_errored_steps[env] = self._env_errored_steps.get(env, 0) + 1 if above else 0
+        self.env_errored_latest[env] = value
+        steps = self.env_errored_steps[env] = self.env_errored_steps.get(env, 0) + 1 if above else 0
         if not self._starts(f"{ENV_ERRORED}:{env}", steps >= t.env_errored_steps, value <= t.env_errored_rearm):
             return None
         return _alert(
-            ENV_ERRORED, f"Environment {env} is failing{_at(step)}: {value:.0%} of its rollouts errored (above "
-            f"{t.env_errored:.0%} for {steps} steps in a row). Its failed groups are dropped and drawn again from it; "
-            "the run stops if half of its rollouts keep failing. Look at the orchestrator's warnings and its server's "
-            "log (logs/env-*.log in the run's folder for an isolated environment); rollouts that time out "
-            f"(env/{env}/timed_out) need a longer [[env]] timeout.")
+            ENV_ERRORED, f"Environment {env} is failing{_at(step)}: {value:.0%} of its rollouts errored or came back "
+            f"empty (above {t.env_errored:.0%} for {steps} steps in a row). Its failed groups are dropped and drawn "
+            "again from it; the run stops if half of its rollouts keep failing. Look at the orchestrator's warnings "
+            "and its server's log (logs/env-*.log in the run's folder for an isolated environment); rollouts that "
+            f"time out (env/{env}/timed_out) need a longer [[env]] timeout; empty ones (env/{env}/empty, no word from "
+            "the model) often mean a prompt or chat template the model does not follow.")
 
     def _grad(self, key: str, value: float, step: int | None) -> Alert | None:
-        if math.isfinite(value) or not self._starts(LOSS_DIVERGING, True, False):
+        """A value that is not finite is the loss diverging; a finite one may be a spike: above `grad_spike_ratio`
+        times the median of the last `grad_window` values that were none. Spikes are counted over the last
+        `grad_window` values, and `grad_spikes` of them fire."""
+        t = self.t
+        index = self.grad_seen = self.grad_seen + 1
+        spikes = self.grad_spikes
+        while spikes and spikes[0].position <= index - t.grad_window:
+            spikes.popleft()
+        if not math.isfinite(value):
+            if not self._starts(LOSS_DIVERGING, True, False):
+                return None
+            return _alert(
+                LOSS_DIVERGING, f"Loss diverging{_at(step)}: optim/grad_norm is {value}. The update is not finite; "
+                "lower the learning rate and resume from the last good checkpoint.", "ERROR")
+        history = self.grad_norms
+        median = statistics.median(history) if len(history) >= max(1, t.grad_warmup) else 0.0
+        if median > 0 and value > t.grad_spike_ratio * median:
+            spikes.append(GradSpike(index, value, median, step))
+        else:
+            history.append(value)
+        count = len(spikes)
+        if not self._starts(GRAD_NORM_SPIKES, count >= t.grad_spikes, count == 0):
             return None
+        spike = spikes[-1]
         return _alert(
-            LOSS_DIVERGING, f"Loss diverging{_at(step)}: optim/grad_norm is {value}. The update is not finite; lower "
-            "the learning rate and resume from the last good checkpoint.", "ERROR")
+            GRAD_NORM_SPIKES, f"Gradient norm spiking{_at(step)}: optim/grad_norm {_fmt(spike.value)} is "
+            f"{spike.value / spike.median:.0f}x its running median {_fmt(spike.median)}, {count} spikes in the last "
+            f"{t.grad_window} steps. Spikes come before divergence: lower the learning rate, or [trainer] "
+            "max_grad_norm to clip each update harder; if the loss follows, resume from a checkpoint before them.")
+
+    def _kl_trend(self, key: str, value: float, step: int | None) -> Alert | None:
+        """The mismatch KL rising: over the last `kl_trend_window` values, the newer half's median at least
+        `kl_trend_ratio` times the older half's (and above `kl_trend_min`), on `kl_trend_steps` steps in a row."""
+        if not math.isfinite(value):
+            return None  # (kl_exploding's)
+        t, recent = self.t, self.kl_recent
+        recent.append(value)
+        if len(recent) < max(2, t.kl_trend_window):
+            return None
+        older, newer = trend_halves(recent)
+        rising = newer > t.kl_trend_min and newer >= t.kl_trend_ratio * older
+        steps = self._kl_rising_steps = self._kl_rising_steps + 1 if rising else 0
+        if not self._starts(KL_RISING, steps >= t.kl_trend_steps,
+                            newer <= t.kl_trend_min or newer <= t.kl_trend_rearm * older):
+            return None
+        half = len(recent) // 2
+        return _alert(
+            KL_RISING, f"Mismatch KL rising{_at(step)}: policy/kl's median is {_fmt(newer)} over the last {half} "
+            f"steps, up from {_fmt(older)} over the {half} before (rising for {steps} steps). The sampler's policy "
+            "and the trainer's drift apart, the early sign of off-policy collapse: lower max_async_level (rollouts "
+            "from a less stale policy) or the learning rate.")
+
+    def _bound(self, name: str, wait: float, busy: float, step: int | None) -> Alert | None:
+        """One side of the run waiting on the other for more than `bound_share` of its step (its wait over its wait
+        plus what it was busy with), `bound_steps` of its steps in a row."""
+        if not (math.isfinite(wait) and math.isfinite(busy)) or wait < 0 or busy < 0:
+            return None
+        t = self.t
+        share = wait / (wait + busy) if wait + busy > 0 else 0.0
+        self.waits[name].append((wait, share))
+        steps = self._bound_steps[name] = self._bound_steps[name] + 1 if share > t.bound_share else 0
+        if not self._starts(name, steps >= t.bound_steps, share <= t.bound_rearm):
+            return None
+        limit = f"({steps} steps in a row above {t.bound_share:.0%})"
+        if name == ORCHESTRATOR_BOUND:
+            return _alert(
+                name, f"Orchestrator-bound{_at(step)}: the trainer waited {_fmt(wait)} s for its batch, {share:.0%} "
+                f"of its step {limit}. Sampling is the bottleneck: more sampler servers ([inference] num_servers) "
+                "or GPUs for them, shorter generations ([sampling] max_tokens), a shorter [[env]] timeout for slow "
+                "environments; with max_async_level 0 or 1, raising it overlaps sampling with training.")
+        return _alert(
+            name, f"Trainer-bound{_at(step)}: the orchestrator waited {_fmt(wait)} s for the policy, {share:.0%} of "
+            f"its step {limit}. Training is the bottleneck: more trainer processes ([trainer] nproc_per_node), "
+            "larger micro-batches ([trainer] micro_batch_tokens) or a smaller batch_size; a higher max_async_level "
+            "lets sampling run further ahead, with staler rollouts.")

@@ -28,10 +28,10 @@ Environments that fail: each rollout has its environment's time limit (`[[env]] 
 where smaller; envs/environment.py `timed_rollout`), and one past it fails. A group with a failed rollout is dropped,
 and its environment is owed the group (`MixSampler`): the next group started comes from it again, so a failing
 environment's share of the batch is not filled by the others. Each step logs, per environment, the share of its
-rollouts that errored and that timed out (`env/<name>/errored`, `env/<name>/timed_out`) and its server's restarts
-(`env/<name>/restarts`; each restart is also an `env_restart` alert). An environment with `ENV_ERRORED_LIMIT` of its
-rollouts errored for `ENV_ERRORED_STEPS` steps in a row, or whose server is down for good (`EnvironmentDown`),
-fails the run with its name and its last error.
+rollouts that errored, that timed out and that came back empty (`env/<name>/errored`, `env/<name>/timed_out`,
+`env/<name>/empty`) and its server's restarts (`env/<name>/restarts`; each restart is also an `env_restart`
+alert). An environment with `ENV_ERRORED_LIMIT` of its rollouts errored for `ENV_ERRORED_STEPS` steps in a row, or
+whose server is down for good (`EnvironmentDown`), fails the run with its name and its last error.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from prime_lab.envs import (
     replace_system_prompt,
 )
 from prime_lab.envs.env_server import EnvironmentDown
-from prime_lab.envs.environment import DEFAULT_ROLLOUT_TIMEOUT_S, rollout_time_limit, timed_out, timed_rollout
+from prime_lab.envs.environment import DEFAULT_ROLLOUT_TIMEOUT_S, empty, rollout_time_limit, timed_out, timed_rollout
 from prime_lab.inference.control import AdapterLoadError, policy_cache_salt
 from prime_lab.monitors.alerts import ENV_RESTART
 from prime_lab.runs.events import EventWriter
@@ -113,12 +113,14 @@ class EnvTally:
     rollouts: int = 0
     errored: int = 0
     timed_out: int = 0
+    empty: int = 0
     failed_groups: int = 0
 
     def add(self, group: Group) -> None:
         self.rollouts += len(group.rollouts)
         self.errored += sum(bool(r.error) for r in group.rollouts)
         self.timed_out += sum(timed_out(r) for r in group.rollouts)
+        self.empty += sum(empty(r) for r in group.rollouts)
 
 
 def generation_span(groups: list[Group]) -> float:
@@ -283,14 +285,15 @@ class Orchestrator:
         self.log(message + (f"; its log ends:\n{tail}" if tail else ""), "WARNING", step)
 
     def env_metrics(self, tallies: Mapping[str, EnvTally]) -> dict[str, float]:
-        """`env/<name>/errored` and `env/<name>/timed_out` (shares of the environment's rollouts seen while the batch
-        filled, dropped groups included) for each environment with rollouts seen; `env/<name>/restarts` (so far)
-        for each environment with a server of its own or a restart."""
+        """`env/<name>/errored`, `env/<name>/timed_out` and `env/<name>/empty` (shares of the environment's rollouts
+        seen while the batch filled, dropped groups included) for each environment with rollouts seen;
+        `env/<name>/restarts` (so far) for each environment with a server of its own or a restart."""
         metrics: dict[str, float] = {}
         for name, tally in tallies.items():
             if tally.rollouts:
                 metrics[f"env/{name}/errored"] = tally.errored / tally.rollouts
                 metrics[f"env/{name}/timed_out"] = tally.timed_out / tally.rollouts
+                metrics[f"env/{name}/empty"] = tally.empty / tally.rollouts
         for name, env in self.envs.items():
             if name in self.restarts or isinstance(env, isolated.IsolatedEnvironment):
                 metrics[f"env/{name}/restarts"] = float(self.restarts.get(name, 0))

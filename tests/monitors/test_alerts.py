@@ -11,11 +11,14 @@ import pytest
 
 from prime_lab.monitors.alerts import (
     ALERT_NAMES,
+    BOUND_METRICS,
     DEGENERATE_OUTPUTS,
     ENTROPY_COLLAPSE,
+    HEALTH_ALERT_NAMES,
     IDENTICAL_OUTPUTS,
     KL_EXPLODING,
     LOSS_DIVERGING,
+    ORCHESTRATOR_BOUND,
     REWARD_DROP,
     REWARD_STD_COLLAPSE,
     AlertMonitor,
@@ -157,6 +160,10 @@ class ReferenceMonitor:
         self.values: dict[str, list[float]] = {key: [] for key in CHECK_ORDER}  # every number seen, per metric
         self.quiet: dict[str, list[float]] = {"policy/kl": [], "policy/ref_kl": [], "loss": []}  # finite, not firing
         self.samples: list[tuple[str, str, bool]] = []
+        self.kl_finite: list[float] = []
+        self.grad_quiet: list[float] = []  # finite grad norms that were no spike
+        self.grad_spikes: list[tuple[int, float, float]] = []  # (position among the grad norms, value, median)
+        self.shares: dict[str, list[tuple[float, float]]] = {name: [] for name in BOUND_METRICS}
 
     def episode(self, key: str, firing: bool, cleared: bool, message: str, level: str = "WARNING",
                 name: str | None = None) -> list[dict[str, Any]]:
@@ -186,7 +193,66 @@ class ReferenceMonitor:
                      "policy/ref_kl": self.kl, "reward/mean": self.reward, "loss": self.loss,
                      "optim/grad_norm": self.grad}[key]
             alerts += check(key, float(value), at)
+        kl = event.data.get("policy/kl")
+        if not isinstance(kl, bool) and isinstance(kl, (int, float)):
+            alerts += self.kl_trend(float(kl), at)
+        for name, (wait_key, busy_key) in BOUND_METRICS.items():
+            wait, busy = event.data.get(wait_key), event.data.get(busy_key)
+            if all(not isinstance(v, bool) and isinstance(v, (int, float)) for v in (wait, busy)):
+                alerts += self.bound(name, float(wait), float(busy), at)  # type: ignore[arg-type]
         return alerts
+
+    def kl_trend(self, value: float, at: str) -> list[dict[str, Any]]:
+        t = self.t
+        if not math.isfinite(value):
+            return []
+        self.kl_finite.append(value)
+        w, values = max(2, t.kl_trend_window), self.kl_finite
+
+        def halves(n: int) -> tuple[float, float] | None:  # over the first n values
+            if n < w:
+                return None
+            last = values[n - w:n]
+            return statistics.median(last[:w // 2]), statistics.median(last[w - w // 2:])
+
+        def rising(n: int) -> bool:
+            pair = halves(n)
+            return pair is not None and pair[1] > t.kl_trend_min and pair[1] >= t.kl_trend_ratio * pair[0]
+
+        pair = halves(len(values))
+        if pair is None:
+            return []
+        older, newer = pair
+        steps = 0
+        while rising(len(values) - steps):
+            steps += 1
+        return self.episode(
+            "kl_rising", steps >= t.kl_trend_steps, newer <= t.kl_trend_min or newer <= t.kl_trend_rearm * older,
+            f"Mismatch KL rising{at}: policy/kl's median is {newer:.3g} over the last {w // 2} steps, up from "
+            f"{older:.3g} over the {w // 2} before (rising for {steps} steps). The sampler's policy and the trainer's "
+            "drift apart, the early sign of off-policy collapse: lower max_async_level (rollouts from a less stale "
+            "policy) or the learning rate.")
+
+    def bound(self, name: str, wait: float, busy: float, at: str) -> list[dict[str, Any]]:
+        t = self.t
+        if not (math.isfinite(wait) and math.isfinite(busy)) or wait < 0 or busy < 0:
+            return []
+        share = wait / (wait + busy) if wait + busy > 0 else 0.0
+        self.shares[name].append((wait, share))
+        steps = next((i for i, (_, s) in enumerate(reversed(self.shares[name])) if not s > t.bound_share),
+                     len(self.shares[name]))
+        limit = f"({steps} steps in a row above {t.bound_share:.0%})"
+        if name == ORCHESTRATOR_BOUND:
+            message = (f"Orchestrator-bound{at}: the trainer waited {wait:.3g} s for its batch, {share:.0%} of its "
+                       f"step {limit}. Sampling is the bottleneck: more sampler servers ([inference] num_servers) or "
+                       "GPUs for them, shorter generations ([sampling] max_tokens), a shorter [[env]] timeout for "
+                       "slow environments; with max_async_level 0 or 1, raising it overlaps sampling with training.")
+        else:
+            message = (f"Trainer-bound{at}: the orchestrator waited {wait:.3g} s for the policy, {share:.0%} of its "
+                       f"step {limit}. Training is the bottleneck: more trainer processes ([trainer] nproc_per_node), "
+                       "larger micro-batches ([trainer] micro_batch_tokens) or a smaller batch_size; a higher "
+                       "max_async_level lets sampling run further ahead, with staler rollouts.")
+        return self.episode(name, steps >= t.bound_steps, share <= t.bound_rearm, message)
 
     def entropy(self, key: str, value: float, at: str) -> list[dict[str, Any]]:
         t, seen = self.t, self.values[key]
@@ -266,10 +332,28 @@ class ReferenceMonitor:
             "resume from the last good checkpoint.", level)
 
     def grad(self, key: str, value: float, at: str) -> list[dict[str, Any]]:
+        if not math.isfinite(value):
+            return self.episode(
+                "loss_diverging", True, False,
+                f"Loss diverging{at}: optim/grad_norm is {value}. The update is not finite; lower the learning rate "
+                "and resume from the last good checkpoint.", "ERROR")
+        t, position = self.t, len(self.values[key])
+        recent = self.grad_quiet[-t.grad_window:] if t.grad_window else []
+        median = statistics.median(recent) if len(recent) >= max(1, t.grad_warmup) else 0.0
+        if median > 0 and value > t.grad_spike_ratio * median:
+            self.grad_spikes.append((position, value, median))
+        else:
+            self.grad_quiet.append(value)
+        spikes = [s for s in self.grad_spikes if s[0] > position - t.grad_window]
+        if not spikes:
+            return self.episode("grad_norm_spikes", False, True, "")
+        _, spike, at_median = spikes[-1]
         return self.episode(
-            "loss_diverging", not math.isfinite(value), False,
-            f"Loss diverging{at}: optim/grad_norm is {value}. The update is not finite; lower the learning rate and "
-            "resume from the last good checkpoint.", "ERROR")
+            "grad_norm_spikes", len(spikes) >= t.grad_spikes, False,
+            f"Gradient norm spiking{at}: optim/grad_norm {spike:.3g} is {spike / at_median:.0f}x its running median "
+            f"{at_median:.3g}, {len(spikes)} spikes in the last {t.grad_window} steps. Spikes come before divergence: "
+            "lower the learning rate, or [trainer] max_grad_norm to clip each update harder; if the loss follows, "
+            "resume from a checkpoint before them.")
 
     def sample(self, text: str, example: str, at: str) -> list[dict[str, Any]]:
         self.samples.append((example, text.strip(), is_degenerate(text)))
@@ -295,6 +379,7 @@ def troubled_run(seed: int, steps: int) -> list[Event]:
     included) rewards and entropies lie on a grid of 0.05, so that sums and ratios land exactly on thresholds and
     windows tie (0.0 with -0.0 too)."""
     rng = random.Random(seed)
+    other = random.Random(-seed)  # the waits and grad norm spikes (drawn apart: the other values stay as they were)
     events: list[Event] = []
     reward, entropy, kl_level, loss_level, grid = 0.3, 1.0, 0.003, 0.1, True
 
@@ -322,9 +407,18 @@ def troubled_run(seed: int, steps: int) -> list[Event]:
         if rng.random() < 0.05:
             loss_level = rng.choice([0.05, 0.4, 2.0])
         loss = loss_level * rng.uniform(-1.0, 1.5) * (rng.choice([15, 40]) if rng.random() < 0.04 else 1)
-        orchestrator = {"reward/mean": odd(reward), "reward/std": odd(std)}
+        if other.random() < 0.03:  # which side waits on the other, and how much
+            waiting = other.choice(["trainer", "orchestrator", "neither"])
+        elif step == 1:
+            waiting = "neither"
+        waits = {side: other.uniform(0.5, 3.0) if side == waiting else other.choice([0.0, other.uniform(0.0, 0.5)])
+                 for side in ("trainer", "orchestrator")}
+        spike = other.choice([10.0, 40.0]) if other.random() < 0.04 else 1.0
+        orchestrator = {"reward/mean": odd(reward), "reward/std": odd(std), "time/wait_for_weights": odd(waits[
+            "orchestrator"]), "rollout/generation_time": other.choice([1.0, 0.0, 0.5])}
         trainer: dict[str, Any] = {"loss": odd(loss), "policy/entropy": odd(entropy), "policy/kl": odd(kl),
-                                   "optim/grad_norm": odd(rng.uniform(0.1, 2.0))}
+                                   "optim/grad_norm": odd(rng.uniform(0.1, 2.0) * spike),
+                                   "time/wait_for_batch": odd(waits["trainer"]), "time/step": 1.0}
         if rng.random() < 0.5:
             trainer["policy/ref_kl"] = odd(kl * rng.uniform(2.0, 20.0))
         for metrics in ([{**orchestrator, **trainer}] if rng.random() < 0.2 else [orchestrator, trainer]):
@@ -355,4 +449,6 @@ def test_the_monitor_raises_what_the_rules_recomputed_from_scratch_raise(thresho
     expected = [(event.seq, alert) for event in events for alert in reference.observe(event)]
     assert got == expected
     if thresholds == AlertThresholds():  # the run does go wrong in every way, many times over
-        assert all(sum(1 for _, alert in expected if alert["name"] == name) >= 5 for name in ALERT_NAMES)
+        counts = {name: sum(1 for _, alert in expected if alert["name"] == name)
+                  for name in (*ALERT_NAMES, *HEALTH_ALERT_NAMES)}
+        assert all(counts[name] >= (5 if name in ALERT_NAMES else 3) for name in counts), counts

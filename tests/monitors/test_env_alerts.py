@@ -20,9 +20,17 @@ def test_an_environment_failing_above_five_percent_for_three_steps_raises_one_al
     fired = feed(AlertMonitor(), [{"env/tools/errored": x, "env/tools/timed_out": x} for x in shares])
     assert [(step, alert["name"], alert["level"]) for step, alert in fired] == [(4, ENV_ERRORED, "WARNING")]
     message = fired[0][1]["message"]
-    assert message.startswith("Environment tools is failing at step 4: 8% of its rollouts errored (above 5% for 3 "
-                              "steps in a row)")
+    assert message.startswith("Environment tools is failing at step 4: 8% of its rollouts errored or came back "
+                              "empty (above 5% for 3 steps in a row)")
     assert "server's log" in message and "[[env]] timeout" in message and "env/tools/timed_out" in message
+
+
+def test_empty_rollouts_add_to_the_errored_share() -> None:
+    fired = feed(AlertMonitor(), [{"env/tools/errored": 0.03, "env/tools/empty": 0.04}] * 3)
+    assert [(step, alert["name"]) for step, alert in fired] == [(3, ENV_ERRORED)]
+    assert "7% of its rollouts errored or came back empty" in fired[0][1]["message"]
+    assert "env/tools/empty" in fired[0][1]["message"]
+    assert feed(AlertMonitor(), [{"env/tools/errored": 0.03, "env/tools/empty": 0.0}] * 3) == []
 
 
 def test_a_short_spike_or_a_low_error_rate_raises_nothing() -> None:

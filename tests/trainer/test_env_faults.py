@@ -28,7 +28,8 @@ from prime_lab.trainer.runtime import guarded_main, load_config
 
 FAULT_ENV = '''
 """Two model turns; between them, the fault of every `every`-th rollout: "raise" (the tool crashes), "hang" (it
-never returns), "down" (its server is gone for good: the rollout raises EnvironmentDown)."""
+never returns), "down" (its server is gone for good: the rollout raises EnvironmentDown); "silent" blanks the model's
+replies (an empty rollout)."""
 
 import asyncio
 
@@ -47,7 +48,12 @@ class FaultEnv(MultiTurnEnv):
         faulty = self.fault != "none" and self.rollouts % self.every == 0
         if faulty and self.fault == "down":
             raise EnvironmentDown("environment 'fault-env' is down: its server died 4 times; its log ends: boom")
-        return await super().rollout(client, model, {**row, "info": {**row["info"], "faulty": faulty}}, sampling)
+        result = await super().rollout(client, model, {**row, "info": {**row["info"], "faulty": faulty}}, sampling)
+        if faulty and self.fault == "silent":
+            for message in result.completion:
+                if message["role"] == "assistant":
+                    message["content"] = " "
+        return result
 
     async def env_response(self, messages, state):
         if state["info"]["faulty"] and self.fault == "raise":
@@ -127,7 +133,8 @@ timeout = 0.3
     # each environment's shares in each step that saw its rollouts (a step filled by the other one's groups alone
     # has none of its own)
     assert {key for data in metrics.values() for key in data if key.startswith("env/")} == {
-        "env/good/errored", "env/good/timed_out", "env/slow/errored", "env/slow/timed_out"}  # no server: no restarts
+        "env/good/errored", "env/good/timed_out", "env/good/empty", "env/slow/errored", "env/slow/timed_out",
+        "env/slow/empty"}  # no server: no restarts
     for data in metrics.values():
         assert all((f"env/{name}/errored" in data) == (f"env/{name}/timed_out" in data) for name in ("good", "slow"))
         assert data.get("env/good/errored", 0.0) == data.get("env/good/timed_out", 0.0) == 0.0
@@ -137,6 +144,26 @@ timeout = 0.3
                 and e.data["level"] == "WARNING"]
     assert warnings and all(w.startswith("dropped a group of slow: a rollout failed: rollout timed out after 0.3 s")
                             for w in warnings)
+
+
+def test_empty_rollouts_are_counted_per_environment(fault_env: None, builtin_server: Any) -> None:
+    run = new_run("""
+[[env]]
+id = "fault-env"
+name = "talks"
+args = { num_examples = 8 }
+
+[[env]]
+id = "fault-env"
+name = "silent"
+args = { fault = "silent", every = 1 }
+""", steps=2)
+    assert asyncio.run(orchestrator_for(run, builtin_server).loop()) == 0
+    metrics = step_metrics(run)
+    assert sorted(metrics) == [1, 2]
+    assert [data["env/silent/empty"] for data in metrics.values() if "env/silent/empty" in data] != []
+    assert all(data.get("env/silent/empty", 1.0) == 1.0 and data.get("env/silent/errored", 0.0) == 0.0
+               for data in metrics.values())  # empty, not errored
 
 
 def test_an_environment_failing_every_rollout_keeps_its_draws_and_fails_the_run_named(
