@@ -8,7 +8,10 @@ float32 safetensors folder with its tokenizer and ChatML chat template, which ev
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
+import sys
 from pathlib import Path
 
 from prime_lab.models.chat_templates import SMOLLM2_CHATML
@@ -45,15 +48,25 @@ def build_smollm2(dest: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # A GGUF-loaded model remembers its quantizer; saving it as plain weights needs both references gone.
-    model.hf_quantizer = None  # type: ignore[assignment]
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    tokenizer.model_max_length = model.config.max_position_embeddings
-    if not tokenizer.chat_template:
-        tokenizer.chat_template = SMOLLM2_CHATML
-    dest.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(dest)
-    tokenizer.save_pretrained(dest)
+    # Its progress bars ("Converting and de-quantizing GGUF tensors", "Writing model shards": tqdm on sys.stderr,
+    # the first not behind transformers' switch) are noise where stderr is a log or a pipe: held back there, and
+    # given back if the build fails.
+    bars = io.StringIO()
+    quiet = contextlib.redirect_stderr(bars) if not sys.stderr.isatty() else contextlib.nullcontext()
+    try:
+        with quiet:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            # A GGUF-loaded model remembers its quantizer; saving it as plain weights needs both references gone.
+            model.hf_quantizer = None  # type: ignore[assignment]
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            tokenizer.model_max_length = model.config.max_position_embeddings
+            if not tokenizer.chat_template:
+                tokenizer.chat_template = SMOLLM2_CHATML
+            dest.mkdir(parents=True, exist_ok=True)
+            model.save_pretrained(dest)
+            tokenizer.save_pretrained(dest)
+    except BaseException:
+        sys.stderr.write(bars.getvalue())  # (the real stderr again, out of the `with`)
+        raise

@@ -11,7 +11,8 @@ from prime_lab.models import resolve_model
 
 
 @pytest.mark.slow
-def test_smollm2_materialises_from_the_wheel_and_answers(lab_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_smollm2_materialises_from_the_wheel_and_answers(lab_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capfd: pytest.CaptureFixture[str]) -> None:
     import torch
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -19,6 +20,8 @@ def test_smollm2_materialises_from_the_wheel_and_answers(lab_home: Path, monkeyp
     monkeypatch.delenv("PRIME_LAB_MODELS", raising=False)  # a fresh machine: nothing materialised yet
     folder = resolve_model("smollm2-135m")
     assert folder == lab_home / "models" / "smollm2-135m"
+    built = capfd.readouterr().err  # stderr is no terminal here: no progress bars in it (a log, a pipe)
+    assert "de-quantizing" not in built and "it/s]" not in built, built[-500:]
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config and config["num_hidden_layers"] == 30
     with safe_open(folder / "model.safetensors", "pt") as weights:
