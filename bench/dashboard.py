@@ -5,8 +5,14 @@
 (b) live: a writer process appends 1,000 events/s while the dashboard follows; measures how long a key press takes to
     show on screen (`e` changes the smoothing named in the header), the event loop's lag, and how far behind the
     writer the charts are at the end.
+(c) grid attach: three finished runs of 60 metrics x 10,000 steps; open the first with the metrics grid and the
+    other two overlaid, and time until every cell of the grid's page is drawn with the three runs (goal: < 1.5 s);
+(d) grid keys: while a writer appends 1,000 metrics events/s (30 metrics each) to the first run, press the grid's
+    keys (log-Y, pages, columns, rows, highlight, pin, run on top) and time each until the grid drew what it changed
+    (goal: p95 < 50 ms).
 
-    .venv/bin/python bench/dashboard.py [--events 100000] [--rate 1000] [--seconds 10] [--repeat 5]
+    .venv/bin/python bench/dashboard.py [--part charts|grid|all] [--events 100000] [--rate 1000] [--seconds 10]
+        [--repeat 5] [--metrics 60] [--steps 10000]
 
 Headless (Textual's test driver), so the figures measure the app, not a terminal emulator. Each attach runs in a
 fresh interpreter, as `prime lab --run ID` starts (its clock starts once the app's modules are imported); the load
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import resource
 import statistics
@@ -119,6 +126,15 @@ async def attach(run_id: str, last_step: int) -> dict[str, float]:
     return {"first_chart": first_chart or complete, "complete": complete, "cpu": cpu, "max_points": points}
 
 
+async def sample_lag(writer: subprocess.Popen[str], lags: list[float]) -> None:
+    """The event loop's lag (how late a 50 ms sleep wakes) while `writer` runs, into `lags`."""
+    loop = asyncio.get_running_loop()
+    while writer.poll() is None:
+        due = loop.time() + 0.05
+        await asyncio.sleep(0.05)
+        lags.append(loop.time() - due)
+
+
 async def live(runs: Path, run_id: str, last_step: int, rate: int, seconds: float) -> dict[str, Any]:
     from prime_lab.workbench.app import create_app
     from prime_lab.workbench.screens.dashboard_rl import RLDashboard
@@ -135,15 +151,8 @@ async def live(runs: Path, run_id: str, last_step: int, rate: int, seconds: floa
                                    str(seconds), str(last_step)], cwd=REPO, stdout=subprocess.PIPE, text=True)
         lags: list[float] = []
         keys: list[float] = []
-        loop = asyncio.get_running_loop()
 
-        async def sample_lag() -> None:
-            while writer.poll() is None:
-                due = loop.time() + 0.05
-                await asyncio.sleep(0.05)
-                lags.append(loop.time() - due)
-
-        lag_task = asyncio.create_task(sample_lag())
+        lag_task = asyncio.create_task(sample_lag(writer, lags))
         await asyncio.sleep(0.5)
         while writer.poll() is None:
             want = f"smoothing {SMOOTHING_STEPS[(screen.smoothing + 1) % len(SMOOTHING_STEPS)]:g} "
@@ -165,17 +174,245 @@ async def live(runs: Path, run_id: str, last_step: int, rate: int, seconds: floa
             "rate": sent / seconds}
 
 
-def attach_in_child(home: str, last_step: int) -> dict[str, float]:
-    """`attach` in a fresh interpreter: its figures and its peak RSS."""
-    out = subprocess.run([sys.executable, __file__, "--attach-only", home, str(last_step)], cwd=REPO, check=True,
+def attach_in_child(home: str, last_step: int, grid: bool = False, page_only: bool = False) -> dict[str, float]:
+    """`attach` (or `attach_grid`) in a fresh interpreter: its figures and its peak RSS."""
+    out = subprocess.run([sys.executable, __file__, "--attach-grid" if grid else "--attach-only", home,
+                          str(last_step), *(["--page-only"] if page_only else [])], cwd=REPO, check=True,
                          stdout=subprocess.PIPE, text=True).stdout
     return dict(json.loads(out.splitlines()[-1]))
 
 
-def attach_only(home: str, last_step: int) -> None:
+def attach_only(home: str, last_step: int, grid: bool = False, page_only: bool = False) -> None:
     os.environ["PRIME_LAB_HOME"] = home
-    figures = asyncio.run(attach("rl-bench", last_step))
+    figures = asyncio.run(attach_grid(GRID_RUNS, last_step, page_only) if grid else attach("rl-bench", last_step))
     print(json.dumps({**figures, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+# The metrics grid -------------------------------------------------------------------------------------------------
+GRID_RUNS = ("grid-a", "grid-b", "grid-c")
+
+GRID_WRITER = """
+import sys, time
+from prime_lab.runs.events import EventWriter
+path, rate, seconds, start_step, metrics = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), \
+    int(sys.argv[5])
+names = [f"group{i // 10}/metric{i % 10}" for i in range(metrics)]
+half = len(names) // 2
+writers = EventWriter(path, "orchestrator"), EventWriter(path, "trainer")
+t0 = time.monotonic(); sent = 0; step = start_step
+while time.monotonic() - t0 < seconds:
+    due = int((time.monotonic() - t0) * rate)
+    while sent < due:
+        if sent % 2 == 0:
+            step += 1
+        keys = names[:half] if sent % 2 == 0 else names[half:]
+        writers[sent % 2].metrics({k: 1.0 + (step % 97) / 97 + i for i, k in enumerate(keys)}, step=step)
+        sent += 1
+    time.sleep(0.005)
+print(sent, step)
+"""
+
+
+def metric_value(i: int, step: int, seed: int) -> float:
+    """Metric i's value at `step` in run `seed`: curves of different shapes and scales, a few crossing zero (the
+    log-Y cells leave those values out)."""
+    shape = i % 5
+    if shape == 0:
+        return 1 - math.exp(-step / (2000 + 500 * seed))
+    if shape == 1:
+        return 10 ** (-1 - 3 * step / 10_000) * (1 + 0.1 * seed)
+    if shape == 2:
+        return math.sin(step / 300 + seed) * (i + 1)
+    if shape == 3:
+        return 1500 + 100 * math.cos(step / 50 + i) + 20 * seed
+    return 0.7 + (5.0 if step % 997 == 0 else 0.0) + 0.01 * seed  # spikes
+
+
+def write_grid_run(runs: Path, run_id: str, metrics: int, steps: int, seed: int) -> int:
+    """A completed RL run in the real format: per step an orchestrator and a trainer metrics event, the run's
+    `metrics` metrics split between them. Returns the file's size."""
+    run = runs / run_id
+    (run / "logs").mkdir(parents=True)
+    (run / "rollouts").mkdir()
+    names = [f"group{i // 10}/metric{i % 10}" for i in range(metrics)]
+    half = len(names) // 2
+    t0 = time.time() - 3600
+    seq = 0
+    lines = []
+
+    def add(source: str, kind: str, data: dict[str, Any], step: int | None) -> None:
+        nonlocal seq
+        seq += 1
+        lines.append(json.dumps({"seq": seq, "time": t0 + seq * 0.01, "source": source, "kind": kind, "step": step,
+                                 "data": data, "attempt": 1}, separators=(",", ":")))
+
+    add("launcher", "status", {"state": "running"}, None)
+    for step in range(1, steps + 1):
+        add("orchestrator", "metrics", {k: metric_value(i, step, seed) for i, k in enumerate(names[:half])}, step)
+        add("trainer", "metrics", {k: metric_value(i + half, step, seed) for i, k in enumerate(names[half:])}, step)
+    add("launcher", "status", {"state": "completed"}, None)
+    (run / "events.jsonl").write_text("\n".join(lines) + "\n")
+    status = {"id": run_id, "kind": "rl", "state": "completed", "step": steps, "max_steps": steps, "model": "bench",
+              "envs": ["primeintellect/reverse-text"], "created_at": t0, "started_at": t0, "ended_at": t0 + 3600}
+    (run / "status.json").write_text(json.dumps(status))
+    return (run / "events.jsonl").stat().st_size
+
+
+def grid_complete(screen: Any, run_ids: tuple[str, ...], last_step: int) -> bool:
+    """Every run folded to its last step and every cell of the grid's page drawn with all of them."""
+    grid = screen.grid
+    if screen.model.latest_step != last_step or len(screen.compared) != len(run_ids) - 1 or grid.view is None:
+        return False
+    if any(model.latest_step != last_step for model in screen.compared.values()):
+        return False
+    cells = [cell for cell in grid.cells if cell.display]
+    return bool(cells) and grid.drawn and len(cells) == len(grid.view.metrics) and \
+        all(len(cell.drawn_runs) == len(run_ids) and cell.painted for cell in cells)
+
+
+async def attach_grid(run_ids: tuple[str, ...], last_step: int, page_only: bool = False) -> dict[str, float]:
+    """Open the first run with the grid shown and the others overlaid (as `g`, then `c` and picking them, do), and
+    time until the grid's page is drawn with every run's whole series. `page_only`: the page as it opens, on the
+    first run alone (its picked charts), until it drew the whole run: what the grid and the overlays add to."""
+    from prime_lab.workbench.app import create_app
+    from prime_lab.workbench.screens.dashboard_rl import RLDashboard
+
+    started, cpu = time.perf_counter(), time.process_time()
+    app = create_app(REPO, run_id=run_ids[0], poll_interval=0.1)
+    async with app.run_test(size=SIZE):
+        asked = False
+        while True:
+            screen = app.screen
+            if isinstance(screen, RLDashboard) and screen.is_mounted:
+                if page_only:
+                    if screen.shown_live and screen.model.latest_step == last_step and not screen.changed.is_set():
+                        break
+                elif not asked:
+                    screen.show_grid()
+                    screen.overlay(list(run_ids[1:]))
+                    asked = True
+                elif grid_complete(screen, run_ids, last_step):
+                    break
+            await asyncio.sleep(0.005)
+        complete = time.perf_counter() - started
+        cpu = time.process_time() - cpu
+        if page_only:
+            return {"complete": complete, "cpu": cpu}
+        grid = screen.grid
+        assert grid.view is not None
+        cells, points = len(grid.view.metrics), sum(cell.drawn_points for cell in grid.cells if cell.display)
+        metrics = len(grid.names)
+    return {"complete": complete, "cpu": cpu, "cells": cells, "points": points, "metrics": metrics}
+
+
+GRID_KEYS = ("y", "pagedown", "c", "right", "r", "pageup", "p", "t", "down", "y")
+
+
+async def grid_live(runs: Path, run_ids: tuple[str, ...], last_step: int, metrics: int, rate: int,
+                    seconds: float) -> dict[str, Any]:
+    from prime_lab.workbench.app import create_app
+    from prime_lab.workbench.screens.dashboard_rl import RLDashboard
+
+    app = create_app(REPO, run_id=run_ids[0], poll_interval=0.1)
+    async with app.run_test(size=SIZE) as pilot:
+        while not (isinstance(app.screen, RLDashboard) and app.screen.is_mounted):
+            await pilot.pause(0.01)
+        screen = app.screen
+        screen.show_grid()
+        screen.overlay(list(run_ids[1:]))
+        while not grid_complete(screen, run_ids, last_step):
+            await pilot.pause(0.02)
+        grid = screen.grid
+        writer = subprocess.Popen([sys.executable, "-c", GRID_WRITER, str(runs / run_ids[0] / "events.jsonl"),
+                                   str(rate), str(seconds), str(last_step), str(metrics)], cwd=REPO,
+                                  stdout=subprocess.PIPE, text=True)
+        keys: dict[str, list[float]] = {}
+        lags: list[float] = []
+
+        def answered(before: tuple[object, ...]) -> bool:
+            cells = [cell for cell in grid.cells if cell.display]
+            return grid.drawn and state_of(grid) != before and all(cell.painted for cell in cells)
+
+        lag_task = asyncio.create_task(sample_lag(writer, lags))
+        await asyncio.sleep(0.5)
+        turn, unanswered = 0, 0
+        while writer.poll() is None:
+            key = GRID_KEYS[turn % len(GRID_KEYS)]
+            turn += 1
+            if not changes_something(grid, key):
+                continue
+            before = state_of(grid)
+            pressed = time.perf_counter()
+            app.simulate_key(key)  # as a terminal would deliver it (pilot.press also waits for the app to idle)
+            while not answered(before) and time.perf_counter() - pressed < 5:
+                await asyncio.sleep(0.001)
+            if answered(before):
+                keys.setdefault(key, []).append(time.perf_counter() - pressed)
+            else:
+                unanswered += 1
+            await asyncio.sleep(0.2)
+        await lag_task
+        sent, final_step = (int(x) for x in (writer.stdout.read() if writer.stdout else "0 0").split())
+        finished = time.perf_counter()
+        while screen.model.latest_step != final_step:
+            await pilot.pause(0.01)
+        catch_up = time.perf_counter() - finished
+    return {"sent": sent, "keys": keys, "lags": lags, "catch_up": catch_up, "rate": sent / seconds,
+            "unanswered": unanswered}
+
+
+def changes_something(grid: Any, key: str) -> bool:
+    """Whether `key` changes what the grid shows now (no next page on the last one, no step right from the last
+    metric)."""
+    view = grid.view
+    if view is None or view.highlighted is None:
+        return False
+    index = view.ordered.index(view.highlighted)
+    return {"pagedown": view.page < view.pages - 1, "pageup": view.page > 0, "right": index < len(view.ordered) - 1,
+            "down": index + view.columns < len(view.ordered), "t": len(grid.run_ids) > 1}.get(key, True)
+
+
+def state_of(grid: Any) -> tuple[object, ...]:
+    """What a grid key changes: the page's metrics, the layout, the highlight, pins, log-Y, the run on top."""
+    view = grid.view
+    state = grid.state
+    return (tuple(view.metrics) if view else (), view.columns if view else 0, view.rows if view else 0,
+            state.highlighted, tuple(state.pinned), tuple(sorted(state.log_y)), state.top_run)
+
+
+def run_grid(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as home:
+        os.environ["PRIME_LAB_HOME"] = home
+        runs = Path(home) / "runs"
+        size = sum(write_grid_run(runs, run_id, args.metrics, args.steps, seed) for seed, run_id in
+                   enumerate(GRID_RUNS))
+        load_before = load()
+        attaches = [attach_in_child(home, args.steps, grid=True) for _ in range(max(1, args.repeat))]
+        pages = [attach_in_child(home, args.steps, grid=True, page_only=True) for _ in range(max(1, args.repeat))]
+        complete = [a["complete"] for a in attaches]
+        median = statistics.median(complete)
+        print(f"(c) grid: attach to {len(GRID_RUNS)} runs x {args.metrics} metrics x {args.steps:,} steps "
+              f"({size / 1e6:.0f} MB of events) and draw the grid's page ({attaches[0]['cells']:.0f} cells, "
+              f"{attaches[0]['points']:,.0f} points): {median:.2f} s (goal < 1.5 s: "
+              f"{'met' if median < 1.5 else 'NOT met'})"
+              + (f", median of {len(complete)}: {', '.join(f'{c:.2f}' for c in complete)} s" if len(complete) > 1
+                 else "")
+              + f" (CPU {statistics.median(a['cpu'] for a in attaches):.2f} s); the page alone on the first run "
+              f"(its picked charts, no grid, no overlay) {statistics.median(p['complete'] for p in pages):.2f} s "
+              f"(CPU {statistics.median(p['cpu'] for p in pages):.2f} s); peak RSS "
+              f"{max(a['rss_mb'] for a in attaches):.0f} MB; load average {load_before} -> {load()}")
+        d = asyncio.run(grid_live(runs, GRID_RUNS, args.steps, args.metrics, args.rate, args.seconds))
+        every = [t for times in d["keys"].values() for t in times]
+        common = [t for key, times in d["keys"].items() if key not in ("c", "r") for t in times]
+        per_key = ", ".join(f"{key} {statistics.median(times) * 1000:.0f}" for key, times in d["keys"].items())
+        print(f"(d) grid keys during a live writer at {d['rate']:.0f} events/s ({args.metrics // 2} metrics each) for "
+              f"{args.seconds:g} s: key press to grid drawn median {statistics.median(every) * 1000:.0f} ms, p95 "
+              f"{p95(every) * 1000:.0f} ms (goal < 50 ms: {'met' if p95(every) < 0.05 else 'NOT met'}), max "
+              f"{max(every) * 1000:.0f} ms ({len(every)} presses; median per key, ms: {per_key}; p95 without c and r, "
+              f"which lay the page out again, {p95(common) * 1000:.0f} ms; {d['unanswered']} unanswered in 5 s); "
+              f"event-loop lag "
+              f"median {statistics.median(d['lags']) * 1000:.0f} ms, p95 {p95(d['lags']) * 1000:.0f} ms; the grid "
+              f"caught up {d['catch_up']:.2f} s after the writer stopped; load average {load()}")
 
 
 def load() -> str:
@@ -192,11 +429,27 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=1, help="attach this many times (each in a fresh interpreter)")
+    parser.add_argument("--part", choices=("charts", "grid", "all"), default="all",
+                        help="charts: (a) and (b); grid: (c) and (d)")
+    parser.add_argument("--metrics", type=int, default=60, help="metrics per run of the grid's runs")
+    parser.add_argument("--steps", type=int, default=10_000, help="steps of each of the grid's runs")
     parser.add_argument("--attach-only", nargs=2, metavar=("HOME", "LAST_STEP"), help=argparse.SUPPRESS)
+    parser.add_argument("--attach-grid", nargs=2, metavar=("HOME", "LAST_STEP"), help=argparse.SUPPRESS)
+    parser.add_argument("--page-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.attach_only:
-        attach_only(args.attach_only[0], int(args.attach_only[1]))
+    if args.attach_only or args.attach_grid:
+        home, last = args.attach_only or args.attach_grid
+        attach_only(home, int(last), grid=bool(args.attach_grid), page_only=args.page_only)
         return
+    if args.part in ("charts", "all"):
+        run_charts(args)
+    if args.part in ("grid", "all"):
+        run_grid(args)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS of this process (app + bench): {rss:.0f} MB; load average {load()}")
+
+
+def run_charts(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as home:
         os.environ["PRIME_LAB_HOME"] = home
         runs = Path(home) / "runs"
@@ -219,8 +472,6 @@ def main() -> None:
               f"p95 {p95(b['keys']) * 1000:.0f} ms, max {max(b['keys']) * 1000:.0f} ms ({len(b['keys'])} presses); "
               f"event-loop lag median {statistics.median(b['lags']) * 1000:.0f} ms, p95 {p95(b['lags']) * 1000:.0f} "
               f"ms; charts caught up {b['catch_up']:.2f} s after the writer stopped")
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(f"peak RSS of this process (app + bench): {rss:.0f} MB; load average {load()}")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def test_home_lists_configs_and_runs_and_keys_act_on_them(tmp_path: Path) -> Non
             await pilot.press("enter")
             await until(pilot, lambda: isinstance(app.screen, RunScreen) and caught_up(app.screen))
             assert isinstance(app.screen, RunScreen)
-            log = app.screen.query_one(RichLog)
+            log = app.screen.query_one("#run-log", RichLog)
             await until(pilot, lambda: any("reward/mean=0.25" in str(line.text) for line in log.lines))
             await pilot.press("escape", "x")  # delete asks first; n keeps it, y deletes it
             await pilot.pause()

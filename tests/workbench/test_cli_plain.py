@@ -38,19 +38,25 @@ def tsv(stdout: str) -> list[list[str]]:
 
 
 def test_runs_table_is_tab_separated_under_plain_given_first_or_last() -> None:
-    rl, gepa = recorded_run("rl-run"), recorded_run("gepa-run")
+    rl, _ = recorded_run("rl-run"), recorded_run("gepa-run")
     coloured_table = prime("rl", "list").stdout
     assert ANSI in coloured_table and "\t" not in coloured_table
     before, between, after = prime("--plain", "rl", "list"), prime("rl", "--plain", "list"), prime("rl", "list",
                                                                                                  "--plain")
     assert before.stdout == between.stdout == after.stdout and plain_text(after.stdout) and after.stderr == ""
     rows = tsv(after.stdout)
-    assert rows[0] == ["ID", "STATE", "KIND", "MODEL", "ENVIRONMENTS", "STEP", "REWARD", "STARTED"]
+    assert rows[0] == ["ID", "STATE", "KIND", "MODEL", "ENVIRONMENTS", "STEP", "REWARD", "HEALTH", "STARTED"]
+    health = rows[1:][[r[0] for r in rows[1:]].index("rl-run")][7]
+    assert health == "ok" or health.startswith("warn: ")  # the RL run's, from its metrics; GEPA has none
     assert sorted(rows[1:]) == sorted([
         ["rl-run", "completed", "rl", "smollm2-135m", "primeintellect/reverse-text, primeintellect/alphabet-sort",
-         "30/30", "-", when(1749999405.0)],  # whole: the default table cuts this row at 80 columns
-        ["gepa-run", "completed", "gepa", "smollm2-135m", "primeintellect/gsm8k", "8", "-", when(1749999405.0)]])
-    assert tsv(prime("gepa", "ls", "--plain").stdout) == [rows[0], *(r for r in rows if r[0] == gepa.id)]
+         "30/30", "-", health, when(1749999405.0)],  # whole: the default table cuts this row at 80 columns
+        ["gepa-run", "completed", "gepa", "smollm2-135m", "primeintellect/gsm8k", "8", "-", "-",
+         when(1749999405.0)]])
+    gepa_only = tsv(prime("gepa", "ls", "--plain").stdout)  # no training run among them: no HEALTH column
+    assert gepa_only == [[c for c in rows[0] if c != "HEALTH"], ["gepa-run", "completed", "gepa", "smollm2-135m",
+                                                                 "primeintellect/gsm8k", "8", "-",
+                                                                 when(1749999405.0)]]
     empty = prime("--plain", "eval", "list")
     assert empty.stdout == "" and empty.stderr.startswith("No evaluations yet.")
     assert rl.id in prime("rl", "list", "--plain", "-o", "json").stdout  # json stays json

@@ -62,3 +62,12 @@ def test_system_without_samples_and_with_step_options() -> None:
     bad = prime("rl", "metrics", run.id, "--system", "--min-step", "2")
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1, bad.stderr
     assert bad.stderr.startswith("Error: --min-step and --max-step do not apply to --system")
+
+
+def test_logs_leave_the_system_samples_to_metrics_system_but_with_raw() -> None:
+    run = finished_run()
+    plain = prime("rl", "logs", run.id)
+    assert plain.returncode == 0, plain.stderr
+    assert "loss" in plain.stdout and "system" not in plain.stdout.lower()
+    raw = [json.loads(line) for line in prime("rl", "logs", run.id, "--raw").stdout.splitlines()]
+    assert [e["kind"] for e in raw].count("system") == 2

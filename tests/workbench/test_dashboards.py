@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, RichLog, Static, TabbedContent
 
@@ -24,6 +25,7 @@ from prime_lab.workbench.screens.pick_many import PickManyScreen
 from prime_lab.workbench.widgets.alerts_pane import AlertsPane
 from prime_lab.workbench.widgets.charts import MetricChart
 from prime_lab.workbench.widgets.logs_pane import LogsPane
+from prime_lab.workbench.widgets.metrics_grid import MetricsGrid
 from prime_lab.workbench.widgets.runs_table import RunsTable
 from prime_lab.workbench.widgets.samples_browser import SamplesBrowser
 from tests.workbench.lab_fixtures import (
@@ -223,6 +225,24 @@ def test_gepa_dashboard_shows_budget_frontier_matrix_and_candidates(tmp_path: Pa
             detail = text_of(screen, "#gepa-candidate")
             assert "candidate 6" in detail and "diff against its parent #3" in detail
             assert "+Think step by step, briefly." in detail and "diff against the seed #0" in detail
+
+    asyncio.run(scenario())
+
+
+def test_gepa_grid_tab_charts_every_number_of_the_iterations(tmp_path: Path) -> None:
+    recorded_run("gepa-run")
+
+    async def scenario() -> None:
+        async with dashboard(tmp_path, "gepa-run", lambda screen: screen.model.iteration == 8 and caught_up(screen)) \
+                as (pilot, screen):
+            assert isinstance(screen, GepaDashboard)
+            await pilot.press("6")
+            grid = screen.query_one(MetricsGrid)
+            await until(pilot, lambda: grid.has_focus and grid.view is not None and grid.drawn > 0)
+            assert grid.view is not None
+            assert {"frontier/best_score", "iteration/child_score", "budget/used"} <= set(grid.view.ordered)
+            best = screen.metrics.series["frontier/best_score"]
+            assert max(best.ys) == pytest.approx(0.476, abs=1e-3)  # the header's best, as a chart
 
     asyncio.run(scenario())
 

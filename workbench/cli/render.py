@@ -123,18 +123,21 @@ def steps_of(status: dict[str, Any]) -> str:
     return f"{step}/{status['max_steps']}" if status.get("max_steps") else str(step)
 
 
-def runs_table(statuses: list[dict[str, Any]]) -> None:
+def runs_table(statuses: list[dict[str, Any]], healths: dict[str, str] | None = None) -> None:
+    """The runs, newest first; with `healths` (run id -> its health in a few words) a HEALTH column too."""
     rows = []
     for s in statuses:
         reward = s.get("reward")
+        health = (healths.get(str(s.get("id")), "-"),) if healths else ()
         rows.append((str(s.get("id")), str(s.get("state")), str(s.get("kind")), str(s.get("model") or "-"),
                      ", ".join(s.get("envs") or []) or "-", steps_of(s),
-                     f"{reward:.3f}" if isinstance(reward, int | float) else "-",
+                     f"{reward:.3f}" if isinstance(reward, int | float) else "-", *health,
                      when(s.get("started_at") or s.get("created_at"))))
     # the id is what every other command takes: whole, whatever the terminal's width (the rest may be cut)
     whole = [Column(name, no_wrap=True, min_width=max([len(name), *(len(r[i]) for r in rows)]))
              for i, name in ((0, "ID"), (1, "STATE"))]
-    print_table((*whole, "KIND", "MODEL", "ENVIRONMENTS", "STEP", "REWARD", "STARTED"), rows)
+    print_table((*whole, "KIND", "MODEL", "ENVIRONMENTS", "STEP", "REWARD", *(("HEALTH",) if healths else ()),
+                 "STARTED"), rows)
 
 
 def print_evaluations(evaluations: list[Evaluation], max_steps: Any = None, *, stderr: bool = False) -> None:

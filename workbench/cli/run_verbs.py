@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -18,6 +20,9 @@ from prime_lab.workbench.cli import run_views
 from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, err, fail, parse_duration, print_json
 from prime_lab.workbench.cli.render import format_event, runs_table
 from prime_lab.workbench.cli.run_views import NOUNS, RUN_ID, find_run, scoped_kind
+
+if TYPE_CHECKING:
+    from prime_lab.monitors.health import Health
 
 NUM_OPTION = typer.Option(20, "-n", "--num", min=1, help="How many runs (newest first).")
 EMPTY_HINTS = {
@@ -31,19 +36,64 @@ EMPTY_HINTS = {
 
 
 # list -----------------------------------------------------------------------------------------------------------
+HEALTH_KINDS = ("rl", "sft")  # the runs whose metrics have a health (monitors/health.py)
+HEALTH_TAIL = 512 << 10  # bytes of a run's events.jsonl read back from its end for its health: any run, one read
+HEALTH_EVENTS = 80  # metrics events folded from there: the orchestrator's and the trainer's of the last 40 steps
+
+
+def recent_health(events_path: Path, max_bytes: int = HEALTH_TAIL) -> Health | None:
+    """A training run's health from the newest metrics events (`HEALTH_EVENTS`) in the last `max_bytes` of its log
+    (None: none there). Only the tail is read and only those lines are parsed: a long run lists as fast as a short
+    one. The health's windows are shorter (`AlertThresholds`: 20 steps at most)."""
+    from prime_lab.monitors.health import HealthTracker
+
+    try:
+        with open(events_path, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - max_bytes))
+            chunk = fh.read(max_bytes)
+    except OSError:
+        return None
+    lines = chunk.split(b"\n")
+    if size > max_bytes:
+        lines = lines[1:]  # the first line is cut
+    newest: list[bytes] = []  # the last HEALTH_EVENTS metrics lines, newest first
+    for line in reversed(lines):
+        if b'"kind":"metrics"' in line:
+            newest.append(line)
+            if len(newest) == HEALTH_EVENTS:
+                break
+    tracker = HealthTracker()
+    for line in reversed(newest):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            tracker.feed([event])
+    health = tracker.health()
+    return health if health.items else None
+
+
 def show_runs(kind: str | None, output: OutputFormat, num: int) -> None:
-    """The newest `num` runs of `kind` (None: every kind) as a table or json."""
+    """The newest `num` runs of `kind` (None: every kind) as a table or json; a training run's with its health
+    (`health`: its level, line and items, read from the tail of its log)."""
     from prime_lab.runs.registry import RunRegistry
 
     runs = [r for r in RunRegistry().runs() if kind is None or r.read_status().get("kind") == kind][:num]
     statuses = [r.status() for r in runs]
+    healths: dict[str, Health] = {}
+    for run, status in zip(runs, statuses, strict=True):
+        if status.get("kind") in HEALTH_KINDS and (health := recent_health(run.events_path)) is not None:
+            healths[run.id] = health
     if output is OutputFormat.json:
-        print_json(statuses)
+        print_json([{**s, "health": healths[r.id].to_json()} if r.id in healths else s
+                    for r, s in zip(runs, statuses, strict=True)])
         return
     if not statuses:
         err(f"No {NOUNS[kind][1] if kind else 'runs'} yet. {EMPTY_HINTS[kind]}")
         return
-    runs_table(statuses)
+    runs_table(statuses, {run_id: health.short() for run_id, health in healths.items()})
 
 
 def list_runs(
@@ -80,10 +130,12 @@ def logs(
 ) -> None:
     """A run's events: logs, metrics, status changes, alerts.
 
-    --search and --regex look at the event as printed without --raw (its time, source, level and text).
+    --search and --regex look at the event as printed without --raw (its time, source, level and text). The
+    system samples (CPU, memory, GPUs, every few seconds) are left out but with --raw: `metrics --system` shows them.
     """
     from prime_lab.runs.events import LEVELS, SOURCES, BadLine, Event, level_rank
     from prime_lab.runs.registry import FINAL_STATES
+    from prime_lab.runs.system_metrics import SYSTEM
 
     for c in component:
         if c not in SOURCES:
@@ -101,6 +153,8 @@ def logs(
     log = run.event_log()
 
     def keep(event: Event) -> bool:
+        if event.kind == SYSTEM and not raw:  # every few seconds: `prime rl metrics --system` shows them
+            return False
         if component and event.source not in component:
             return False
         if not_before is not None and event.time < not_before:

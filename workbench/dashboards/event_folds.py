@@ -7,6 +7,7 @@ steps after k, as `runs.events.final_timeline` does for the other readers: each 
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections import OrderedDict, deque
 from collections.abc import Iterable
@@ -20,6 +21,8 @@ MAX_SERIES = 256  # metric names kept (a run emitting more has a bug; the rest a
 MAX_LOG_LINES = 5000
 MAX_ALERTS = 200
 RECENT_STEPS = 8
+_FLOAT = frozenset({float})
+_NUMBER = frozenset({float, int})
 
 _LEVEL_RE = re.compile(r"\b(DEBUG|INFO|SUCCESS|WARNING|WARN|ERROR|CRITICAL|Traceback)\b")
 
@@ -106,7 +109,8 @@ class MetricsFold(EventFold):
         self.latest_step: int | None = None
         self.log_alerts: deque[dict[str, Any]] = deque(maxlen=MAX_ALERTS)
         self.checkpoints: list[int] = []
-        self._points: dict[str, tuple[list[float], list[float]]] = {}  # per series, the points of the current feed
+        self._steps: list[int] = []  # the metrics events of the current feed: their steps and data, folded at its end
+        self._data: list[dict[str, Any]] = []
         self.series_version = 0  # bumped when a feed adds points (what the charts show; log lines do not count)
 
     def feed(self, items: Iterable[RawEvent | Event | BadLine]) -> None:
@@ -114,11 +118,82 @@ class MetricsFold(EventFold):
         self._flush_points()
 
     def _flush_points(self) -> None:
-        for key, (xs, ys) in self._points.items():  # into each series at once (a chunk holds thousands of steps)
-            self.series[key].extend(xs, ys)
-        if self._points:
+        """Fold the metrics events of this feed: column by column (a chunk holds thousands of steps of tens of
+        metrics; a loop over every value of every event cost more than reading the log), each series extended once."""
+        steps, datas = self._steps, self._data
+        if not datas:
+            return
+        self._steps, self._data = [], []
+        self._fold_recent(steps, datas)
+        by_layout: dict[tuple[str, ...], list[int]] = {}  # the events logging the same keys (a source's, each step)
+        for index, data in enumerate(datas):
+            layout = tuple(data)
+            members = by_layout.get(layout)
+            if members is None:
+                by_layout[layout] = [index]
+            else:
+                members.append(index)
+        columns: dict[str, list[tuple[list[int], list[float], list[float]]]] = {}  # per key: (events, xs, ys) runs
+        series = self.series
+        new: list[tuple[int, int, str]] = []  # keys with no series yet: where each first has a number
+        for layout, members in by_layout.items():
+            xs = list(map(float, map(steps.__getitem__, members)))
+            rows = map(tuple, map(dict.values, map(datas.__getitem__, members)))
+            for position, (key, column) in enumerate(zip(layout, zip(*rows, strict=True), strict=True)):
+                kinds = set(map(type, column))
+                if kinds == _FLOAT:
+                    part = (members, xs, list(column))
+                elif kinds <= _NUMBER:  # (bool is not int here)
+                    part = (members, xs, list(map(float, column)))
+                else:  # other values are not drawn
+                    kept = [i for i, value in enumerate(column) if value.__class__ is float or value.__class__ is int]
+                    if not kept:
+                        continue
+                    part = ([members[i] for i in kept], [xs[i] for i in kept], [float(column[i]) for i in kept])
+                runs = columns.get(key)
+                if runs is None:
+                    columns[key] = [part]
+                else:
+                    runs.append(part)
+                if key not in series:
+                    new.append((part[0][0], position, key))
+        for _, _, key in sorted(new):  # series made in the order the events bring their first numbers
+            if key not in series and len(series) < MAX_SERIES:
+                series[key] = DownsampledSeries(self.capacity)
+        for key, runs in columns.items():
+            target = series.get(key)
+            if target is None:
+                continue
+            if len(runs) == 1:
+                target.extend(runs[0][1], runs[0][2])
+            else:  # a key in events of several layouts: its points in the order of the events
+                merged = list(heapq.merge(*(zip(*run, strict=True) for run in runs)))
+                target.extend([x for _, x, _ in merged], [y for _, _, y in merged])
+        if columns:
             self.series_version += 1
-        self._points.clear()
+
+    def _fold_recent(self, steps: list[int], datas: list[dict[str, Any]]) -> None:
+        """`recent` after these metrics events: the merged numbers of the last `RECENT_STEPS` steps they and the
+        events before them logged (a step pushed out and logged again starts over), merging only what is kept."""
+        recent = self.recent
+        order: OrderedDict[int, tuple[dict[str, float], list[int]]] = OrderedDict(
+            (step, (merged, [])) for step, merged in recent.items())
+        for index, step in enumerate(steps):
+            entry = order.get(step)
+            if entry is None:
+                entry = order[step] = ({}, [])
+                while len(order) > RECENT_STEPS:
+                    order.popitem(last=False)
+            entry[1].append(index)
+        recent.clear()
+        for step, (merged, indices) in order.items():
+            for index in indices:
+                for key, value in datas[index].items():
+                    if value.__class__ is float:
+                        merged[key] = value
+                    elif value.__class__ is int:  # (bool is not int here)
+                        merged[key] = float(value)
+            recent[step] = merged
 
     def rewind(self, step: int) -> None:
         """Forget what was folded for the steps after `step` (the run resumed from its checkpoint)."""
@@ -144,27 +219,9 @@ class MetricsFold(EventFold):
             self.rewind(step)
 
     def _metrics(self, step: int, data: dict[str, Any]) -> None:
-        merged = self.recent.get(step)
-        if merged is None:
-            merged = self.recent[step] = {}
-            while len(self.recent) > RECENT_STEPS:
-                self.recent.popitem(last=False)
-        x = float(step)
-        all_points = self._points
-        for key, value in data.items():
-            if value.__class__ is not float and (value.__class__ is not int):  # (bool is not int here)
-                continue
-            value = float(value)
-            merged[key] = value
-            points = all_points.get(key)
-            if points is None:
-                if key not in self.series:
-                    if len(self.series) >= MAX_SERIES:
-                        continue
-                    self.series[key] = DownsampledSeries(self.capacity)
-                points = all_points[key] = ([], [])
-            points[0].append(x)
-            points[1].append(value)
+        """Kept for the end of the feed (`_flush_points`); the latest step at once."""
+        self._steps.append(step)
+        self._data.append(data)
         if self.latest_step is None or step >= self.latest_step:
             self.latest_step = step
 

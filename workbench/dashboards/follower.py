@@ -9,37 +9,24 @@ says what the events fold into (a run page: it feeds its RL or GEPA model).
 
 from __future__ import annotations
 
-import gc
 import json
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Protocol
 
 from prime_lab.runs.events import BadLine, Event
 from prime_lab.runs.registry import Run
+from prime_lab.runs.system_metrics import SYSTEM
 from prime_lab.workbench.dashboards.event_folds import RawEvent
-from prime_lab.workbench.dashboards.files import MAX_READ, read_events
+from prime_lab.workbench.dashboards.files import MAX_READ, cyclic_gc_paused, read_events
 
 STATUS_EVERY = 0.5  # seconds between status.json reads while following
 CHUNK = 5000  # events folded per lock hold
 TAIL_LINES = 50  # newest event lines kept for the page's event log
-
-
-@contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a chunk of the log is parsed and folded. A chunk is some 10,000 new dicts
-    that live until it is folded and hold no cycles; the collector, triggered by their count, would traverse them
-    and promote them until full collections of the whole heap ran every few chunks (0.4 s of a 1.5 s replay)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+SWITCH_INTERVAL = 0.001  # seconds a thread holds the GIL while another waits for it (Python's default: 0.005)
 
 
 def event_line(event: Event) -> str:
@@ -149,6 +136,12 @@ class RunFollower:
         if not self.live:
             with self.lock:
                 self.live = True  # events folded from now on arrived while following
+            # From now on the UI answers keys while this thread folds what comes. The UI thread waiting for the GIL
+            # gets it after the interpreter's switch interval (5 ms by default), each time it let it go (each read
+            # of the terminal, each write): a key's few dozen of those took a tenth of a second. (Not while
+            # replaying: the shorter interval costs the replay's switches.)
+            if sys.getswitchinterval() > SWITCH_INTERVAL:
+                sys.setswitchinterval(SWITCH_INTERVAL)
             on_caught_up()
         return True
 
@@ -163,7 +156,7 @@ class RunFollower:
                 with self.lock:
                     self.bad_lines += sum(1 for item in chunk if isinstance(item, BadLine))
                     self.tail.extend(event_line(Event.from_json(e)) for e in chunk[-TAIL_LINES:]
-                                     if not isinstance(e, BadLine))
+                                     if not isinstance(e, BadLine) and e.get("kind") != SYSTEM)  # the System tab
                     self.target.consume(chunk)
                 self.changed.set()
             with self.lock:

@@ -50,20 +50,31 @@ class DownsampledSeries:
         self.version += 1
         i = 0
         while i < n:
-            if self.bucket == 1:  # a stored point per raw point (none pending): copy as many as fit
-                take = min(n - i, self.capacity - len(self.xs))
+            room = self.capacity - len(self.xs)
+            bucket = self.bucket
+            if bucket == 1:  # a stored point per raw point (none pending): copy as many as fit
+                take = min(n - i, room)
                 self.xs += xs[i:i + take]
                 self.ys += ys[i:i + take]
-            else:  # into the pending bucket, stored when full
-                take = min(n - i, self.bucket - self._pending_n)
+            elif self._pending_n:  # finish the pending bucket, stored when full
+                take = min(n - i, bucket - self._pending_n)
                 self._pending_x += sum(xs[i:i + take])
                 self._pending_y += sum(ys[i:i + take])
                 self._pending_n += take
-                if self._pending_n == self.bucket:
-                    self.xs.append(self._pending_x / self.bucket)
-                    self.ys.append(self._pending_y / self.bucket)
+                if self._pending_n == bucket:
+                    self.xs.append(self._pending_x / bucket)
+                    self.ys.append(self._pending_y / bucket)
                     self._pending_x = self._pending_y = 0.0
                     self._pending_n = 0
+            elif n - i >= bucket:  # whole buckets at once, as many as fit: each the mean of its raw points
+                take = min((n - i) // bucket, room) * bucket
+                self.xs += bucket_means(xs[i:i + take], bucket)
+                self.ys += bucket_means(ys[i:i + take], bucket)
+            else:  # the rest starts the pending bucket
+                take = n - i
+                self._pending_x = sum(xs[i:n])
+                self._pending_y = sum(ys[i:n])
+                self._pending_n = take
             i += take
             if len(self.xs) >= self.capacity:
                 self._halve()
@@ -85,9 +96,8 @@ class DownsampledSeries:
         self.version += 1
 
     def _halve(self) -> None:
-        xs, ys = self.xs, self.ys
-        self.xs = [(xs[i] + xs[i + 1]) / 2 for i in range(0, len(xs) - 1, 2)]
-        self.ys = [(ys[i] + ys[i + 1]) / 2 for i in range(0, len(ys) - 1, 2)]
+        self.xs = bucket_means(self.xs, 2)
+        self.ys = bucket_means(self.ys, 2)
         self.bucket *= 2
 
     def points(self) -> tuple[list[float], list[float]]:
@@ -98,6 +108,12 @@ class DownsampledSeries:
 
     def __len__(self) -> int:
         return len(self.xs) + (1 if self._pending_n else 0)
+
+
+def bucket_means(values: Sequence[float], size: int) -> list[float]:
+    """The mean of each run of `size` consecutive values (a last, shorter run left out), summed in C: `sum` of each
+    run, as adding them one by one into 0.0 gives."""
+    return [total / size for total in map(sum, zip(*[iter(values)] * size, strict=False))]
 
 
 def ema(values: Sequence[float], alpha: float) -> list[float]:

@@ -2,6 +2,9 @@
 numbers), progress, alerts, live charts with smoothing and series chosen by key, other runs of the same kind
 overlaid for comparison, the logs, and beside every tab the latest metrics and the event tail.
 
+The Charts tab has two layouts (`g` switches): the picked charts (`m` picks them) and the metrics grid
+(workbench.widgets.metrics_grid: every metric the runs logged, with its own keys while it has focus).
+
 A dashboard names its charts (`CHARTS`), the metrics of its Latest panel (`LATEST_KEYS`) and of its header
 (`THROUGHPUT`, `HEADLINE`), its model (`new_model`) and its keys (`dashboard_bindings`); it may add tabs after Charts
 (`compose_tabs`) and widgets above them (`compose_top`)."""
@@ -11,27 +14,32 @@ from __future__ import annotations
 import time
 from typing import ClassVar, Generic, TypeVar
 
+from rich.cells import cell_len
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Footer, Header, ProgressBar, RichLog, Static, TabbedContent, TabPane
+from textual.widgets import Header, ProgressBar, RichLog, Static, TabbedContent, TabPane
 
 from prime_lab.runs.display import duration
 from prime_lab.runs.events import BadLine
 from prime_lab.runs.registry import FINAL_STATES, Run
 from prime_lab.workbench.dashboards.event_folds import MetricsFold, RawEvent
-from prime_lab.workbench.dashboards.files import read_events
-from prime_lab.workbench.dashboards.follower import cyclic_gc_paused
+from prime_lab.workbench.dashboards.grid_model import RunSeries, StartedFolds, collect_folds, start_folds
 from prime_lab.workbench.screens.pick_many import PickManyScreen
 from prime_lab.workbench.screens.run import LOG_LINES, DashboardScreen
 from prime_lab.workbench.widgets.alerts_pane import AlertsPane
 from prime_lab.workbench.widgets.charts import SMOOTHING_STEPS, ChartSpec, MetricChart, custom_chart
+from prime_lab.workbench.widgets.key_footer import KeyFooter
 from prime_lab.workbench.widgets.logs_pane import LogsPane
+from prime_lab.workbench.widgets.metrics_grid import MetricsGrid
 
 M = TypeVar("M", bound=MetricsFold)
 
 CHART_EVERY = 0.25  # seconds between chart redraws while data flows
+TAIL_EVERY = 0.5  # and between writes to the event tail (a live run's lines: each write measures and renders them)
+GRID_EVERY = 0.5  # and between redraws of the grid (up to 16 cells, each a few runs: a key waits less for them)
 CHART_WIDTH = 48  # columns per chart when the grid decides how many fit side by side
+COMPARED_CAPACITY = 256  # points kept per series of a run overlaid (a chart or a grid cell is narrower than that)
 
 
 def human(value: float) -> str:
@@ -39,6 +47,19 @@ def human(value: float) -> str:
         if abs(value) >= size:
             return f"{value / size:.1f}{unit}"
     return f"{value:.0f}"
+
+
+def show_text(static: Static, text: str) -> None:
+    """Show `text` in `static`, laying the page out again only when its height may change: another number of
+    lines, or a line as wide as the widget (it may wrap). A live run's header and Latest panel change at every
+    poll, and a layout of the page costs tens of milliseconds, which a key pressed meanwhile waits for."""
+    old = static.content
+    if old == text:
+        return
+    width = static.content_size.width
+    fits = isinstance(old, str) and old.count("\n") == text.count("\n") and width > 0 and \
+        all(cell_len(line) < width for line in (*old.splitlines(), *text.splitlines()))
+    static.update(text, layout=not fits)
 
 
 def dashboard_bindings(prefix: str, tabs: list[tuple[str, str]], extra: tuple[Binding, ...] = ()) -> list[BindingType]:
@@ -50,6 +71,7 @@ def dashboard_bindings(prefix: str, tabs: list[tuple[str, str]], extra: tuple[Bi
             Binding("e", "smoothing", "Smoothing", id=f"{prefix}.smoothing"),
             Binding("m", "pick_series", "Series", id=f"{prefix}.series"),
             Binding("c", "compare", "Compare", id=f"{prefix}.compare"),
+            Binding("g", "grid_layout", "Grid", id=f"{prefix}.grid"),
             *extra,
             Binding("p", "next_process", "Process", id=f"{prefix}.next_process"),
             Binding("v", "next_level", "Level", id=f"{prefix}.next_level")]
@@ -64,19 +86,23 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
     HEADLINE: ClassVar[tuple[tuple[str, str], ...]] = ()  # (metric, its format) shown in the header
     KIND: ClassVar[str] = ""  # the run kind offered for comparison
     KIND_NAME: ClassVar[str] = ""  # as the page says it ("RL")
-    TAB_ACTIONS = {"charts": {"smoothing", "pick_series", "compare"}, "logs": {"next_process", "next_level"}}
+    TAB_ACTIONS = {"charts": {"smoothing", "pick_series", "compare", "grid_layout"},
+                   "logs": {"next_process", "next_level"}}
 
     def __init__(self, run: Run) -> None:
         super().__init__(run)
         self.model: M = self.new_model()
-        self.compared: dict[str, M] = {}
+        self.compared: dict[str, MetricsFold] = {}  # the runs overlaid: their metric series
         self.smoothing = 0
         self.specs: list[ChartSpec] = list(self.CHARTS)
         self._alerts_seen = 0  # alerts the page has drawn so far
         self._alerts_replayed = 0  # alerts folded during the replay: shown in the pane, never as a pop-up
+        self._alerts_shown: tuple[int, object] | None = None  # what the alerts pane shows (their number, the last)
         self._charts_drawn_at = 0.0
+        self._tail_written_at = 0.0
         self._charts_key: tuple[object, ...] | None = None
         self.charts: list[MetricChart] = []  # (a query per redraw costs more than drawing)
+        self.grid_shown = False  # the Charts tab shows the metrics grid (else the picked charts)
 
     def new_model(self) -> M:
         """An empty model of this kind of run."""
@@ -101,8 +127,12 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
             yield from self.compose_top()
             with Horizontal(id="dash-row"):
                 with TabbedContent(initial="charts", id="dash-tabs"):
-                    with TabPane("Charts", id="charts"), VerticalScroll(id="charts-grid"):
-                        yield from self.new_charts(self.specs)
+                    with TabPane("Charts", id="charts"):
+                        with VerticalScroll(id="charts-grid"):
+                            yield from self.new_charts(self.specs)
+                        grid = MetricsGrid(id="metrics-grid")
+                        grid.display = False
+                        yield grid
                     yield from self.compose_tabs()
                     with TabPane("Logs", id="logs"):
                         yield LogsPane(id="logs-pane")
@@ -113,7 +143,7 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
                     log = RichLog(id="run-log", max_lines=LOG_LINES, wrap=False, markup=False, highlight=False)
                     log.border_title = "Events"
                     yield log
-        yield Footer()
+        yield KeyFooter()  # (rebuilt only when its keys change: the grid takes and gives back the focus)
 
     def compose_top(self) -> ComposeResult:
         """Widgets between the alerts and the tabs."""
@@ -125,6 +155,7 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
 
     def on_mount(self) -> None:
         self.charts = list(self.query(MetricChart))
+        self.grid = self.query_one(MetricsGrid)
 
     @staticmethod
     def new_charts(specs: list[ChartSpec]) -> list[MetricChart]:
@@ -158,7 +189,8 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
         if not self.live:
             return  # the charts are drawn once, when the replay caught up (CaughtUp)
         now = time.monotonic()
-        if now - self._charts_drawn_at >= CHART_EVERY:  # a flood of events redraws the charts a few times a second
+        every = GRID_EVERY if self.grid_shown else CHART_EVERY
+        if now - self._charts_drawn_at >= every:  # a flood of events redraws the charts a few times a second
             with self.fold_lock:
                 key = self.charts_key()
                 if key != self._charts_key:  # idle charts cost nothing
@@ -170,22 +202,28 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
         """What the charts show depends on, compared before drawing: the runs' series versions (log lines and
         samples leave them alone) and which charts were resized (keys that change what is shown go through
         refresh_now)."""
+        if self.grid_shown:
+            return (self.model.series_version, *(model.series_version for model in self.compared.values()),
+                    "grid", self.grid.needs_draw)
         return (self.model.series_version, *(model.series_version for model in self.compared.values()),
                 *(chart.needs_draw for chart in self.charts))
 
     def refresh_now(self) -> None:
-        self._charts_drawn_at = 0.0  # a key changed what is shown: draw at once
+        self._charts_drawn_at = self._tail_written_at = 0.0  # a key changed what is shown: draw at once
         self._charts_key = None
         super().refresh_now()
 
     def redraw(self) -> None:
         model = self.model
-        self.query_one("#dash-status", Static).update(self.header_text())
+        show_text(self.query_one("#dash-status", Static), self.header_text())
         if not self.live:
             return  # replaying: the status line says how far; the rest is drawn once it caught up
         self.update_progress(self.query_one(ProgressBar))
         alerts = model.alerts
-        self.query_one(AlertsPane).show(alerts)
+        shown = (len(alerts), alerts[-1] if alerts else None)
+        if shown != self._alerts_shown:  # (it lays the page out: only when there is something new)
+            self._alerts_shown = shown
+            self.query_one(AlertsPane).show(alerts)
         if len(alerts) > max(self._alerts_seen, self._alerts_replayed):  # a pop-up only for an alert raised live
             newest = alerts[-1]
             self.notify(str(newest.get("message", "")), title=f"Alert: {newest.get('name')}",
@@ -194,8 +232,13 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
         latest = model.latest()
         step = f"step {model.latest_step}" if model.latest_step is not None else "no metrics yet"
         rows = [f"{key:<18}{latest[key]:>9.4g}" for key in self.LATEST_KEYS if key in latest]
-        self.query_one("#latest", Static).update("\n".join([step, *rows, *self.latest_notes()]))
-        self.write_tail(self.query_one("#run-log", RichLog))
+        show_text(self.query_one("#latest", Static), "\n".join([step, *rows, *self.latest_notes()]))
+        now = time.monotonic()
+        if now - self._tail_written_at >= TAIL_EVERY or self.follower.clear_tail:  # (the newest lines wait a little)
+            self._tail_written_at = now
+            self.write_tail(self.query_one("#run-log", RichLog))
+        elif self.tail:
+            self.changed.set()  # (written at a later poll, even when nothing new comes)
         if self.query_one(TabbedContent).active == "logs":
             self.query_one(LogsPane).show(model.logs, total=model.log_total)
 
@@ -214,7 +257,8 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
         if eta is not None:
             parts.append(f"ETA {duration(eta)}")
         parts += self.header_numbers(model.latest())
-        second = [f"smoothing {SMOOTHING_STEPS[self.smoothing]:g} (e)"]
+        second = [f"smoothing {SMOOTHING_STEPS[self.smoothing]:g} (e)", "grid (g)" if self.grid_shown else
+                  "picked charts (g)"]
         if note := self.replay_note():
             second.append(note)
         if self.compared:
@@ -225,10 +269,17 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
             second.append(f"{self.bad_lines} corrupt line(s) skipped")
         return " · ".join(parts) + "\n" + " · ".join(second)
 
+    def grid_runs(self) -> list[RunSeries]:
+        """What the metrics grid overlays: this run's series, then each compared run's (lock held)."""
+        return [(self.run.id, self.model.series), *((run_id, m.series) for run_id, m in self.compared.items())]
+
     def draw_charts(self) -> None:
         if self.query_one(TabbedContent).active != "charts":
             return
-        runs = [(self.run.id, self.model), *self.compared.items()]
+        if self.grid_shown:
+            self.grid.draw(self.grid_runs(), SMOOTHING_STEPS[self.smoothing])
+            return
+        runs: list[tuple[str, MetricsFold]] = [(self.run.id, self.model), *self.compared.items()]
         available = set(self.model.series)
         for other in self.compared.values():
             available |= set(other.series)
@@ -240,7 +291,30 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
             if has_data:  # (off screen too: drawing sets data, the compositor renders only what is visible)
                 chart.draw(runs, smoothing)
 
+    def on_metrics_grid_changed(self, event: MetricsGrid.Changed) -> None:
+        """A grid key changed what it shows: draw it now (the data under the lock), not at the next poll."""
+        event.stop()
+        if self.grid_shown and self.query_one(TabbedContent).active == "charts":
+            with self.fold_lock:  # (only the cells the key changed: new points wait for the next redraw)
+                self.grid.draw(self.grid_runs(), SMOOTHING_STEPS[self.smoothing], new_data=False)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if self.grid_shown and self.query_one(TabbedContent).active == "charts":
+            self.grid.focus()  # back on the Charts tab: the grid's keys at once
+
     # Keys ---------------------------------------------------------------------------------------------------
+    def action_grid_layout(self) -> None:
+        """Switch the Charts tab between the picked charts and the metrics grid (which takes the focus: its keys)."""
+        self.show_grid(not self.grid_shown)
+
+    def show_grid(self, shown: bool = True) -> None:
+        self.grid_shown = shown
+        self.grid.display = shown
+        self.query_one("#charts-grid").display = not shown
+        if shown:
+            self.grid.focus()
+        self.refresh_now()
+
     def action_smoothing(self) -> None:
         """Cycle the EMA smoothing of every chart."""
         self.smoothing = (self.smoothing + 1) % len(SMOOTHING_STEPS)
@@ -289,23 +363,22 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
 
         def picked(ids: list[str] | None) -> None:
             if ids is not None:
-                self.run_worker(lambda: self._load_compared(ids), thread=True, exclusive=True, group="compare",
-                                exit_on_error=False)
+                self.overlay(ids)
 
         self.app.push_screen(PickManyScreen("Runs to overlay", options), picked)
 
-    def _load_compared(self, ids: list[str]) -> None:
-        loaded: dict[str, M] = {}
-        for run_id in ids:
-            model = self.new_model()
-            path, offset = self.lab.registry.get(run_id).events_path, 0
-            with cyclic_gc_paused():  # (each chunk is freed by the next read)
-                while True:
-                    items, offset = read_events(path, offset)
-                    if not items:
-                        break
-                    model.feed(items)
-            loaded[run_id] = model
+    def overlay(self, ids: list[str]) -> None:
+        """Overlay these runs (of the same kind; none: []) on the charts and the grid: each folded in a process of
+        its own (`grid_model.start_folds`, started here at once), collected in a worker thread."""
+        paths = [self.lab.registry.get(run_id).events_path for run_id in ids]
+        started = start_folds(paths, COMPARED_CAPACITY)
+        self.run_worker(lambda: self._load_compared(ids, started), thread=True, exclusive=True, group="compare",
+                        exit_on_error=False)
+
+    def _load_compared(self, ids: list[str], started: StartedFolds) -> None:
+        """Each run's metrics, nothing else (an overlay draws only those), keeping a quarter of the points the page's
+        own run keeps."""
+        loaded = dict(zip(ids, collect_folds(started), strict=True))
         with self.fold_lock:
             self.compared = loaded
         self.app.call_from_thread(self.refresh_now)

@@ -1,7 +1,9 @@
 """The GEPA run dashboard: budget bar, best validation score over calls, the last iterations' verdicts, the Pareto
 frontier (candidates by validation score against calls spent, the front highlighted), the instance x candidate
-matrix, the candidate tree, and a candidate's prompt with its diffs against its parent and the seed; `e` exports the
-RL config that starts from the best prompt (as `prime gepa export --rl` does) and opens it in the editor."""
+matrix, the candidate tree, and a candidate's prompt with its diffs against its parent and the seed, the logs, the
+run's processes (System: from its `system` events, where its supervisor writes them) and every metric as a grid of
+charts (Grid: best and mean scores, calls, ... per iteration; workbench.widgets.metrics_grid); `e` exports the RL
+config that starts from the best prompt (as `prime gepa export --rl` does) and opens it in the editor."""
 
 from __future__ import annotations
 
@@ -17,11 +19,15 @@ from textual.widgets.tree import TreeNode
 from textual_plot import HiResMode, LegendLocation, PlotWidget
 
 from prime_lab.runs.events import BadLine
-from prime_lab.runs.registry import Run
-from prime_lab.workbench.dashboards.event_folds import RawEvent
+from prime_lab.runs.registry import FINAL_STATES, Run
+from prime_lab.workbench.dashboards.event_folds import MetricsFold, RawEvent
 from prime_lab.workbench.dashboards.gepa_model import CandidateInfo, GepaRunModel
+from prime_lab.workbench.dashboards.grid_model import gepa_metric_events
+from prime_lab.workbench.dashboards.system_model import SystemModel
 from prime_lab.workbench.screens.run import DashboardScreen
 from prime_lab.workbench.widgets.logs_pane import LogsPane
+from prime_lab.workbench.widgets.metrics_grid import MetricsGrid
+from prime_lab.workbench.widgets.system_pane import SystemPane
 
 if TYPE_CHECKING:
     from prime_lab.workbench.app import LabApp
@@ -96,6 +102,8 @@ class GepaDashboard(DashboardScreen):
         Binding("2", "tab('candidates')", "Candidates", id="gepa.tab_candidates"),
         Binding("3", "tab('matrix')", "Matrix", id="gepa.tab_matrix"),
         Binding("4", "tab('logs')", "Logs", id="gepa.tab_logs"),
+        Binding("5", "tab('system')", "System", id="gepa.tab_system"),
+        Binding("6", "tab('grid')", "Grid", id="gepa.tab_grid"),
         Binding("p", "next_process", "Process", id="gepa.next_process"),
         Binding("v", "next_level", "Level", id="gepa.next_level"),
         Binding("e", "export_rl", "RL config", id="gepa.export_rl"),
@@ -104,6 +112,8 @@ class GepaDashboard(DashboardScreen):
     def __init__(self, run: Run) -> None:
         super().__init__(run)
         self.model: GepaRunModel = GepaRunModel()
+        self.system = SystemModel()
+        self.metrics = MetricsFold()  # the iterations' numbers as metrics, for the Grid tab
         self.selected: int | None = None
         self._tree_size = -1
         self._matrix_key: tuple[object, ...] | None = None
@@ -132,6 +142,10 @@ class GepaDashboard(DashboardScreen):
                     yield matrix
                 with TabPane("Logs", id="logs"):
                     yield LogsPane(id="logs-pane")
+                with TabPane("System", id="system"):
+                    yield SystemPane(id="system-pane")
+                with TabPane("Grid", id="grid"):
+                    yield MetricsGrid(id="metrics-grid")
         yield Footer()
 
     def on_resize(self) -> None:
@@ -147,11 +161,17 @@ class GepaDashboard(DashboardScreen):
     # Following ----------------------------------------------------------------------------------------------
     def reset(self) -> None:
         self.model = GepaRunModel()
+        self.system = SystemModel()
+        self.metrics = MetricsFold()
         self._tree_size = -1
         self._matrix_key = self._verdicts_key = None
 
     def consume(self, items: list[RawEvent | BadLine]) -> None:
         self.model.feed(items)
+        self.metrics.feed(gepa_metric_events(items))
+        for item in items:
+            if not isinstance(item, BadLine) and item["kind"] == "system":
+                self.system.add(item.get("data"), item.get("time"))
 
     # GEPA -> RL ---------------------------------------------------------------------------------------------
     def action_export_rl(self) -> None:
@@ -208,6 +228,22 @@ class GepaDashboard(DashboardScreen):
             self._matrix()
         elif active == "logs":
             self.query_one(LogsPane).show(model.logs, total=model.log_total)
+        elif active == "system":
+            self.query_one(SystemPane).show(self.system, ended=status.get("state") in FINAL_STATES)
+        elif active == "grid":
+            self.query_one(MetricsGrid).draw([(self.run.id, self.metrics.series)], 0.0)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        super().on_tabbed_content_tab_activated(event)
+        if event.pane.id == "grid":
+            self.query_one(MetricsGrid).focus()  # its keys at once
+
+    def on_metrics_grid_changed(self, event: MetricsGrid.Changed) -> None:
+        """A grid key changed what it shows: draw it now (the data under the lock), not at the next poll."""
+        event.stop()
+        if self.query_one(TabbedContent).active == "grid":
+            with self.fold_lock:
+                self.query_one(MetricsGrid).draw([(self.run.id, self.metrics.series)], 0.0, new_data=False)
 
     def _verdicts(self) -> None:
         records = list(self.model.iterations)[-VERDICT_ROWS:]

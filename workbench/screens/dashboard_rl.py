@@ -1,5 +1,6 @@
 """The RL run dashboard: the training dashboard (workbench.screens.dashboard_charts: header, alerts, live charts with
-smoothing and series chosen by key, other RL runs overlaid for comparison, the logs) with RL's charts (a teacher/kl
+smoothing and series chosen by key, other RL runs overlaid for comparison, the logs; workbench.screens.
+dashboard_training: the health line, the System tab, the logs beside the charts) with RL's charts (a teacher/kl
 panel once an opd run logs it), the reward and tokens/s in its header, a samples browser, and in its Latest panel
 the `[eval]` reward of the base model (step 0) beside the final policy's, as the run measured them."""
 
@@ -15,6 +16,7 @@ from prime_lab.runs.registry import Run
 from prime_lab.workbench.dashboards.rl_model import EvalRewards, RLRunModel
 from prime_lab.workbench.dashboards.samples import EnvParsers, rollout_steps
 from prime_lab.workbench.screens.dashboard_charts import ChartsDashboard, dashboard_bindings
+from prime_lab.workbench.screens.dashboard_training import TrainingDashboard, logs_beside_binding
 from prime_lab.workbench.widgets.charts import RL_CHARTS
 from prime_lab.workbench.widgets.samples_browser import SamplesBrowser
 
@@ -36,16 +38,18 @@ def eval_lines(rewards: list[EvalRewards], max_steps: object) -> list[str]:
     return lines
 
 
-class RLDashboard(ChartsDashboard[RLRunModel]):
+class RLDashboard(TrainingDashboard[RLRunModel]):
     CHARTS = RL_CHARTS
     LATEST_KEYS = LATEST_KEYS
     KIND, KIND_NAME = "rl", "RL"
     TAB_ACTIONS = {**ChartsDashboard.TAB_ACTIONS, "samples": {"step"}}
 
     THROUGHPUT, HEADLINE = "perf/tokens_per_s", (("reward/mean", "reward {:.3f}"),)
-    BINDINGS = dashboard_bindings("rl", [("charts", "Charts"), ("samples", "Samples"), ("logs", "Logs")], (
+    BINDINGS = dashboard_bindings("rl", [("charts", "Charts"), ("samples", "Samples"), ("logs", "Logs"),
+                                         ("system", "System")], (
         Binding("left_square_bracket", "step(-1)", "Prev step", id="rl.prev_step"),
         Binding("right_square_bracket", "step(1)", "Next step", id="rl.next_step"),
+        logs_beside_binding("rl"),
     ))
 
     def __init__(self, run: Run) -> None:

@@ -1,6 +1,8 @@
-"""The SFT run dashboard: the training dashboard (workbench.screens.dashboard_charts) with SFT's charts (the loss
-with the validation loss as points on it, perplexity, learning rate, gradient norm, tokens, throughput), the loss,
-validation loss and tokens/s in its header, and once the run wrote its model, where it is and how to use it."""
+"""The SFT run dashboard: the training dashboard (workbench.screens.dashboard_charts, with dashboard_training's
+health line, System tab and logs beside the charts) with SFT's charts (the loss with the validation loss as points on
+it, perplexity, learning rate, gradient norm, tokens, throughput), the loss, validation loss and tokens/s in its
+header, and once the run wrote its model, where it is and how to use it. Its health line has what SFT logs: the
+gradient norm's spikes."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from textual.widgets import Static
 
 from prime_lab.runs.registry import Run
 from prime_lab.workbench.dashboards.sft_model import TRAIN_LOSS, VAL_LOSS, SFTRunModel, model_usage
-from prime_lab.workbench.screens.dashboard_charts import ChartsDashboard, dashboard_bindings
+from prime_lab.workbench.screens.dashboard_charts import dashboard_bindings
+from prime_lab.workbench.screens.dashboard_training import TrainingDashboard, logs_beside_binding
 from prime_lab.workbench.widgets.charts import SFT_CHARTS
 
 LATEST_KEYS = (TRAIN_LOSS, VAL_LOSS, "loss/perplexity", "val/perplexity", "optim/lr", "optim/grad_norm",
@@ -17,13 +20,14 @@ LATEST_KEYS = (TRAIN_LOSS, VAL_LOSS, "loss/perplexity", "val/perplexity", "optim
                "time/step", "loss/nan_count")
 
 
-class SFTDashboard(ChartsDashboard[SFTRunModel]):
+class SFTDashboard(TrainingDashboard[SFTRunModel]):
     CHARTS = SFT_CHARTS
     LATEST_KEYS = LATEST_KEYS
     KIND, KIND_NAME = "sft", "SFT"
 
     THROUGHPUT, HEADLINE = "perf/throughput", ((TRAIN_LOSS, "loss {:.4f}"), (VAL_LOSS, "val {:.4f}"))
-    BINDINGS = dashboard_bindings("sft", [("charts", "Charts"), ("logs", "Logs")])
+    BINDINGS = dashboard_bindings("sft", [("charts", "Charts"), ("logs", "Logs"), ("system", "System")],
+                                  (logs_beside_binding("sft"),))
 
     def __init__(self, run: Run) -> None:
         super().__init__(run)
@@ -37,6 +41,7 @@ class SFTDashboard(ChartsDashboard[SFTRunModel]):
         return [] if best is None else [f"best val/loss {best[1]:.4g} @{best[0]}"]
 
     def compose_top(self) -> ComposeResult:
+        yield from super().compose_top()
         panel = Static("", id="sft-model", markup=False)
         panel.border_title = "Model: use it by the run's id"
         panel.display = False  # until the run wrote its model

@@ -116,8 +116,13 @@ class RunScreen(ReportingScreen):
 
     def on_mount(self) -> None:
         self.sub_title = self.run.id
-        self.run_worker(self._follow, thread=True, exclusive=True, group="run-follow", exit_on_error=False)
+        # The follower starts once the page is laid out and drawn: its thread and the mounting of the page's
+        # widgets would share the GIL, and the page (and a key pressed on it) would wait for the replay.
+        self.call_after_refresh(self._start_following)
         self.set_interval(self.lab.settings.poll_interval, self._refresh_if_changed)
+
+    def _start_following(self) -> None:
+        self.run_worker(self._follow, thread=True, exclusive=True, group="run-follow", exit_on_error=False)
 
     def _follow(self) -> None:
         worker = get_current_worker()
