@@ -511,7 +511,9 @@ class AlertMonitor:
                 name, f"Orchestrator-bound{_at(step)}: the trainer waited {_fmt(wait)} s for its batch, {share:.0%} "
                 f"of its step {limit}. Sampling is the bottleneck: more sampler servers ([inference] num_servers) "
                 "or GPUs for them, shorter generations ([sampling] max_tokens), a shorter [[env]] timeout for slow "
-                "environments; with max_async_level 0 or 1, raising it overlaps sampling with training.")
+                "environments; with max_async_level 0 or 1, raising it overlaps sampling with training. On a CPU "
+                "alone the sampler and the trainer share the cores, so one waits while the other works: expected "
+                "there, not a fault.")
         return _alert(
             name, f"Trainer-bound{_at(step)}: the orchestrator waited {_fmt(wait)} s for the policy, {share:.0%} of "
             f"its step {limit}. Training is the bottleneck: more trainer processes ([trainer] nproc_per_node), "

@@ -246,7 +246,9 @@ class ReferenceMonitor:
             message = (f"Orchestrator-bound{at}: the trainer waited {wait:.3g} s for its batch, {share:.0%} of its "
                        f"step {limit}. Sampling is the bottleneck: more sampler servers ([inference] num_servers) or "
                        "GPUs for them, shorter generations ([sampling] max_tokens), a shorter [[env]] timeout for "
-                       "slow environments; with max_async_level 0 or 1, raising it overlaps sampling with training.")
+                       "slow environments; with max_async_level 0 or 1, raising it overlaps sampling with training. "
+                       "On a CPU alone the sampler and the trainer share the cores, so one waits while the other "
+                       "works: expected there, not a fault.")
         else:
             message = (f"Trainer-bound{at}: the orchestrator waited {wait:.3g} s for the policy, {share:.0%} of its "
                        f"step {limit}. Training is the bottleneck: more trainer processes ([trainer] nproc_per_node), "
