@@ -115,10 +115,13 @@ def percent(share: float) -> str:
 
 class HealthTracker:
     """Folds a run's metrics (`observe_metrics`, or `feed` events) into its `Health` (`health()`), through an
-    `AlertMonitor` of its own whose alerts it drops: what it keeps is their state."""
+    `AlertMonitor` whose alerts it drops: what it keeps is their state. The monitor is its own, or `monitor`, one its
+    owner already feeds every metric (the RL page's model): then only the step is taken here, not the metrics
+    folded a second time."""
 
-    def __init__(self, thresholds: AlertThresholds | None = None) -> None:
-        self.monitor = AlertMonitor(thresholds)
+    def __init__(self, thresholds: AlertThresholds | None = None, monitor: AlertMonitor | None = None) -> None:
+        self.monitor = monitor if monitor is not None else AlertMonitor(thresholds)
+        self.feeds_monitor = monitor is None
         self.step: int | None = None
 
     @property
@@ -128,14 +131,15 @@ class HealthTracker:
     def observe_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """One metrics dict: only the keys health reads go to the monitor (a run may log 60 metrics a step and the
         run page folds every one of its steps)."""
-        watched = {key: metrics[key] for key in WATCHED if key in metrics}
-        for key, env in self.monitor.errored_keys(metrics):
-            watched[key] = metrics[key]
-            empty = f"env/{env}/empty"
-            if empty in metrics:
-                watched[empty] = metrics[empty]
-        if watched:
-            self.monitor.observe_metrics(watched, step)
+        if self.feeds_monitor:
+            watched = {key: metrics[key] for key in WATCHED if key in metrics}
+            for key, env in self.monitor.errored_keys(metrics):
+                watched[key] = metrics[key]
+                empty = f"env/{env}/empty"
+                if empty in metrics:
+                    watched[empty] = metrics[empty]
+            if watched:
+                self.monitor.observe_metrics(watched, step)
         if step is not None and (self.step is None or step > self.step):
             self.step = step
 

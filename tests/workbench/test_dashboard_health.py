@@ -54,7 +54,9 @@ def test_the_health_line_turns_to_warn_when_errored_rollouts_stay_above_five_per
         app = make_app(lab_folder(tmp_path), run_id=run.id)
         async with app.run_test(size=BIG) as pilot:
             await until(pilot, lambda: ready(app))
-            line = app.screen.query_one(HealthLine)
+            screen = app.screen
+            assert screen.health.monitor is screen.model.monitor  # each metric folded once, by the page's model
+            line = screen.query_one(HealthLine)
             await until(pilot, lambda: line.display and line.plain.startswith("ok"), what=lambda: line.plain)
             assert line.plain == ("ok · balanced (wait_for_batch 0.1 s vs policy 0.1 s) · errored/empty 0% · "
                                   "mismatch KL flat · grad norm steady")

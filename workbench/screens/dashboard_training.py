@@ -16,6 +16,7 @@ from textual.binding import Binding
 from textual.widget import Widget
 from textual.widgets import TabbedContent, TabPane
 
+from prime_lab.monitors.alerts import AlertMonitor
 from prime_lab.monitors.health import HealthTracker
 from prime_lab.runs.events import BadLine
 from prime_lab.runs.registry import FINAL_STATES, Run
@@ -38,7 +39,7 @@ class TrainingDashboard(ChartsDashboard[M]):
 
     def __init__(self, run: Run) -> None:
         super().__init__(run)
-        self.health = HealthTracker()  # (folded under the lock, like the model)
+        self.health = self.new_health()  # (folded under the lock, like the model)
         self.system = SystemModel()
         self.logs_beside = False
 
@@ -65,8 +66,14 @@ class TrainingDashboard(ChartsDashboard[M]):
     # Following ----------------------------------------------------------------------------------------------
     def reset(self) -> None:
         super().reset()
-        self.health = HealthTracker()
+        self.health = self.new_health()
         self.system = SystemModel()
+
+    def new_health(self) -> HealthTracker:
+        """A tracker on the model's own alert monitor where it has one (an RL run's folds every metric already),
+        else on one of its own."""
+        monitor = getattr(self.model, "monitor", None)
+        return HealthTracker(monitor=monitor if isinstance(monitor, AlertMonitor) else None)
 
     def consume(self, items: list[RawEvent | BadLine]) -> None:
         super().consume(items)
