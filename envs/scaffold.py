@@ -76,7 +76,8 @@ def package_contents(name: str, module: str, *, verifiers: bool = False) -> dict
         "pyproject.toml": _PYPROJECT.format(
             name=name, module=module, group=ENTRY_POINT_GROUP,
             dependencies=json.dumps([VERIFIERS_REQUIREMENT, "datasets"] if verifiers else ["prime-lab"])),
-        f"{module}.py": (_VERIFIERS_MODULE if verifiers else _PRIME_LAB_MODULE).replace("{name}", name),
+        f"{module}.py": (_VERIFIERS_MODULE if verifiers else _PRIME_LAB_MODULE).replace("{name}", name)
+        .replace("{words}", _WORDS).replace("{reward_body}", _REWARD_BODY),
         "README.md": _README.format(name=name, module=module,
                                     api=("verifiers' classic API (`import verifiers as vf`)" if verifiers
                                          else "prime-lab's environment protocol (`prime_lab.envs`)"),
@@ -108,6 +109,24 @@ test = ["pytest"]
 py-modules = ["{module}"]
 """
 
+# What both modules share (the rows' words and system prompt; the reward's body), put in by `package_contents`.
+_WORDS = '''\
+WORDS = ("apple", "river", "stone", "cloud", "green", "table", "light", "music", "paper", "horse", "bread", "chair",
+         "dream", "earth", "flame", "glass", "honey", "juice", "knife", "lemon", "mouse", "night", "ocean", "piano",
+         "queen", "radio", "sugar", "tiger", "water", "zebra", "candle", "garden", "orange", "planet", "silver")
+SYSTEM_PROMPT = "Write the word in capital letters, inside <answer></answer> tags."
+'''
+
+_REWARD_BODY = '''\
+    """1.0 for the word in capitals inside the tags; 0.5 for it in capitals anywhere; 0.2 for it in any case."""
+    if (parser.parse_answer(completion) or "").strip() == answer:
+        return 1.0
+    text = completion if isinstance(completion, str) else " ".join(str(m.get("content") or "") for m in completion)
+    if answer in text:
+        return 0.5
+    return 0.2 if answer.lower() in text.lower() else 0.0
+'''
+
 _PRIME_LAB_MODULE = '''\
 """{name}: write a word in capital letters; reward 1 for it inside <answer> tags, partial credit on the way.
 
@@ -124,11 +143,7 @@ from typing import Any
 
 from prime_lab.envs import Rubric, SingleTurnEnv, XMLParser
 
-WORDS = ("apple", "river", "stone", "cloud", "green", "table", "light", "music", "paper", "horse", "bread", "chair",
-         "dream", "earth", "flame", "glass", "honey", "juice", "knife", "lemon", "mouse", "night", "ocean", "piano",
-         "queen", "radio", "sugar", "tiger", "water", "zebra", "candle", "garden", "orange", "planet", "silver")
-SYSTEM_PROMPT = "Write the word in capital letters, inside <answer></answer> tags."
-
+{words}
 parser = XMLParser(["answer"])
 
 
@@ -140,14 +155,7 @@ def make_rows(count: int, seed: int) -> list[dict[str, Any]]:
 
 
 def capitalized(completion: Any, answer: str) -> float:
-    """1.0 for the word in capitals inside the tags; 0.5 for it in capitals anywhere; 0.2 for it in any case."""
-    if (parser.parse_answer(completion) or "").strip() == answer:
-        return 1.0
-    text = completion if isinstance(completion, str) else " ".join(str(m.get("content") or "") for m in completion)
-    if answer in text:
-        return 0.5
-    return 0.2 if answer.lower() in text.lower() else 0.0
-
+{reward_body}
 
 def load_environment(
     num_train_examples: int = 200,
@@ -175,11 +183,7 @@ import random
 import verifiers as vf
 from datasets import Dataset, load_dataset
 
-WORDS = ("apple", "river", "stone", "cloud", "green", "table", "light", "music", "paper", "horse", "bread", "chair",
-         "dream", "earth", "flame", "glass", "honey", "juice", "knife", "lemon", "mouse", "night", "ocean", "piano",
-         "queen", "radio", "sugar", "tiger", "water", "zebra", "candle", "garden", "orange", "planet", "silver")
-SYSTEM_PROMPT = "Write the word in capital letters, inside <answer></answer> tags."
-
+{words}
 parser = vf.XMLParser(["answer"], answer_field="answer")
 
 
@@ -191,14 +195,7 @@ def make_dataset(count: int, seed: int) -> Dataset:
 
 
 def capitalized(parser, completion, answer, **kwargs) -> float:
-    """1.0 for the word in capitals inside the tags; 0.5 for it in capitals anywhere; 0.2 for it in any case."""
-    if (parser.parse_answer(completion) or "").strip() == answer:
-        return 1.0
-    text = completion if isinstance(completion, str) else " ".join(str(m.get("content") or "") for m in completion)
-    if answer in text:
-        return 0.5
-    return 0.2 if answer.lower() in text.lower() else 0.0
-
+{reward_body}
 
 def load_environment(
     num_train_examples: int = 200,
