@@ -135,6 +135,18 @@ async def sample_lag(writer: subprocess.Popen[str], lags: list[float]) -> None:
         lags.append(loop.time() - due)
 
 
+async def writer_done(writer: subprocess.Popen[str], lag_task: asyncio.Task[None], pilot: Any, screen: Any
+                      ) -> tuple[int, float]:
+    """Once the live writer ended: the events it sent, and the seconds the page took after it to reach its last
+    step."""
+    await lag_task
+    sent, final_step = (int(x) for x in (writer.stdout.read() if writer.stdout else "0 0").split())
+    finished = time.perf_counter()
+    while screen.model.latest_step != final_step:
+        await pilot.pause(0.01)
+    return sent, time.perf_counter() - finished
+
+
 async def live(runs: Path, run_id: str, last_step: int, rate: int, seconds: float) -> dict[str, Any]:
     from prime_lab.workbench.app import create_app
     from prime_lab.workbench.screens.dashboard_rl import RLDashboard
@@ -163,12 +175,7 @@ async def live(runs: Path, run_id: str, last_step: int, rate: int, seconds: floa
                 await asyncio.sleep(0.002)
             keys.append(time.perf_counter() - pressed)
             await asyncio.sleep(0.2)
-        await lag_task
-        sent, final_step = (int(x) for x in (writer.stdout.read() if writer.stdout else "0 0").split())
-        finished = time.perf_counter()
-        while screen.model.latest_step != final_step:
-            await pilot.pause(0.01)
-        catch_up = time.perf_counter() - finished
+        sent, catch_up = await writer_done(writer, lag_task, pilot, screen)
         events_seen = screen.model.events - events_before
     return {"sent": sent, "seen": events_seen, "keys": keys, "lags": lags, "catch_up": catch_up,
             "rate": sent / seconds}
@@ -351,12 +358,7 @@ async def grid_live(runs: Path, run_ids: tuple[str, ...], last_step: int, metric
             else:
                 unanswered += 1
             await asyncio.sleep(0.2)
-        await lag_task
-        sent, final_step = (int(x) for x in (writer.stdout.read() if writer.stdout else "0 0").split())
-        finished = time.perf_counter()
-        while screen.model.latest_step != final_step:
-            await pilot.pause(0.01)
-        catch_up = time.perf_counter() - finished
+        sent, catch_up = await writer_done(writer, lag_task, pilot, screen)
     return {"sent": sent, "keys": keys, "lags": lags, "catch_up": catch_up, "rate": sent / seconds,
             "unanswered": unanswered}
 
