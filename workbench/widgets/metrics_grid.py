@@ -18,7 +18,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Container
+from textual.geometry import Region
 from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
@@ -45,25 +45,24 @@ from prime_lab.workbench.dashboards.grid_model import (
 
 MAX_CELLS = max(CHOICES) ** 2
 LABEL_WIDTH = 8  # the y axis' labels and a space
+GUTTER = 1  # columns between cells side by side
 
 
-class GridCell(Widget, can_focus=False):
-    """One metric's chart in the grid: the curves as braille dots, each run in its colour, the y range on the left
-    and the steps under it. Drawn here, not with textual-plot's PlotWidget (the picked charts' widget): a page of
-    16 of those took some 12 ms each to redraw and 30 ms each to mount, 200 ms for a page where a key must answer in
-    50 ms. Not focusable: the grid's keys stay the grid's."""
-
-    DEFAULT_CSS = """
-    GridCell { height: 1fr; border: round $primary-darken-2; border-title-color: $text;
-               border-subtitle-color: $text-muted; }
-    GridCell.highlighted { border: round $accent; }
-    GridCell > .grid-cell--axis { color: $text-muted; }
-    """
-    COMPONENT_CLASSES = {"grid-cell--axis"}
+class GridCell:
+    """One metric's chart in the grid: the curves as braille dots, each run in its colour, the y range on the left,
+    the steps under it, in a rounded frame titled with the metric (its newest value under it). Not a widget: the
+    grid's canvas (`GridCanvas`) draws every cell itself. As widgets, a page of 16 cells cost the page a layout on
+    each change of columns or rows (a key waited 80-250 ms for it) and a render of each cell's lines through its own
+    styles; drawn here, a key costs the cells it changed."""
 
     def __init__(self, index: int) -> None:
-        super().__init__(id=f"grid-cell-{index}")
+        self.index = index
         self.metric: str | None = None
+        self.display = False
+        self.region = Region(0, 0, 0, 0)  # in the canvas
+        self.border_title = ""
+        self.border_subtitle = ""
+        self.highlighted = False
         self.signature: tuple[object, ...] | None = None
         self.drawn_size: tuple[int, int] | None = None  # the plot's columns x rows when last drawn
         self.drawn_points = 0  # points drawn by the last redraw (tests and the bench read it)
@@ -73,62 +72,188 @@ class GridCell(Widget, can_focus=False):
         self.note = ""  # what a log-Y cell left out, under it
         self.raster: Raster | None = None
         self.painted = False  # the screen shows the last redraw (the bench waits for it)
-        self._strips: list[Strip] = []
-        self._base = Style()  # (its rich_style costs a walk up the DOM: taken once per redraw, not per line)
+        self._body: list[list[Segment]] = []  # the plot's lines with their labels, and the steps' line
+
+    @property
+    def classes(self) -> frozenset[str]:
+        return frozenset({"highlighted"}) if self.highlighted else frozenset()
 
     @property
     def plot_size(self) -> tuple[int, int]:
-        """The plot's columns and rows (the y labels beside it, the steps under it); a guess before the layout."""
-        width, height = self.size
-        if not width:
+        """The plot's columns and rows (inside the frame, the y labels beside it, the steps under it); a guess before
+        the grid has a size."""
+        if not self.region.width:
             return 32, 6
-        return max(4, width - LABEL_WIDTH), max(1, height - 1)
+        return max(4, self.region.width - 2 - LABEL_WIDTH), max(1, self.region.height - 3)
 
     @property
     def needs_draw(self) -> bool:
         return self.display and self.drawn_size is not None and self.drawn_size != self.plot_size
 
-    def show(self, data: CellData, signature: tuple[object, ...]) -> None:
+    def show(self, data: CellData, signature: tuple[object, ...], styles: CellStyles) -> None:
         """Draw `data`'s curves (the run on top last)."""
         width, height = self.plot_size
         raster = rasterize([(line.xs, line.ys) for line in data.lines], width, height)
-        base = self._base = self.rich_style
-        axis = base + self.get_component_rich_style("grid-cell--axis", partial=True)
-        colours = [base + Style(color=line.colour) for line in data.lines]
+        colours = [styles.colour(line.colour) for line in data.lines]
         labels = {0: raster.y_range[1], height - 1: raster.y_range[0]}
         if height >= 5:
             labels[(height - 1) // 2] = (raster.y_range[0] + raster.y_range[1]) / 2
-        strips = []
+        body = []
         for row, (text, owners) in enumerate(zip(raster.rows, raster.owners, strict=True)):
             value = labels.get(row)
             label = "" if value is None else compact(10 ** value if data.log_y else value)
-            segments = [Segment(f"{label:>{LABEL_WIDTH - 1}} ", axis)]
+            segments = [Segment(f"{label:>{LABEL_WIDTH - 1}} ", styles.axis)]
             start = 0
             for i in range(1, width + 1):  # runs of characters of one colour
                 if i == width or owners[i] != owners[start]:
-                    segments.append(Segment(text[start:i], colours[owners[start]] if owners[start] >= 0 else base))
+                    segments.append(Segment(text[start:i], colours[owners[start]] if owners[start] >= 0
+                                            else styles.base))
                     start = i
-            strips.append(Strip(segments, LABEL_WIDTH + width))
+            body.append(segments)
         if data.lines:
             first, last = (step_label(x) for x in raster.x_range)
             steps = f"{first}{last:>{max(1, width - len(first))}}"
-            strips.append(Strip([Segment(" " * LABEL_WIDTH + steps[:width], axis)], LABEL_WIDTH + width))
+            body.append([Segment(" " * LABEL_WIDTH + steps[:width], styles.axis)])
         self.raster = raster
-        self._strips = strips
+        self._body = body
         self.signature, self.drawn_size = signature, (width, height)
         self.drawn_points = data.points
         self.drawn_runs = [line.run_id for line in data.lines]
         self.drawn_colours = [line.colour for line in data.lines]
         self.redraws += 1
         self.painted = False
-        self.refresh()
+
+    def line(self, y: int, styles: CellStyles) -> list[Segment]:
+        """The cell's line `y` (0: the frame's top), `region.width` cells wide."""
+        width, height = self.region.width, self.region.height
+        frame = styles.highlight if self.highlighted else styles.border
+        inner = max(0, width - 2)
+        if y == 0 or y == height - 1:
+            left, right = ("╭", "╮") if y == 0 else ("╰", "╯")
+            text, style = (self.border_title, styles.title) if y == 0 else (self.border_subtitle, styles.subtitle)
+            text = text if len(text) <= inner - 4 else (text[:max(0, inner - 5)] + "…" if inner > 5 else "")
+            if not text:
+                return [Segment(left + "─" * inner + right, frame)]
+            if y == 0:  # the title on the left, the subtitle on the right
+                return [Segment(left + "─ ", frame), Segment(text, style),
+                        Segment(" " + "─" * (inner - len(text) - 3) + right, frame)]
+            return [Segment(left + "─" * (inner - len(text) - 3) + " ", frame), Segment(text, style),
+                    Segment(" ─" + right, frame)]
+        row = y - 1
+        segments = [Segment("│", frame)]
+        used = 0
+        if row < len(self._body):
+            for segment in self._body[row]:
+                segments.append(segment)
+                used += len(segment.text)
+        if used < inner:
+            segments.append(Segment(" " * (inner - used), styles.base))
+        elif used > inner:
+            segments = list(Strip(segments).crop(0, inner + 1))
+        segments.append(Segment("│", frame))
+        return segments
+
+
+class CellStyles:
+    """The rich styles a cell is drawn in, taken from the canvas' component classes once per draw (each costs a
+    walk up the DOM), and a style per run colour."""
+
+    def __init__(self, canvas: GridCanvas) -> None:
+        self.base = canvas.rich_style
+        part = canvas.get_component_rich_style
+        self.border = self.base + part("grid-canvas--border", partial=True)
+        self.highlight = self.base + part("grid-canvas--highlight", partial=True)
+        self.title = self.base + part("grid-canvas--title", partial=True)
+        self.subtitle = self.base + part("grid-canvas--subtitle", partial=True)
+        self.axis = self.base + part("grid-canvas--axis", partial=True)
+        self._colours: dict[str, Style] = {}
+
+    def colour(self, colour: str) -> Style:
+        style = self._colours.get(colour)
+        if style is None:
+            style = self._colours[colour] = self.base + Style(color=colour)
+        return style
+
+
+def cell_regions(width: int, height: int, columns: int, rows: int) -> list[Region]:
+    """The cells of a `columns` x `rows` page on `width` x `height`, row by row: a gutter between cells side by
+    side, the room left over given to the first columns and rows."""
+    usable = max(0, width - GUTTER * (columns - 1))
+    widths = [usable // columns + (1 if c < usable % columns else 0) for c in range(columns)]
+    heights = [height // rows + (1 if r < height % rows else 0) for r in range(rows)]
+    regions = []
+    y = 0
+    for row_height in heights:
+        x = 0
+        for column_width in widths:
+            regions.append(Region(x, y, column_width, row_height))
+            x += column_width + GUTTER
+        y += row_height
+    return regions
+
+
+class GridCanvas(Widget, can_focus=False):
+    """Draws the grid's cells (`GridCell`), each line put together from the cells it crosses and kept until one of
+    them changes: a key redraws the lines of the cells it changed, and no layout of the page."""
+
+    DEFAULT_CSS = """
+    GridCanvas { height: 1fr; }
+    GridCanvas > .grid-canvas--border { color: $primary-darken-2; }
+    GridCanvas > .grid-canvas--highlight { color: $accent; }
+    GridCanvas > .grid-canvas--title { color: $text; }
+    GridCanvas > .grid-canvas--subtitle { color: $text-muted; }
+    GridCanvas > .grid-canvas--axis { color: $text-muted; }
+    """
+    COMPONENT_CLASSES = {"grid-canvas--border", "grid-canvas--highlight", "grid-canvas--title",
+                         "grid-canvas--subtitle", "grid-canvas--axis"}
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.cells = [GridCell(index) for index in range(MAX_CELLS)]
+        self.styles_now: CellStyles | None = None
+        self._lines: dict[int, Strip] = {}
+
+    def cell_styles(self) -> CellStyles:
+        self.styles_now = CellStyles(self)
+        return self.styles_now
+
+    def on_resize(self) -> None:
+        self._lines.clear()
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self.styles_now = None
+        self._lines.clear()
+
+    def repaint(self, regions: Sequence[Region]) -> None:
+        """Draw these parts of the canvas again (the cells in them changed)."""
+        if not regions:
+            return
+        for region in regions:
+            for y in range(region.y, region.bottom):
+                self._lines.pop(y, None)
+        self.refresh(*regions)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
-        self.painted = True
-        if y < len(self._strips):
-            return self._strips[y].crop_extend(0, width, self._base)
-        return Strip.blank(width, self._base)
+        strip = self._lines.get(y)
+        if strip is not None and strip.cell_length == width:
+            return strip
+        styles = self.styles_now or self.cell_styles()
+        segments: list[Segment] = []
+        x = 0
+        for cell in self.cells:
+            region = cell.region
+            if not cell.display or not region.y <= y < region.bottom:
+                continue
+            if region.x > x:
+                segments.append(Segment(" " * (region.x - x), styles.base))
+            segments.extend(cell.line(y - region.y, styles))
+            x = region.right
+            cell.painted = True
+        strip = Strip(segments).crop_extend(0, width, styles.base)
+        self._lines[y] = strip
+        return strip
 
 
 class FilterInput(Input):
@@ -150,7 +275,7 @@ class MetricsGrid(Widget, can_focus=True):
     MetricsGrid #grid-header { height: 1; padding: 0 1; background: $boost; }
     MetricsGrid:focus #grid-header { background: $primary-darken-2; }
     MetricsGrid FilterInput { height: 1; border: none; padding: 0 1; display: none; }
-    MetricsGrid #grid-cells { height: 1fr; layout: grid; grid-gutter: 0 1; }
+    MetricsGrid GridCanvas { height: 1fr; }
     MetricsGrid #grid-empty { height: 1fr; padding: 1 2; color: $text-muted; display: none; }
     """
 
@@ -191,15 +316,15 @@ class MetricsGrid(Widget, can_focus=True):
         yield FilterInput(placeholder="filter: glob (reward/*, loss) or regex (re:^eval/.*avg); Enter, Esc",
                           id="grid-filter", compact=True)
         yield Static("No metrics logged yet.", id="grid-empty")
-        with Container(id="grid-cells"):
-            for index in range(MAX_CELLS):
-                cell = GridCell(index)
-                cell.display = False
-                yield cell
+        yield GridCanvas(id="grid-cells")
+
+    @property
+    def canvas(self) -> GridCanvas:
+        return self.query_one(GridCanvas)
 
     @property
     def cells(self) -> list[GridCell]:
-        return list(self.query_one("#grid-cells").query_children(GridCell))
+        return self.canvas.cells
 
     @property
     def needs_draw(self) -> bool:
@@ -216,66 +341,74 @@ class MetricsGrid(Widget, can_focus=True):
         points, is left for the next redraw of new data: a key redraws only the cells it changed."""
         self.names = metric_names(runs)
         self.run_ids = [run_id for run_id, _ in runs]
-        width, height = self.size.width or 120, max(1, (self.size.height or 30) - 1)
-        view = self.view = self.state.view(self.names, width, height)
+        canvas = self.canvas
+        width, height = canvas.size
+        view = self.view = self.state.view(self.names, width or 120, height or 30)
         header = self.header_text(view)
         if header != self._header:  # (an update lays the page out again: only when it says something new)
             self._header = header
             self.query_one("#grid-header", Static).update(header, layout=False)  # (one line, always)
-        container = self.query_one("#grid-cells")
-        relaid = (container.styles.grid_size_columns, container.styles.grid_size_rows) != (view.columns, view.rows)
-        if relaid:  # the cells change size: drawn once the page is laid out again, at their new size
-            container.styles.grid_size_columns = view.columns
-            container.styles.grid_size_rows = view.rows
         empty = self.query_one("#grid-empty")
         if empty.display != (not view.metrics):
             empty.display = not view.metrics
-        redrawn, pending = 0, relaid
+            canvas.display = bool(view.metrics)
+        pending = not width or not height  # not laid out yet: drawn once it has a size
+        regions = cell_regions(width, height, view.columns, view.rows) if not pending else []
+        styles = canvas.cell_styles()
+        dirty: list[Region] = []
+        redrawn = 0
         top = self.state.top_run
         for index, cell in enumerate(self.cells):
-            metric = view.metrics[index] if index < len(view.metrics) else None
+            metric = view.metrics[index] if index < len(view.metrics) and not pending else None
             if metric is None:
                 if cell.display:
                     cell.display = False
+                    dirty.append(cell.region)
                 cell.metric = None
                 continue
-            if not cell.display:
-                cell.display = True
-                pending = True  # (laid out at the next refresh: drawn then)
+            region = regions[index]
+            if not cell.display or cell.region != region:
+                if cell.display:
+                    dirty.append(cell.region)  # (where it was: blank now, or another cell's)
+                cell.display, cell.region = True, region
+                dirty.append(region)
             cell.metric = metric
             log_y = metric in self.state.log_y
-            width, height = cell.plot_size
-            signature = cell_signature(metric, runs, (width, height), log_y, smoothing, top)
-            self._title(cell, metric, runs, log_y, highlighted=metric == view.highlighted)
+            framed = self._frame(cell, metric, runs, log_y, highlighted=metric == view.highlighted)
+            signature = cell_signature(metric, runs, cell.plot_size, log_y, smoothing, top)
             if signature == cell.signature or (not new_data and cell.signature is not None
                                                and only_data_moved(signature, cell.signature)):
+                if framed:
+                    dirty.append(cell.region)
                 continue
-            if pending or not cell.size.width:  # not laid out yet: drawn at the next pass, at its size
-                pending = True
-                continue
-            data = cell_data(metric, runs, width * 2, log_y, smoothing, top, self.cache)
-            cell.show(data, signature)
+            plot_width, _ = cell.plot_size
+            data = cell_data(metric, runs, plot_width * 2, log_y, smoothing, top, self.cache)
+            cell.show(data, signature, styles)
             cell.note = "log-Y: no value > 0" if log_y and not data.log_y else \
                 f"log-Y, {data.hidden} value(s) <= 0 left out" if data.hidden else "log-Y" if log_y else ""
-            self._title(cell, metric, runs, log_y, highlighted=metric == view.highlighted)
+            self._frame(cell, metric, runs, log_y, highlighted=metric == view.highlighted)
+            dirty.append(cell.region)
             redrawn += 1
+        canvas.repaint(dirty)
         self.drawn = not pending
         self._deferred = self._deferred + 1 if pending else 0
         if pending and self._deferred <= 3:  # (a grid with no room lays out to no size: it does not try forever)
             self.call_after_refresh(self.post_message, self.Changed())
         return redrawn
 
-    def _title(self, cell: GridCell, metric: str, runs: Sequence[RunSeries], log_y: bool, highlighted: bool) -> None:
+    def _frame(self, cell: GridCell, metric: str, runs: Sequence[RunSeries], log_y: bool, highlighted: bool) -> bool:
+        """Set the cell's title (the metric), subtitle (the page's own run's newest value, what log-Y left out) and
+        highlight; whether any of them changed."""
         own = runs[0][1].get(metric) if runs else None
         latest = own.last if own is not None else None
         title = ("★ " if metric in self.state.pinned else "") + metric
         note = cell.note if log_y else ""
         subtitle = " · ".join(part for part in (f"{latest[1]:.4g}" if latest else "", note) if part)
-        if cell.border_title != title:
-            cell.border_title = title
-        if cell.border_subtitle != subtitle:
-            cell.border_subtitle = subtitle
-        cell.set_class(highlighted, "highlighted")
+        frame = (title, subtitle, highlighted)
+        if frame == (cell.border_title, cell.border_subtitle, cell.highlighted):
+            return False
+        cell.border_title, cell.border_subtitle, cell.highlighted = frame
+        return True
 
     def header_text(self, view: GridView) -> Text:
         text = Text(self.state.header(view))
