@@ -411,7 +411,8 @@ def run_grid(args: argparse.Namespace) -> None:
               f"{args.seconds:g} s: key press to grid drawn median {statistics.median(every) * 1000:.0f} ms, p95 "
               f"{p95(every) * 1000:.0f} ms (goal < 50 ms: {'met' if p95(every) < 0.05 else 'NOT met'}), max "
               f"{max(every) * 1000:.0f} ms ({len(every)} presses; median per key, ms: {per_key}; p95 without c and r, "
-              f"which redraw every cell at its new size, {p95(common) * 1000:.0f} ms; {d['unanswered']} unanswered in 5 s); "
+              f"which redraw every cell at its new size, {p95(common) * 1000:.0f} ms; {d['unanswered']} unanswered "
+              f"in 5 s); "
               f"event-loop lag "
               f"median {statistics.median(d['lags']) * 1000:.0f} ms, p95 {p95(d['lags']) * 1000:.0f} ms; the grid "
               f"caught up {d['catch_up']:.2f} s after the writer stopped; load average {load()}")

@@ -18,6 +18,7 @@ from prime_lab.workbench.dashboards.grid_model import (
     PointsCache,
     cell_data,
     cell_signature,
+    column_spans,
     compact,
     draw_order,
     fold_metrics,
@@ -211,6 +212,26 @@ def test_the_raster_draws_each_curve_in_braille_with_the_top_one_owning_overlaps
     assert empty.rows == ["   ", "   "] and empty.owners == [[-1] * 3] * 2
     flat = rasterize([([5.0], [2.0])], 3, 3)  # one point: in the middle of a padded range
     assert flat.y_range[0] < 2.0 < flat.y_range[1] and sum(ch != " " for row in flat.rows for ch in row) == 1
+
+
+def test_each_dot_column_spans_the_rows_its_points_and_crossings_cover() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):  # polylines of 1 to 40 points, x increasing (repeats too), against a loop over each point
+        n, columns, rows = int(rng.integers(1, 40)), int(rng.integers(1, 30)), int(rng.integers(1, 20))
+        x = np.sort(rng.uniform(-1, columns, n)).round(int(rng.integers(0, 3)))
+        y = rng.uniform(-2, rows + 2, n)
+        low, high = column_spans(x, y, columns, rows)
+        covered = []  # (column, row) of each point, and of each crossing of an edge for the columns on both sides
+        px = [min(max(int(np.rint(v)), 0), columns - 1) for v in x]
+        covered += [(column, min(max(int(np.rint(value)), 0), rows - 1)) for column, value in zip(px, y, strict=True)]
+        for edge in range(px[0], px[-1]):
+            row = min(max(int(np.rint(np.interp(edge + 0.5, x, y))), 0), rows - 1)
+            covered += [(edge, row), (edge + 1, row)]
+        want_low = [min([r for c, r in covered if c == column], default=rows) for column in range(columns)]
+        want_high = [max([r for c, r in covered if c == column], default=-1) for column in range(columns)]
+        assert low.tolist() == want_low and high.tolist() == want_high
 
 
 def test_labels_fit_seven_characters() -> None:

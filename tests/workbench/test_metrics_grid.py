@@ -16,7 +16,7 @@ from textual.widgets import Static, TabbedContent
 from prime_lab.workbench.dashboards.grid_model import run_colours
 from prime_lab.workbench.screens.dashboard_rl import RLDashboard
 from prime_lab.workbench.screens.pick_many import PickManyScreen
-from prime_lab.workbench.widgets.metrics_grid import FilterInput, GridCell, MetricsGrid
+from prime_lab.workbench.widgets.metrics_grid import LIVE_SLICE, FilterInput, GridCell, MetricsGrid
 from tests.workbench.lab_fixtures import caught_up, lab_folder, make_app, record_notifications, recorded_run, until
 
 SIZE = (120, 40)
@@ -217,5 +217,35 @@ def test_only_the_cells_whose_series_moved_are_redrawn(tmp_path: Path) -> None:
             await until(pilot, lambda: loss.redraws > redraws[0])  # (one pass looked at both cells)
             assert reward.redraws == redraws[1] and screen.model.latest_step == 31
             assert loss.raster is not None and loss.raster.x_range[1] == 31.0
+
+    asyncio.run(scenario())
+
+
+def test_new_points_on_every_cell_are_drawn_a_few_cells_at_a_time(tmp_path: Path) -> None:
+    run = recorded_run("rl-run")
+
+    async def scenario() -> None:
+        async with grid_page(tmp_path) as (pilot, screen, grid):
+            grid.state.columns, grid.state.rows = 4, 3
+            grid.changed()
+            await drawn(pilot, grid, "4x3 · page 1/")
+            cells = shown(grid)
+            assert len(cells) == 12 > LIVE_SLICE  # (the page holds more cells than a slice)
+            passes: list[int] = []
+            draw = grid.draw
+
+            def counted(*args: Any, **kwargs: Any) -> int:
+                redrawn = draw(*args, **kwargs)
+                if kwargs.get("new_data", True):
+                    passes.append(redrawn)
+                return redrawn
+
+            grid.draw = counted  # type: ignore[method-assign]
+            with run.writer("trainer") as writer:  # a new step of every metric on the page
+                writer.metrics({cell.metric: 0.5 for cell in cells if cell.metric}, step=31)
+            await until(pilot, lambda: all(c.raster is not None and c.raster.x_range[1] == 31.0 for c in cells))
+            assert max(passes) <= LIVE_SLICE and sum(passes) >= len(cells)
+            assert sum(1 for p in passes if p) >= -(-len(cells) // LIVE_SLICE)  # (at least ceil(n / slice) passes)
+            assert not grid.behind
 
     asyncio.run(scenario())

@@ -21,7 +21,7 @@ from prime_lab.runs.events import BadLine, Event
 from prime_lab.runs.registry import Run
 from prime_lab.runs.system_metrics import SYSTEM
 from prime_lab.workbench.dashboards.event_folds import RawEvent
-from prime_lab.workbench.dashboards.files import MAX_READ, cyclic_gc_paused, read_events
+from prime_lab.workbench.dashboards.files import MAX_READ, cyclic_gc_paused, read_events, settle_heap, unsettle_heap
 
 STATUS_EVERY = 0.5  # seconds between status.json reads while following
 CHUNK = 5000  # events folded per lock hold
@@ -110,6 +110,7 @@ class RunFollower:
         """
         if self._following != self._generation:
             self._following = self._generation
+            unsettle_heap()  # (what the last replay built may be garbage now)
             with self.lock:
                 self.event_offset = 0
                 self.bad_lines = 0
@@ -142,6 +143,7 @@ class RunFollower:
             # replaying: the shorter interval costs the replay's switches.)
             if sys.getswitchinterval() > SWITCH_INTERVAL:
                 sys.setswitchinterval(SWITCH_INTERVAL)
+            settle_heap()  # (what the replay built lives as long as the page)
             on_caught_up()
         return True
 

@@ -335,16 +335,16 @@ def column_spans(x: np.ndarray, y: np.ndarray, columns: int, rows: int) -> tuple
     high = np.full(columns, -1, dtype=np.int64)
     px = np.clip(np.rint(x), 0, columns - 1).astype(np.int64)
     py = np.clip(np.rint(y), 0, rows - 1).astype(np.int64)
-    np.minimum.at(low, px, py)
-    np.maximum.at(high, px, py)
-    first, last = int(px.min()), int(px.max())
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(px)) + 1))  # (x increases: each column's points in a row)
+    low[px[starts]] = np.minimum.reduceat(py, starts)
+    high[px[starts]] = np.maximum.reduceat(py, starts)
+    first, last = int(px[0]), int(px[-1])
     if last > first:  # the edges between the columns it spans: each edge's row counts for the columns on both sides
-        edges = np.arange(first, last) + 0.5
-        at = np.clip(np.rint(np.interp(edges, x, y)), 0, rows - 1).astype(np.int64)
         left = np.arange(first, last)
-        for side in (left, left + 1):
-            np.minimum.at(low, side, at)
-            np.maximum.at(high, side, at)
+        at = np.clip(np.rint(np.interp(left + 0.5, x, y)), 0, rows - 1).astype(np.int64)
+        for side in (left, left + 1):  # (each column once per side: no repeated index)
+            low[side] = np.minimum(low[side], at)
+            high[side] = np.maximum(high[side], at)
     return low, high
 
 

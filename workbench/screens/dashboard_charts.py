@@ -24,6 +24,7 @@ from prime_lab.runs.display import duration
 from prime_lab.runs.events import BadLine
 from prime_lab.runs.registry import FINAL_STATES, Run
 from prime_lab.workbench.dashboards.event_folds import MetricsFold, RawEvent
+from prime_lab.workbench.dashboards.files import settle_heap
 from prime_lab.workbench.dashboards.grid_model import RunSeries, StartedFolds, collect_folds, start_folds
 from prime_lab.workbench.screens.pick_many import PickManyScreen
 from prime_lab.workbench.screens.run import LOG_LINES, DashboardScreen
@@ -32,6 +33,7 @@ from prime_lab.workbench.widgets.charts import SMOOTHING_STEPS, ChartSpec, Metri
 from prime_lab.workbench.widgets.key_footer import KeyFooter
 from prime_lab.workbench.widgets.logs_pane import LogsPane
 from prime_lab.workbench.widgets.metrics_grid import MetricsGrid
+from prime_lab.workbench.widgets.tail_log import TailLog
 
 M = TypeVar("M", bound=MetricsFold)
 
@@ -140,7 +142,7 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
                     latest = Static("", id="latest", markup=False)
                     latest.border_title = "Latest"
                     yield latest
-                    log = RichLog(id="run-log", max_lines=LOG_LINES, wrap=False, markup=False, highlight=False)
+                    log = TailLog(id="run-log", max_lines=LOG_LINES, wrap=False, markup=False, highlight=False)
                     log.border_title = "Events"
                     yield log
         yield KeyFooter()  # (rebuilt only when its keys change: the grid takes and gives back the focus)
@@ -298,6 +300,13 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
             with self.fold_lock:  # (only the cells the key changed: new points wait for the next redraw)
                 self.grid.draw(self.grid_runs(), SMOOTHING_STEPS[self.smoothing], new_data=False)
 
+    def on_metrics_grid_behind(self, event: MetricsGrid.Behind) -> None:
+        """Cells wait to show new points: the next few."""
+        event.stop()
+        if self.grid_shown and self.query_one(TabbedContent).active == "charts":
+            with self.fold_lock:
+                self.grid.draw(self.grid_runs(), SMOOTHING_STEPS[self.smoothing])
+
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         if self.grid_shown and self.query_one(TabbedContent).active == "charts":
             self.grid.focus()  # back on the Charts tab: the grid's keys at once
@@ -381,4 +390,5 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
         loaded = dict(zip(ids, collect_folds(started), strict=True))
         with self.fold_lock:
             self.compared = loaded
+        settle_heap()  # (they live as long as the overlay)
         self.app.call_from_thread(self.refresh_now)

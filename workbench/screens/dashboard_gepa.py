@@ -241,9 +241,17 @@ class GepaDashboard(DashboardScreen):
     def on_metrics_grid_changed(self, event: MetricsGrid.Changed) -> None:
         """A grid key changed what it shows: draw it now (the data under the lock), not at the next poll."""
         event.stop()
+        self._draw_grid(new_data=False)
+
+    def on_metrics_grid_behind(self, event: MetricsGrid.Behind) -> None:
+        """Cells wait to show new points: the next few."""
+        event.stop()
+        self._draw_grid(new_data=True)
+
+    def _draw_grid(self, new_data: bool) -> None:
         if self.query_one(TabbedContent).active == "grid":
             with self.fold_lock:
-                self.query_one(MetricsGrid).draw([(self.run.id, self.metrics.series)], 0.0, new_data=False)
+                self.query_one(MetricsGrid).draw([(self.run.id, self.metrics.series)], 0.0, new_data=new_data)
 
     def _verdicts(self) -> None:
         records = list(self.model.iterations)[-VERDICT_ROWS:]

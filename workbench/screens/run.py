@@ -31,6 +31,7 @@ from prime_lab.workbench.screens.confirm import ConfirmScreen
 from prime_lab.workbench.screens.reporting import ReportingScreen
 from prime_lab.workbench.widgets.logs_pane import LogsPane
 from prime_lab.workbench.widgets.runs_table import ago, short_env
+from prime_lab.workbench.widgets.tail_log import TailLog
 
 if TYPE_CHECKING:
     from prime_lab.workbench.app import LabApp
@@ -290,7 +291,7 @@ class EvalRunScreen(RunScreen):
         with Vertical(id="run-page"):
             yield Static("", id="run-status", markup=False)
             yield ProgressBar(id="run-progress", show_eta=False)
-            log = RichLog(id="run-log", max_lines=LOG_LINES, wrap=False, markup=False, highlight=False)
+            log = TailLog(id="run-log", max_lines=LOG_LINES, wrap=False, markup=False, highlight=False)
             log.border_title = "Events"
             yield log
             results = DataTable[str](id="run-results", cursor_type="row", zebra_stripes=True)

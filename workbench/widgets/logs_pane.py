@@ -18,6 +18,7 @@ from textual.widgets import RichLog, Static
 
 from prime_lab.runs.events import LEVELS
 from prime_lab.workbench.dashboards.event_folds import LogLine
+from prime_lab.workbench.widgets.tail_log import TailLog
 
 ALL = "all"
 LEVEL_STYLE = {"DEBUG": "dim", "WARNING": "yellow", "ERROR": "bold red", "SUCCESS": "green"}
@@ -65,7 +66,7 @@ class LogsView(Vertical):
     def compose(self) -> ComposeResult:
         ids = self.PART_IDS
         yield Static("", id="logs-filter" if ids else None, classes="logs-filter", markup=False)
-        yield RichLog(id="logs-view" if ids else None, classes="logs-view", max_lines=SHOWN_LINES, wrap=False,
+        yield TailLog(id="logs-view" if ids else None, classes="logs-view", max_lines=SHOWN_LINES, wrap=False,
                       markup=False, highlight=False)
 
     def passes(self, line: LogLine) -> bool:

@@ -21,6 +21,7 @@ from textual.binding import Binding
 from textual.geometry import Region
 from textual.message import Message
 from textual.strip import Strip
+from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Input, Static
 
@@ -44,6 +45,10 @@ from prime_lab.workbench.dashboards.grid_model import (
 )
 
 MAX_CELLS = max(CHOICES) ** 2
+# New points are drawn a few cells at a time, a slice every few hundredths of a second: a page of 16 cells of
+# three runs took 10-15 ms to redraw at once, and a key pressed meanwhile waited for all of it.
+LIVE_SLICE = 4
+LIVE_SLICE_EVERY = 0.03
 LABEL_WIDTH = 8  # the y axis' labels and a space
 GUTTER = 1  # columns between cells side by side
 
@@ -168,6 +173,9 @@ class CellStyles:
         self.axis = self.base + part("grid-canvas--axis", partial=True)
         self._colours: dict[str, Style] = {}
 
+    def key(self) -> tuple[Style, ...]:
+        return self.base, self.border, self.highlight, self.title, self.subtitle, self.axis
+
     def colour(self, colour: str) -> Style:
         style = self._colours.get(colour)
         if style is None:
@@ -214,7 +222,9 @@ class GridCanvas(Widget, can_focus=False):
         self._lines: dict[int, Strip] = {}
 
     def cell_styles(self) -> CellStyles:
-        self.styles_now = CellStyles(self)
+        """The styles cells are drawn in: taken once, and again after a change of the styles (a theme)."""
+        if self.styles_now is None:
+            self.styles_now = CellStyles(self)
         return self.styles_now
 
     def on_resize(self) -> None:
@@ -222,8 +232,15 @@ class GridCanvas(Widget, can_focus=False):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self.styles_now = None
-        self._lines.clear()
+        if self.styles_now is None or not self.is_mounted:
+            return
+        old, self.styles_now = self.styles_now, None
+        if self.cell_styles().key() != old.key():  # (a theme: each cell drawn again in its colours)
+            self._lines.clear()
+            for cell in self.cells:
+                cell.signature = None
+            if isinstance(self.parent, MetricsGrid):
+                self.parent.changed()
 
     def repaint(self, regions: Sequence[Region]) -> None:
         """Draw these parts of the canvas again (the cells in them changed)."""
@@ -239,7 +256,7 @@ class GridCanvas(Widget, can_focus=False):
         strip = self._lines.get(y)
         if strip is not None and strip.cell_length == width:
             return strip
-        styles = self.styles_now or self.cell_styles()
+        styles = self.cell_styles()
         segments: list[Segment] = []
         x = 0
         for cell in self.cells:
@@ -300,6 +317,12 @@ class MetricsGrid(Widget, can_focus=True):
         def can_replace(self, message: Message) -> bool:
             return isinstance(message, MetricsGrid.Changed)  # (keys held down: one draw for the lot)
 
+    class Behind(Message):
+        """Cells wait to show new points (`behind`): the page draws the next few (`draw`, under its lock)."""
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, MetricsGrid.Behind)
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.state = GridState()
@@ -310,6 +333,9 @@ class MetricsGrid(Widget, can_focus=True):
         self.drawn = False  # every cell of the page drawn since the last change (the bench waits for it)
         self._header = Text()
         self._deferred = 0  # draws in a row that left cells for after the next layout
+        self.behind = False  # cells on show wait to show new points (drawn a few at a time: `LIVE_SLICE`)
+        self._next_live = 0  # the cell the next slice of new points starts at (round robin)
+        self._slice_timer: Timer | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("", id="grid-header", markup=False)
@@ -356,9 +382,13 @@ class MetricsGrid(Widget, can_focus=True):
         regions = cell_regions(width, height, view.columns, view.rows) if not pending else []
         styles = canvas.cell_styles()
         dirty: list[Region] = []
-        redrawn = 0
+        redrawn = live = 0
+        behind = False
         top = self.state.top_run
-        for index, cell in enumerate(self.cells):
+        cells = self.cells
+        order = cells[self._next_live:] + cells[:self._next_live]  # (new points: round robin over the cells)
+        for cell in order:
+            index = cell.index
             metric = view.metrics[index] if index < len(view.metrics) and not pending else None
             if metric is None:
                 if cell.display:
@@ -376,11 +406,15 @@ class MetricsGrid(Widget, can_focus=True):
             log_y = metric in self.state.log_y
             framed = self._frame(cell, metric, runs, log_y, highlighted=metric == view.highlighted)
             signature = cell_signature(metric, runs, cell.plot_size, log_y, smoothing, top)
-            if signature == cell.signature or (not new_data and cell.signature is not None
-                                               and only_data_moved(signature, cell.signature)):
+            data_only = cell.signature is not None and only_data_moved(signature, cell.signature)
+            if signature == cell.signature or (data_only and (not new_data or live >= LIVE_SLICE)):
+                behind = behind or signature != cell.signature
                 if framed:
                     dirty.append(cell.region)
                 continue
+            if data_only:
+                live += 1
+                self._next_live = (index + 1) % len(cells)
             plot_width, _ = cell.plot_size
             data = cell_data(metric, runs, plot_width * 2, log_y, smoothing, top, self.cache)
             cell.show(data, signature, styles)
@@ -390,11 +424,19 @@ class MetricsGrid(Widget, can_focus=True):
             dirty.append(cell.region)
             redrawn += 1
         canvas.repaint(dirty)
+        self.behind = behind
+        if behind and self._slice_timer is None:
+            self._slice_timer = self.set_timer(LIVE_SLICE_EVERY, self._next_slice)
         self.drawn = not pending
         self._deferred = self._deferred + 1 if pending else 0
         if pending and self._deferred <= 3:  # (a grid with no room lays out to no size: it does not try forever)
             self.call_after_refresh(self.post_message, self.Changed())
         return redrawn
+
+    def _next_slice(self) -> None:
+        self._slice_timer = None
+        if self.behind:
+            self.post_message(self.Behind())
 
     def _frame(self, cell: GridCell, metric: str, runs: Sequence[RunSeries], log_y: bool, highlighted: bool) -> bool:
         """Set the cell's title (the metric), subtitle (the page's own run's newest value, what log-Y left out) and
