@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gc
 import json
+import pickle
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -102,3 +105,19 @@ def settle_heap() -> None:
 
 def unsettle_heap() -> None:
     gc.unfreeze()
+
+
+def start_child(script: str, *args: str) -> subprocess.Popen[bytes]:
+    """This interpreter running `script` (`python -c`) with `args`, its stdout piped back (`child_result`)."""
+    return subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+
+def child_result(child: subprocess.Popen[bytes]) -> object | None:
+    """What a child of `start_child` pickled to its stdout, once it ended (None: it failed)."""
+    out, _ = child.communicate()
+    if child.returncode != 0:
+        return None
+    try:
+        return pickle.loads(out)  # (our own child's)
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, ValueError, TypeError):
+        return None

@@ -5,23 +5,38 @@ open (and after `replay()`), reading on without pausing until a read comes back 
 `on_caught_up` once. New events are folded a chunk at a time under `lock` (the UI redraws under the same lock, so the
 lock is let go between chunks), and `changed` is set for the UI timer that redraws. The `FollowTarget` given to it
 says what the events fold into (a run page: it feeds its RL or GEPA model).
+
+A large log (`APART_BYTES`) is replayed in a child process when the target can say how (`FollowTarget.apart`: its
+model's class): the child folds it and hands the model back (`replay_apart`), while this process mounts and draws
+the page and folds the runs it overlays, each on a core of its own; the follower then reads on from where the child
+stopped. Any failure of the child falls back to folding here.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from pathlib import Path
+from typing import NamedTuple, Protocol
 
 from prime_lab.runs.events import BadLine, Event
 from prime_lab.runs.registry import Run
 from prime_lab.runs.system_metrics import SYSTEM
 from prime_lab.workbench.dashboards.event_folds import RawEvent
-from prime_lab.workbench.dashboards.files import MAX_READ, cyclic_gc_paused, read_events, settle_heap, unsettle_heap
+from prime_lab.workbench.dashboards.files import (
+    MAX_READ,
+    child_result,
+    cyclic_gc_paused,
+    read_events,
+    settle_heap,
+    start_child,
+    unsettle_heap,
+)
 
 STATUS_EVERY = 0.5  # seconds between status.json reads while following
 CHUNK = 5000  # events folded per lock hold
@@ -58,9 +73,66 @@ class FollowTarget(Protocol):
     def follow_files(self) -> None:
         """Read the run's other growing files (text logs, results). Called WITHOUT the lock: take it to fold."""
 
+    def apart(self) -> str | None:
+        """`module:Class` of the model a replay folds into, built with no arguments in a child process (None: fold
+        here)."""
+
+    def adopt(self, model: object) -> bool:
+        """Take `model`, what a child process folded from the log's start (`apart`); False: not taken (the follower
+        folds here). Called with the lock held."""
+
 
 def _nothing() -> None:
     pass
+
+
+APART_BYTES = 4 << 20  # a log this large is replayed in a child process, where the target can (`FollowTarget.apart`)
+_REPLAY_IN_CHILD = """
+import pickle, sys
+from pathlib import Path
+from prime_lab.workbench.dashboards.follower import replay_apart
+sys.stdout.buffer.write(pickle.dumps(replay_apart(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3])))
+"""
+
+
+class Replayed(NamedTuple):
+    """What a child process folded from a log's start: the model, the offset it read to, the corrupt lines it
+    skipped and the last event lines (the page's event tail)."""
+
+    model: object
+    offset: int
+    bad_lines: int
+    tail: list[str]
+
+
+def replay_apart(path: Path, end: int, model_class: str) -> Replayed:
+    """Fold `path` from its start to at least `end` into a new `model_class` (`module:Class`), as a follower does."""
+    module, _, name = model_class.partition(":")
+    model = getattr(importlib.import_module(module), name)()
+    offset, bad, tail = 0, 0, deque[str](maxlen=TAIL_LINES)
+    with cyclic_gc_paused():
+        while offset < end:
+            items, offset = read_events(path, offset)
+            if not items:
+                break
+            bad += sum(1 for item in items if isinstance(item, BadLine))
+            tail.extend(event_line(Event.from_json(e)) for e in items[-TAIL_LINES:]
+                        if not isinstance(e, BadLine) and e.get("kind") != SYSTEM)
+            model.feed(items)
+    return Replayed(model, offset, bad, list(tail))
+
+
+class ApartReplay:
+    """A child process replaying a log (`replay_apart`) for one generation of a follower."""
+
+    def __init__(self, generation: int, path: Path, end: int, model_class: str) -> None:
+        self.generation = generation
+        self.child = start_child(_REPLAY_IN_CHILD, str(path), str(end), model_class)
+
+    def result(self) -> Replayed | None:
+        """The child's fold (None: it failed; the follower folds here)."""
+        replayed = child_result(self.child)
+        return replayed if isinstance(replayed, Replayed) else None
 
 
 class RunFollower:
@@ -85,10 +157,25 @@ class RunFollower:
         self._generation = 0  # bumped by `replay`: the follower starts over from byte 0
         self._following = -1  # the generation being read
         self._next_status = 0.0
+        self._apart: ApartReplay | None = None
 
     def replay(self) -> None:
         """Start over from byte 0 at the next step (any thread)."""
         self._generation += 1
+
+    def start_apart(self) -> None:
+        """Start replaying a large log in a child process now (the page calls it as it mounts: the child folds
+        while the page lays itself out); the next step takes its model."""
+        generation = self._generation
+        if self._apart is not None and self._apart.generation == generation:
+            return
+        size = self._log_size()
+        model_class = self.target.apart() if size >= APART_BYTES else None
+        if model_class:
+            try:
+                self._apart = ApartReplay(generation, self.run.events_path, size, model_class)
+            except OSError:
+                self._apart = None
 
     def replay_note(self) -> str:
         """While the log is replayed: how far it got, for the page's status line."""
@@ -119,6 +206,7 @@ class RunFollower:
                 self.clear_tail = True
                 self.replay_size = self._log_size()
                 self.target.reset()
+            self._adopt_apart()
         now = time.monotonic()
         if now >= self._next_status:
             status = self.run.read_status() if not self.run.dir.exists() else self.run.status()
@@ -146,6 +234,24 @@ class RunFollower:
             settle_heap()  # (what the replay built lives as long as the page)
             on_caught_up()
         return True
+
+    def _adopt_apart(self) -> None:
+        """At the start of a replay: the model a child folded (started now if `start_apart` did not), and read on
+        from where it stopped."""
+        self.start_apart()
+        apart, self._apart = self._apart, None
+        if apart is None or apart.generation != self._following:
+            return
+        replayed = apart.result()
+        if replayed is None or self._following != self._generation:
+            return  # (folded here instead, or started over)
+        with self.lock:
+            if not self.target.adopt(replayed.model):
+                return
+            self.event_offset = replayed.offset
+            self.bad_lines = replayed.bad_lines
+            self.tail.extend(replayed.tail)
+        self.changed.set()
 
     def _fold_next(self, read_from: int, generation: int) -> int | None:
         """Read the events after `read_from` and fold them; the offset reached (None: `replay` was called meanwhile)."""

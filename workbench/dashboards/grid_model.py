@@ -15,10 +15,8 @@ anchor it). A pinned cell stays at the top whatever the filter.
 from __future__ import annotations
 
 import math
-import pickle
 import re
 import subprocess
-import sys
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
 from prime_lab.workbench.dashboards.event_folds import MetricsFold, RawEvent
-from prime_lab.workbench.dashboards.files import cyclic_gc_paused, read_events
+from prime_lab.workbench.dashboards.files import child_result, cyclic_gc_paused, read_events, start_child
 from prime_lab.workbench.dashboards.series import ema
 
 if TYPE_CHECKING:
@@ -523,8 +521,7 @@ def start_folds(paths: Sequence[Path], capacity: int) -> StartedFolds:
         child = None
         if index < MAX_FOLDS_AT_ONCE:
             try:
-                child = subprocess.Popen([sys.executable, "-c", _FOLD_IN_CHILD, str(path), str(capacity)],
-                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                child = start_child(_FOLD_IN_CHILD, str(path), str(capacity))
             except OSError:
                 child = None
         children.append(child)
@@ -535,13 +532,7 @@ def collect_folds(started: StartedFolds) -> list[MetricsFold]:
     """The models of `start_folds`' runs, in their order; a run whose process failed (or got none) is folded here."""
     models: list[MetricsFold] = []
     for path, child in zip(started.paths, started.children, strict=True):
-        model = None
-        if child is not None:
-            out, _ = child.communicate()
-            try:
-                model = pickle.loads(out) if child.returncode == 0 else None  # (our own child's)
-            except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, ValueError):
-                model = None
+        model = child_result(child) if child is not None else None
         models.append(model if isinstance(model, MetricsFold) else fold_metrics(path, started.capacity))
     return models
 

@@ -185,6 +185,17 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
         if not self.live:
             self._alerts_replayed = len(self.model.alerts)
 
+    def apart(self) -> str | None:
+        model_class = type(self.model)
+        return f"{model_class.__module__}:{model_class.__qualname__}"
+
+    def adopt(self, model: object) -> bool:
+        if type(model) is not type(self.model):
+            return False
+        self.model = model
+        self._alerts_replayed = len(self.model.alerts)
+        return True
+
     # Drawing ------------------------------------------------------------------------------------------------
     def _refresh_if_changed(self) -> None:
         super()._refresh_if_changed()

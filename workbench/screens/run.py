@@ -117,6 +117,7 @@ class RunScreen(ReportingScreen):
 
     def on_mount(self) -> None:
         self.sub_title = self.run.id
+        self.follower.start_apart()  # (a large log: a child process folds it while the page lays itself out)
         # The follower starts once the page is laid out and drawn: its thread and the mounting of the page's
         # widgets would share the GIL, and the page (and a key pressed on it) would wait for the replay.
         self.call_after_refresh(self._start_following)
@@ -145,6 +146,14 @@ class RunScreen(ReportingScreen):
 
     def follow_files(self) -> None:
         """Read other growing files of the run (follower thread, lock NOT held)."""
+
+    def apart(self) -> str | None:
+        """The model class a large log's replay folds into in a child process (None: folded here)."""
+        return None
+
+    def adopt(self, model: object) -> bool:
+        """Take the model a child process folded (lock held)."""
+        return False
 
     def _refresh_if_changed(self) -> None:
         if not self.changed.is_set():
