@@ -22,14 +22,22 @@ class TailLog(RichLog):
 
     virtual_size: Reactive[Size] = Reactive(Size(0, 0), layout=False)  # (Widget's lays the page out)
 
+    _thumbs_pending = False
+
     def write(self, *args: Any, **kwargs: Any) -> TailLog:
         before = self._scrollbars_needed()
         super().write(*args, **kwargs)
         if self._scrollbars_needed() != before:
             self.refresh(layout=True)
-        elif self.is_mounted:
-            self._scroll_update(self.virtual_size)  # the scrollbars' thumbs follow the new size
+        elif self.is_mounted and not self._thumbs_pending:  # (once per frame, however many lines are written)
+            self._thumbs_pending = True
+            self.call_after_refresh(self._update_thumbs)
         return self
+
+    def _update_thumbs(self) -> None:
+        """The scrollbars' thumbs follow the new size."""
+        self._thumbs_pending = False
+        self._scroll_update(self.virtual_size)
 
     def _scrollbars_needed(self) -> tuple[bool, bool]:
         width, height = self.scrollable_content_region.size
