@@ -440,6 +440,8 @@ class SystemSampler:
             role, inherited = self._role(pid, tree, registered, memo)
             try:
                 with seen.process.oneshot():
+                    if seen.process.status() == psutil.STATUS_ZOMBIE:
+                        continue  # ended, not yet waited for: no memory, no threads (it is no process of the run now)
                     cpu = seen.process.cpu_percent(None)
                     if seen.fresh:  # its average since it started (cpu_percent has only been primed)
                         times = seen.process.cpu_times()

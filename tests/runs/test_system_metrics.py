@@ -22,6 +22,7 @@ import pytest
 from prime_lab.runs.registry import RunRegistry
 from prime_lab.runs.system_metrics import (
     INTERVAL_VARIABLE,
+    SETTLE_S,
     SYSTEM,
     GpuReader,
     ProcessSample,
@@ -149,6 +150,26 @@ def test_a_process_seen_before_it_runs_its_program_gets_its_role_after() -> None
         assert roles == ["other", "mirror"]
     finally:
         child.kill()
+        child.wait()
+
+
+def test_a_process_that_ended_but_was_not_waited_for_is_left_out() -> None:
+    """A child that exited and that its parent has not waited for yet (a zombie: no memory, no threads; a run's
+    trainer between its exit and the supervisor's poll) is no process of the run: left out, never a row of 0 bytes.
+    (CI saw one in a run with two samplers: the sampler had known the process alive.)"""
+    child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({SETTLE_S + 0.5})"])
+    try:
+        sampler = SystemSampler(lambda data: None)  # this process's tree
+        time.sleep(SETTLE_S + 0.1)
+        assert child.pid in {p["pid"] for p in sampler.processes()}  # known alive, its command read and settled
+        deadline = time.monotonic() + 30
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:  # (not waited for: it stays a zombie)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        rows = sampler.processes()
+        assert child.pid not in {p["pid"] for p in rows} and rows
+        assert all(p["rss_bytes"] > 0 and p["threads"] >= 1 for p in rows), rows
+    finally:
         child.wait()
 
 
