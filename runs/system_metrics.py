@@ -442,12 +442,14 @@ class SystemSampler:
                 with seen.process.oneshot():
                     if seen.process.status() == psutil.STATUS_ZOMBIE:
                         continue  # ended, not yet waited for: no memory, no threads (it is no process of the run now)
+                    rss = seen.process.memory_info().rss
+                    if not rss:
+                        continue  # ending: its memory already given back, not a zombie yet
                     cpu = seen.process.cpu_percent(None)
                     if seen.fresh:  # its average since it started (cpu_percent has only been primed)
                         times = seen.process.cpu_times()
                         age = max(now - seen.process.create_time(), 1e-3)
                         cpu = 100.0 * (times.user + times.system) / age
-                    rss = seen.process.memory_info().rss
                     threads = seen.process.num_threads()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue

@@ -127,7 +127,8 @@ def test_two_local_samplers_share_the_run(learnable_model_dir: Path, tmp_path: P
                                    ("sampler", 1, "inference-2")):
         assert (role, rank, pids[registered]) in seen, (role, sorted(seen))
     busy = max(p["cpu_percent"] for e in samples for p in e.data["processes"] if p["role"] == "trainer")
-    assert busy > 10 and all(p["rss_bytes"] > 0 for e in samples for p in e.data["processes"])
+    assert busy > 10, busy
+    assert all(p["rss_bytes"] > 0 for e in samples for p in e.data["processes"]), samples
     table = prime("rl", "metrics", run.id, "--system").stdout  # the run has ended: its samples stay
     assert {"supervisor", "trainer.0", "orchestrator", "sampler.0", "sampler.1"} <= {
         line.split()[0] for line in table.splitlines() if line.strip()}, table
