@@ -61,6 +61,18 @@ def event_line(event: Event) -> str:
     return f"{step}[{event.source}] {event.kind}: {body}"
 
 
+def bad_count(items: list[RawEvent | BadLine]) -> int:
+    """The corrupt lines among `items`."""
+    return sum(1 for item in items if isinstance(item, BadLine))
+
+
+def tail_lines(items: list[RawEvent | BadLine]) -> list[str]:
+    """The event-tail lines of the last `TAIL_LINES` of `items` (corrupt lines and system samples left out: the
+    System tab shows those)."""
+    return [event_line(Event.from_json(e)) for e in items[-TAIL_LINES:]
+            if not isinstance(e, BadLine) and e.get("kind") != SYSTEM]
+
+
 class FollowTarget(Protocol):
     """What a follower folds a run into (a run page). Every method is called on the follower's thread."""
 
@@ -115,9 +127,8 @@ def replay_apart(path: Path, end: int, model_class: str) -> Replayed:
             items, offset = read_events(path, offset)
             if not items:
                 break
-            bad += sum(1 for item in items if isinstance(item, BadLine))
-            tail.extend(event_line(Event.from_json(e)) for e in items[-TAIL_LINES:]
-                        if not isinstance(e, BadLine) and e.get("kind") != SYSTEM)
+            bad += bad_count(items)
+            tail.extend(tail_lines(items))
             model.feed(items)
     return Replayed(model, offset, bad, list(tail))
 
@@ -262,9 +273,8 @@ class RunFollower:
             for start in range(0, len(items), CHUNK):  # the lock is let go between chunks: the UI keeps up
                 chunk = items[start:start + CHUNK]
                 with self.lock:
-                    self.bad_lines += sum(1 for item in chunk if isinstance(item, BadLine))
-                    self.tail.extend(event_line(Event.from_json(e)) for e in chunk[-TAIL_LINES:]
-                                     if not isinstance(e, BadLine) and e.get("kind") != SYSTEM)  # the System tab
+                    self.bad_lines += bad_count(chunk)
+                    self.tail.extend(tail_lines(chunk))
                     self.target.consume(chunk)
                 self.changed.set()
             with self.lock:
