@@ -307,16 +307,17 @@ class ChartsDashboard(DashboardScreen, Generic[M]):
     def on_metrics_grid_changed(self, event: MetricsGrid.Changed) -> None:
         """A grid key changed what it shows: draw it now (the data under the lock), not at the next poll."""
         event.stop()
-        if self.grid_shown and self.query_one(TabbedContent).active == "charts":
-            with self.fold_lock:  # (only the cells the key changed: new points wait for the next redraw)
-                self.grid.draw(self.grid_runs(), SMOOTHING_STEPS[self.smoothing], new_data=False)
+        self._draw_grid(new_data=False)  # (only the cells the key changed: new points wait for the next redraw)
 
     def on_metrics_grid_behind(self, event: MetricsGrid.Behind) -> None:
         """Cells wait to show new points: the next few."""
         event.stop()
+        self._draw_grid(new_data=True)
+
+    def _draw_grid(self, new_data: bool) -> None:
         if self.grid_shown and self.query_one(TabbedContent).active == "charts":
             with self.fold_lock:
-                self.grid.draw(self.grid_runs(), SMOOTHING_STEPS[self.smoothing])
+                self.grid.draw(self.grid_runs(), SMOOTHING_STEPS[self.smoothing], new_data=new_data)
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         if self.grid_shown and self.query_one(TabbedContent).active == "charts":

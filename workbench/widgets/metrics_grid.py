@@ -160,8 +160,8 @@ class GridCell:
 
 
 class CellStyles:
-    """The rich styles a cell is drawn in, taken from the canvas' component classes once per draw (each costs a
-    walk up the DOM), and a style per run colour."""
+    """The rich styles a cell is drawn in, taken from the canvas' component classes once, and again after a change
+    of its styles (each costs a walk up the DOM), and a style per run colour."""
 
     def __init__(self, canvas: GridCanvas) -> None:
         self.base = canvas.rich_style
@@ -332,7 +332,7 @@ class MetricsGrid(Widget, can_focus=True):
         self.view: GridView | None = None
         self.drawn = False  # every cell of the page drawn since the last change (the bench waits for it)
         self._header = Text()
-        self._deferred = 0  # draws in a row that left cells for after the next layout
+        self._deferred = 0  # draws in a row that found the canvas without a size yet
         self.behind = False  # cells on show wait to show new points (drawn a few at a time: `LIVE_SLICE`)
         self._next_live = 0  # the cell the next slice of new points starts at (round robin)
         self._slice_timer: Timer | None = None
