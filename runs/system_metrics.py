@@ -440,11 +440,9 @@ class SystemSampler:
             role, inherited = self._role(pid, tree, registered, memo)
             try:
                 with seen.process.oneshot():
-                    if seen.process.status() == psutil.STATUS_ZOMBIE:
-                        continue  # ended, not yet waited for: no memory, no threads (it is no process of the run now)
                     rss = seen.process.memory_info().rss
-                    if not rss:
-                        continue  # ending: its memory already given back, not a zombie yet
+                    if not rss:  # ending, or ended and not waited for yet (a zombie): no process of the run now
+                        continue
                     cpu = seen.process.cpu_percent(None)
                     if seen.fresh:  # its average since it started (cpu_percent has only been primed)
                         times = seen.process.cpu_times()
