@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.plugins.models", "tests.plugins.releases", "tests.plugins.servers", "tests.plugins.vllm"]
+pytest_plugins = ["tests.plugins.models", "tests.plugins.releases", "tests.plugins.scheduling", "tests.plugins.servers",
+                  "tests.plugins.vllm"]
 
 
 @pytest.fixture(autouse=True)

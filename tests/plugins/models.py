@@ -8,11 +8,13 @@
   persistent cache (`~/.cache/prime-lab-test-models`, or `$PRIME_LAB_TEST_MODELS`), because dequantising takes
   ~15-30 s. From the first use on, `PRIME_LAB_MODELS` points there for the rest of the session, so
   `resolve_model("smollm2-135m")` in any later test finds it (each test still gets its own empty PRIME_LAB_HOME
-  from tests/conftest.py). Without the wheel it fails with the install command (scripts/setup installs it).
+  from tests/conftest.py). Without the wheel it fails with the install command (scripts/setup installs it). Two
+  xdist workers asking at once take turns on a lock in that folder: one builds, the other finds it built.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +42,11 @@ def tiny_moe_model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.
 def smollm2_dir() -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as session_env:
         session_env.setenv("PRIME_LAB_MODELS", str(TEST_MODELS_CACHE))
-        yield resolve_model("smollm2-135m")
+        TEST_MODELS_CACHE.mkdir(parents=True, exist_ok=True)
+        with open(TEST_MODELS_CACHE / ".smollm2-135m.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, the model built
+            path = resolve_model("smollm2-135m")
+        yield path
 
 
 LEARNABLE_SHAPE = TinyModelShape(initializer_range=0.1, char_class_strength=1.0)

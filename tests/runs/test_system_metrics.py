@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
+from prime_lab.runs import system_metrics
 from prime_lab.runs.registry import RunRegistry
 from prime_lab.runs.system_metrics import (
     INTERVAL_VARIABLE,
@@ -137,16 +138,26 @@ def test_each_process_of_the_tree_gets_its_role(tree: Tree) -> None:
                                                                                grandchild["inference-2"]]
 
 
-def test_a_process_seen_before_it_runs_its_program_gets_its_role_after() -> None:
-    """A process just forked shows its parent's command line until it runs its own (here: execs the mirror's)."""
+def test_a_process_seen_before_it_runs_its_program_gets_its_role_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process just forked shows its parent's command line until it runs its own (here: execs the mirror's).
+    The child execs when the test says so, not after a sleep: on a loaded machine (another test beside this one)
+    a Python child's start alone took longer than the sampler's settle time. The settle time is widened to 10 s
+    so that the exec always falls inside it; what is checked is the same: read again until settled."""
+    monkeypatch.setattr(system_metrics, "SETTLE_S", 10.0)
     later = f"os.execv(sys.executable, [sys.executable, '-c', {SLEEP!r}, '-m', 'prime_lab.monitors.wandb_mirror'])"
-    child = subprocess.Popen([sys.executable, "-c", f"import os, sys, time; time.sleep(0.4); {later}"])
+    code = f"import os, sys; print(flush=True); sys.stdin.readline(); {later}"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert child.stdout is not None and child.stdin is not None
+        child.stdout.readline()  # it runs its own first program
         sampler = SystemSampler(lambda data: None)  # this process's tree
-        roles = []
-        for wait in (0.2, 0.6):
-            time.sleep(wait)
-            roles += [p["role"] for p in sampler.processes() if p["pid"] == child.pid]
+        roles = [p["role"] for p in sampler.processes() if p["pid"] == child.pid]
+        child.stdin.write(b"\n")
+        child.stdin.flush()
+        deadline = time.monotonic() + 30
+        while "wandb_mirror" not in " ".join(psutil.Process(child.pid).cmdline()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        roles += [p["role"] for p in sampler.processes() if p["pid"] == child.pid]
         assert roles == ["other", "mirror"]
     finally:
         child.kill()
