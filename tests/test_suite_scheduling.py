@@ -75,25 +75,29 @@ def test_each_worker_gets_cores_of_its_own() -> None:
 
 
 def test_a_worker_and_what_it_starts_run_on_its_core(tmp_path: Path) -> None:
-    """Two xdist workers of a small suite: each test reports the cores it and a child process may use."""
+    """Two xdist workers of a small suite: each test reports the cores it and a child process may use, and the
+    terminal width it sees."""
     if len(os.sched_getaffinity(0)) < 2:
         return  # one core: nothing to split (the helper's own test above still runs)
     body = ("import os, subprocess, sys\n"
             "def test_report():\n"
             "    child = subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'],\n"
             "                           capture_output=True, text=True).stdout.strip()\n"
-            "    line = f\"{os.environ['PYTEST_XDIST_WORKER']} {sorted(os.sched_getaffinity(0))} {child}\\n\"\n"
+            "    line = f\"{os.environ['PYTEST_XDIST_WORKER']} {sorted(os.sched_getaffinity(0))} {child} \"\n"
+            "    line += f\"{os.environ.get('COLUMNS')}\\n\"\n"
             "    with open(os.environ['CORES_OUT'], 'a') as out:\n"
             "        out.write(line)\n"
             "    import time; time.sleep(1)\n")  # the other worker takes the other file meanwhile
     for name in ("a", "b"):  # a file is a unit: two files, one for each worker
         (tmp_path / f"test_cores_{name}.py").write_text(body)
     out = tmp_path / "cores.txt"
+    environ = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}  # as `prime` gets it: no terminal
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "tests.plugins.scheduling", "-p",
                            "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)], capture_output=True,
                           text=True, timeout=120, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "CORES_OUT": str(out)})
+                          env={**environ, "PYTHONPATH": str(REPO), "CORES_OUT": str(out)})
     assert done.returncode == 0, done.stdout + done.stderr
     rows = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.read_text().splitlines()}
     cores = sorted(os.sched_getaffinity(0))
-    assert rows == {"gw0": f"{cores[0::2]} {cores[0::2]}", "gw1": f"{cores[1::2]} {cores[1::2]}"}, rows
+    # and none of the COLUMNS=80 an xdist worker starts with: `prime` into a pipe keeps its 200 columns
+    assert rows == {"gw0": f"{cores[0::2]} {cores[0::2]} None", "gw1": f"{cores[1::2]} {cores[1::2]} None"}, rows

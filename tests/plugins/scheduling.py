@@ -157,9 +157,24 @@ def pin_worker() -> None:
             os.sched_setaffinity(int(task), cores)
 
 
+TERMINAL_VARIABLES = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """The controller's COLUMNS and LINES, for its workers: a worker starts with COLUMNS=80 and LINES=24 of its
+    own, which `prime`'s output into a pipe then takes for a terminal's width (80 columns, not 200)."""
+    node.workerinput["terminal_variables"] = {name: os.environ.get(name) for name in TERMINAL_VARIABLES}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         pin_worker()
+        for name, value in config.workerinput.get("terminal_variables", {}).items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     out = config.getoption("--durations-out")
     if out and not hasattr(config, "workerinput"):
         config.pluginmanager.register(DurationsOut(Path(out)), "prime-lab-durations-out")
