@@ -16,8 +16,9 @@ A token outside the trainer's nucleus. With top_p < 1 the trainer's logprob of a
 outside the nucleus is -inf (trainer/lm_head.py). That is normal, not a corner: the sampler runs up to
 `max_async_level` versions behind, and the nucleus moves. Such a token has ratio 0 and no finite KL, so it is left
 out: `nucleus_mask = loss_mask and l_it > -inf` takes the place of `loss_mask` in the token mask, the KL penalty
-(which also leaves out the tokens outside the reference's nucleus, r = -inf) and every metric, while the normaliser
-stays every loss token (as for a token masked for its ratio: the count is the batch's, fixed before any forward).
+(which also leaves out the tokens outside the reference's nucleus, r = -inf) and every metric of the trainer's
+logprobs (not `teacher/kl`, below: the sampler's), while the normaliser stays every loss token (as for a token masked
+for its ratio: the count is the batch's, fixed before any forward).
 `outside_fraction` (`policy/outside_nucleus`) is their share of the loss tokens. A left-out logprob is replaced by a
 finite stand-in before any exp or product, so it adds exactly zero gradient and no nan (-inf * 0 is nan, and so is
 the gradient of an unselected `where` branch that is inf).
@@ -30,8 +31,11 @@ Two more losses share the packing and LM head (`LOSSES`):
 - `opd` (on-policy distillation, prime-rl's `opd`): the student samples, a teacher scores the student's tokens
   (logprob t_it), and each token's advantage gains the teacher's opinion of it, `A_it = A_i + (t_it - l_it)` with
   l_it detached: the policy gradient of the reverse KL from student to teacher, beside the reward's advantage (0 when
-  every rollout of a group scores alike). `teacher/kl` is its mean, `sum mask * (l - t) / sum mask`, an estimate of
-  KL(student || teacher) on the student's own tokens.
+  every rollout of a group scores alike). `teacher/kl` is the KL of the sampling policy to the teacher, estimated on
+  the tokens the sampler drew: `sum mask * (s - t) / sum mask` over every loss token (`teacher_kl_sum`). With the
+  sampler's logprob s, not the trainer's l: the batch is up to `max_async_level` versions old, and `mean(l - t)`
+  would estimate KL(sampler || teacher) minus the mismatch KL (0.72 where it was 1.75, two versions stale). The
+  loss itself takes l - t (its gradient is that of the current policy's reverse KL).
 
 Which logprobs: l and s are both taken under the distribution the token was actually sampled from, the model's
 logits divided by `[sampling].temperature` with the tokens outside the `top_p` nucleus removed and the rest
@@ -84,6 +88,16 @@ def distillation_advantages(advantages: torch.Tensor, teacher_logprobs: torch.Te
 
     student = logprobs.detach()
     return advantages + torch.where(inside_nucleus(student), teacher_logprobs - student, 0.0)
+
+
+def teacher_kl_sum(sampler_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, loss_mask: torch.Tensor
+                   ) -> float:
+    """`teacher/kl`'s sum over the loss tokens: sampler minus teacher logprob of each token the sampler drew (the
+    k1 estimate of KL(sampler || teacher)); the caller divides by the batch's loss tokens. Every loss token counts,
+    those outside the trainer's nucleus too: the sampler drew them, whatever the trainer's policy is now."""
+    import torch
+
+    return float(torch.where(loss_mask > 0, sampler_logprobs - teacher_logprobs, 0.0).sum())
 
 
 def inside_nucleus(logprobs: torch.Tensor) -> torch.Tensor:

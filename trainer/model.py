@@ -32,6 +32,7 @@ from prime_lab.trainer.loss import (
     distillation_advantages,
     inside_nucleus,
     policy_loss,
+    teacher_kl_sum,
 )
 from prime_lab.trainer.packing import pack
 
@@ -447,7 +448,8 @@ def reference_logprobs(model: Any, reference: Any | None, inputs: dict[str, Any]
 @dataclass
 class BatchResult:
     """A batch's loss and metrics. The means (entropy, KLs) are over the loss tokens inside the trainer's nucleus
-    (`ref_kl`: inside the reference's too); the fractions are shares of every loss token."""
+    (`ref_kl`: inside the reference's too; `teacher_kl`, of the sampler's tokens, over every loss token); the
+    fractions are shares of every loss token."""
 
     loss: float
     entropy: float
@@ -456,7 +458,7 @@ class BatchResult:
     ref_kl: float | None
     loss_tokens: int
     tokens: int
-    teacher_kl: float | None = None  # loss = "opd": mean (student - teacher) logprob of the trained tokens
+    teacher_kl: float | None = None  # loss = "opd": mean (sampler - teacher) logprob of the trained tokens
     outside_nucleus: float = 0.0  # share of loss tokens outside the trainer's nucleus, left out of the loss
 
 
@@ -528,7 +530,7 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
                         raise ValueError("loss = \"opd\": a sample of the batch has no teacher logprobs")
                     teacher = torch.tensor([row.teacher_logprobs], dtype=torch.float32, device=device)
                     advantages = distillation_advantages(advantages, teacher, logprobs)
-                    teacher_kl = float(torch.where(inside, logprobs.detach() - teacher, 0.0).sum())
+                    teacher_kl = teacher_kl_sum(sampler_logprobs, teacher, loss_mask)
                 out = policy_loss(logprobs, sampler_logprobs, advantages, loss_mask, ratio_low=ratio_low,
                                   ratio_high=ratio_high, ref_logprobs=ref, kl_beta=kl_beta,
                                   num_loss_tokens=max(1, total_loss_tokens))
@@ -549,13 +551,13 @@ def accumulate_batch_gradients(model: Any, samples: list[Sample], *, device: str
         sums[8] += out.ref_tokens
     if dist is not None:
         sums = dist.sum(sums)
-    loss_sum, entropy_sum, kl_sum, masked_sum, ref_kl_sum, teacher_kl_sum, outside_sum, inside_sum, ref_sum = sums
+    loss_sum, entropy_sum, kl_sum, masked_sum, ref_kl_sum, teacher_sum, outside_sum, inside_sum, ref_sum = sums
     tokens = sum(len(s.input_ids) for s in samples)
     n, inside_n = max(1, total_loss_tokens), max(1.0, inside_sum)
     return BatchResult(loss=loss_sum, entropy=entropy_sum / inside_n, mismatch_kl=kl_sum / inside_n,
                        masked_fraction=masked_sum / n, ref_kl=ref_kl_sum / max(1.0, ref_sum) if kl_beta > 0 else None,
                        loss_tokens=total_loss_tokens, tokens=tokens,
-                       teacher_kl=teacher_kl_sum / inside_n if loss == "opd" else None,
+                       teacher_kl=teacher_sum / n if loss == "opd" else None,
                        outside_nucleus=outside_sum / n)
 
 

@@ -167,8 +167,12 @@ def test_tokens_a_stale_policy_drew_outside_the_current_nucleus_are_masked(tiny_
     assert result.entropy == pytest.approx(alone.entropy, rel=1e-5)
     assert result.ref_kl == pytest.approx(alone.ref_kl, rel=1e-5)
     assert result.masked_fraction == pytest.approx(alone.masked_fraction * share, rel=1e-5)
-    if loss == "opd":
-        assert result.teacher_kl == pytest.approx(alone.teacher_kl, rel=1e-5)
+    if loss == "opd":  # of the sampler's tokens: every loss token, those outside the trainer's nucleus too
+        sampled = 0.0
+        for s in samples:
+            assert s.teacher_logprobs is not None
+            sampled += sum(s.sampler_logprobs[t] - s.teacher_logprobs[t] for t, m in enumerate(s.loss_mask) if m)
+        assert result.teacher_kl == pytest.approx(sampled / n, rel=1e-5)
     assert grads.keys() == alone_grads.keys()
     for name, want in alone_grads.items():
         torch.testing.assert_close(grads[name], want * share, rtol=1e-4, atol=1e-5 * float(want.abs().max()),

@@ -1,5 +1,6 @@
 """The SFT and on-policy distillation losses: cross-entropy against torch's own, through the packed batch path on
-the tiny model; the opd advantage and its gradient direction; teacher/kl as its mean."""
+the tiny model; the opd advantage and its gradient direction; teacher/kl as the mean of sampler - teacher logprob,
+a stale batch's included."""
 
 from __future__ import annotations
 
@@ -73,21 +74,66 @@ def test_the_packed_sft_loss_and_gradients_equal_torchs_cross_entropy(tiny_model
         assert torch.allclose(grad, dict(model.named_parameters())[name].grad, atol=1e-6), name
 
 
-def test_teacher_kl_is_the_mean_of_student_minus_teacher(tiny_model_dir: Path) -> None:
+def test_on_policy_teacher_kl_is_the_mean_of_student_minus_teacher(tiny_model_dir: Path) -> None:
     from prime_lab.trainer.model import token_logprobs
 
     model = load_policy(tiny_model_dir, lora_r=4, target_modules=["q_proj"])
     batch = samples(teacher=True)
-    result = accumulate_batch_gradients(model, batch, device="cpu", loss="opd")
     want, n = 0.0, 0
     with torch.no_grad():
         for s in batch:
             ids = torch.tensor([s.input_ids])
             student, _ = token_logprobs(model, ids, torch.ones_like(ids))
+            s.sampler_logprobs = student[0].tolist()  # on-policy: the student sampled
             for t, on in enumerate(s.loss_mask):
                 if on:
                     want += float(student[0, t]) - s.teacher_logprobs[t]  # type: ignore[index]
                     n += 1
+    result = accumulate_batch_gradients(model, batch, device="cpu", loss="opd")
     assert result.teacher_kl == pytest.approx(want / n, abs=1e-4)
     with pytest.raises(ValueError, match="no teacher logprobs"):
         accumulate_batch_gradients(model, samples(), device="cpu", loss="opd")
+
+
+def test_teacher_kl_is_the_sampling_policys_kl_to_the_teacher_when_the_batch_is_two_versions_stale(
+        tiny_model_dir: Path) -> None:
+    """Off-policy (max_async_level 2, the default): the batch was sampled by the policy two versions back, so the
+    trainer's logprobs are not the sampler's. teacher/kl is KL(sampler || teacher) on the sampler's own tokens: the
+    mean of sampler - teacher logprob over the loss tokens. The trainer's logprobs in its place give that minus the
+    mismatch KL (about: 0.72 where the KL was 1.75, two versions stale, in the review)."""
+    from prime_lab.trainer.model import token_logprobs
+
+    torch.manual_seed(0)
+    model = load_policy(tiny_model_dir, lora_r=4, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"])
+    adapter = [p for name, p in model.named_parameters() if "lora_" in name]
+
+    def update() -> None:  # one policy version further
+        with torch.no_grad():
+            for p in adapter:
+                p.add_(torch.randn_like(p) * 2.0)
+
+    batch = samples(seed=1)
+    update()
+    with torch.no_grad():  # version k - 2 samples, and the teacher (the base model) scores its tokens
+        for s in batch:
+            ids = torch.tensor([s.input_ids])
+            s.sampler_logprobs = token_logprobs(model, ids, torch.ones_like(ids))[0][0].tolist()
+            with model.disable_adapter():
+                s.teacher_logprobs = token_logprobs(model, ids, torch.ones_like(ids))[0][0].tolist()
+    update()  # versions k - 1 and k: the trainer's policy is two updates on
+    update()
+    result = accumulate_batch_gradients(model, batch, device="cpu", loss="opd")
+    sampled = current = 0.0
+    n = 0
+    with torch.no_grad():
+        for s in batch:
+            ids = torch.tensor([s.input_ids])
+            trainer = token_logprobs(model, ids, torch.ones_like(ids))[0][0]
+            for t, on in enumerate(s.loss_mask):
+                if on:
+                    sampled += s.sampler_logprobs[t] - s.teacher_logprobs[t]  # type: ignore[index]
+                    current += float(trainer[t]) - s.teacher_logprobs[t]  # type: ignore[index]
+                    n += 1
+    assert abs(sampled - current) / n > 0.05  # the case under test: the trainer's policy is not the sampler's
+    assert result.mismatch_kl > 0.01
+    assert result.teacher_kl == pytest.approx(sampled / n, abs=1e-5)

@@ -57,7 +57,7 @@ RL_CHARTS: tuple[ChartSpec, ...] = (
               points=("val_reward/mean",), point_patterns=(("eval/", "/reward"),), band=("reward/mean", "reward/std")),
     ChartSpec("entropy", "policy/entropy", ("policy/entropy",)),
     ChartSpec("kl", "KL: mismatch (policy/kl), reference (policy/ref_kl)", ("policy/kl", "policy/ref_kl")),
-    ChartSpec("teacher-kl", "teacher/kl (student to teacher, loss = \"opd\")", ("teacher/kl",)),
+    ChartSpec("teacher-kl", "teacher/kl: KL(sampler || teacher)", ("teacher/kl",)),
     ChartSpec("loss", "loss", ("loss",)),
     ChartSpec("lr", "optim/lr", ("optim/lr",)),
     ChartSpec("grad", "optim/grad_norm", ("optim/grad_norm",)),
