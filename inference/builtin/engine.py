@@ -3,11 +3,13 @@
 Requests from the HTTP handlers go into a queue. The engine thread admits waiting requests for the model of the
 running batch (prefilling their prompts together, once per prompt: the `n` choices of a request share it), joins
 them to the batch, and decodes one token for every row per forward pass. Finished rows leave after each step and
-their requests are answered. A batch serves one model (the base or one adapter); requests for another model wait
-until the running batch drains, and are then served in arrival order. Models resolve through `resolve` before
-every step: an adapter replaced in place is the same model to the engine, so the running batch moves to the new
-weights and requests for it join the batch instead of waiting. `between_steps(fn)` runs `fn` on the engine thread
-between two forward passes (new full weights copied into the model: the running batch continues on them).
+their requests are answered. A request whose future is cancelled (its HTTP client went away: app.py) is dropped: its
+rows leave the batch before the next forward pass, their KV cache with them, and a waiting one is never prefilled.
+A batch serves one model (the base or one adapter); requests for another model wait until the running batch drains,
+and are then served in arrival order. Models resolve through `resolve` before every step: an adapter replaced in
+place is the same model to the engine, so the running batch moves to the new weights and requests for it join the
+batch instead of waiting. `between_steps(fn)` runs `fn` on the engine thread between two forward passes (new full
+weights copied into the model: the running batch continues on them).
 
 A request that asks for `prompt_logprobs` is prefilled on its own, `prompt_chunk_size` positions at a time into its
 KV cache: each chunk's logits give the raw logprobs of the prompt tokens they predict (never a [prompt, vocabulary]
@@ -25,7 +27,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -99,6 +101,7 @@ class GenerationEngine:
         self.decoder = StaticDecoder(device, max_batch_rows, device_lock) if graph_decode else None
         self._eager_models: set[str] = set()  # names logged as decoding eagerly
         self.decode_steps = 0
+        self.generation_tokens: Counter[str] = Counter()  # model name -> tokens sampled for it (prefill included)
         self.decode_seconds = 0.0  # the engine thread's time in decode steps (forward, sampling, bookkeeping)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="generation-engine", daemon=True)
@@ -141,6 +144,8 @@ class GenerationEngine:
                 try:
                     if self._batch is not None:
                         self._batch.model = self.resolve(self._batch.model)
+                        if not self._batch.drop_finished():  # rows whose client went away since the last step
+                            self._batch = None
                     self._admit()
                     if self._batch is not None:
                         start = time.perf_counter()
@@ -214,8 +219,7 @@ class GenerationEngine:
             except Exception as error:
                 log.exception("prefill failed")
                 for pending in chunk:
-                    if not pending.future.done():
-                        pending.future.set_exception(error)
+                    pending.fail(error)
                 continue
             if joined is None:
                 continue
@@ -227,8 +231,7 @@ class GenerationEngine:
             except Exception as error:  # out of memory for the grown batch: its rows and the new ones fail
                 log.exception("joining the running batch failed")
                 for pending in chunk:
-                    if not pending.future.done():
-                        pending.future.set_exception(error)
+                    pending.fail(error)
                 self._fail_batch(error)
 
     def _running_batch(self, batch: DecodeBatch) -> DecodeBatch | GraphDecodeBatch:
@@ -357,6 +360,7 @@ class GenerationEngine:
 
     def _take_tokens(self, batch: DecodeBatch | GraphDecodeBatch, sampled: SampledTokens) -> None:
         batch.last_tokens = sampled.tokens
+        self.generation_tokens[batch.model.name] += len(batch)
         tokens = sampled.tokens.tolist()
         logprobs = sampled.logprobs.tolist()
         tops: list[list[tuple[int, float]]] | None = None
@@ -371,8 +375,7 @@ class GenerationEngine:
     def _fail_batch(self, error: BaseException) -> None:
         if self._batch is not None:
             for sequence in self._batch.sequences:
-                if not sequence.pending.future.done():
-                    sequence.pending.future.set_exception(error)
+                sequence.pending.fail(error)
         self._batch = None
 
     def _fail_all(self, error: BaseException) -> None:
@@ -386,6 +389,5 @@ class GenerationEngine:
             elif item is not _STOP:
                 self._waiting.append(item)
         for pending in self._waiting:
-            if not pending.future.done():
-                pending.future.set_exception(error)
+            pending.fail(error)
         self._waiting.clear()

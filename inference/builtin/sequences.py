@@ -7,8 +7,9 @@ them once, from its prefill (`PromptLogprobs`), and every one of its choices car
 
 from __future__ import annotations
 
+import contextlib
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -78,12 +79,19 @@ class PendingRequest:
 
     @property
     def abandoned(self) -> bool:
+        """True once the request has its answer, or its future was cancelled (its HTTP client went away)."""
         return self.future.done()
 
     def finish_choice(self, index: int, choice: Choice) -> None:
         self.choices[index] = choice
-        if all(c is not None for c in self.choices) and not self.future.done():
-            self.future.set_result([c for c in self.choices if c is not None])
+        if all(c is not None for c in self.choices):
+            with contextlib.suppress(InvalidStateError):  # cancelled meanwhile, from the server's event loop
+                self.future.set_result([c for c in self.choices if c is not None])
+
+    def fail(self, error: BaseException) -> None:
+        """End the request with `error`, unless it has ended already (answered, failed or cancelled)."""
+        with contextlib.suppress(InvalidStateError):
+            self.future.set_exception(error)
 
 
 class Sequence:

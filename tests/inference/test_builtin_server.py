@@ -7,11 +7,15 @@ engines must do alike is in test_conformance.py.
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -209,28 +213,90 @@ def test_adapters_merge_load_replace_and_unload(
     assert post(builtin_server, "/v1/load_lora_adapter", missing).status_code == 404
 
 
+def counters(server: BuiltinServer) -> dict[str, int]:
+    """The server's `/metrics`, by series ('name{labels}')."""
+    response = httpx.get(server.root_url + "/metrics", timeout=10)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    lines = [line.rsplit(" ", 1) for line in response.text.splitlines() if not line.startswith("#")]
+    return {name: int(value) for name, value in lines}
+
+
 def test_metrics_count_answered_requests_and_policy_loads(
     builtin_server: BuiltinServer, tiny_lora_adapters: tuple[Path, Path]
 ) -> None:
-    def counters() -> dict[str, int]:
-        response = httpx.get(builtin_server.root_url + "/metrics", timeout=10)
-        assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-        lines = [line.rsplit(" ", 1) for line in response.text.splitlines() if not line.startswith("#")]
-        return {name: int(value) for name, value in lines}
-
     base = f'prime_lab_requests_total{{route="chat",model="{builtin_server.model_name}"}}'
-    before = counters()
+    before = counters(builtin_server)
     chat(builtin_server)
     chat(builtin_server)
     load = {"lora_name": "builtin-metrics", "lora_path": str(tiny_lora_adapters[0])}
     assert post(builtin_server, "/v1/load_lora_adapter", load).status_code == 200
     chat(builtin_server, model="builtin-metrics")
     assert post(builtin_server, "/v1/unload_lora_adapter", {"lora_name": "builtin-metrics"}).status_code == 200
-    after = counters()
+    after = counters(builtin_server)
     assert after[base] - before.get(base, 0) == 2
     assert after['prime_lab_requests_total{route="chat",model="builtin-metrics"}'] == 1
     assert after['prime_lab_policy_loads_total{kind="adapter",name="builtin-metrics"}'] == 1
     assert "loaded LoRA adapter 'builtin-metrics' from" in builtin_server.log_path.read_text()
+
+
+def send_and_wait(server: BuiltinServer, route: str, payload: dict[str, Any]) -> socket.socket:
+    """A client that sends a request and reads nothing: closing the socket is its disconnect (as an HTTP client's
+    timeout closes its connection)."""
+    url = urlsplit(server.root_url)
+    assert url.hostname is not None and url.port is not None
+    body = json.dumps(payload).encode()
+    head = (f"POST {route} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")  # fmt: skip
+    client = socket.create_connection((url.hostname, url.port), timeout=10)
+    client.sendall(head.encode() + body)
+    return client
+
+
+def wait_for(what: str, check: Callable[[], dict[str, int] | None], timeout: float = 10.0) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found is not None:
+            return found
+        time.sleep(0.01)
+    raise AssertionError(f"no {what} within {timeout} s")
+
+
+@pytest.mark.parametrize(
+    ("route", "fields", "rows"),
+    [("chat", {"messages": MESSAGES, "n": 3}, 3),
+     ("completion", {"prompt": ["The capital of France is", "Once upon a time"], "n": 2}, 4)],
+)  # fmt: skip
+def test_a_request_whose_client_disconnects_stops_decoding_and_counts_as_cancelled(
+    builtin_server: BuiltinServer, route: str, fields: dict[str, Any], rows: int
+) -> None:
+    """Starlette runs a handler to its end after its client has gone: without the server's own watch for the
+    disconnect, the request below would decode all its rows to max_tokens and count as answered."""
+    model = builtin_server.model_name
+    path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+    tokens = f'prime_lab_generation_tokens_total{{model="{model}"}}'
+    cancelled = f'prime_lab_requests_cancelled_total{{route="{route}",model="{model}"}}'
+    answered = f'prime_lab_requests_total{{route="{route}",model="{model}"}}'
+    max_tokens = 1800  # about 3 s on two CPU cores: the disconnect comes after a few tokens
+
+    def grown(series: str, since: dict[str, int]) -> Callable[[], dict[str, int] | None]:
+        return lambda: now if (now := counters(builtin_server)).get(series, 0) > since.get(series, 0) else None
+
+    before = counters(builtin_server)
+    client = send_and_wait(builtin_server, path, {"model": model, "max_tokens": max_tokens, "ignore_eos": True,
+                                                  **fields})  # fmt: skip
+    wait_for("generated token", grown(tokens, before))
+    client.close()
+    wait_for("cancelled request in /metrics", grown(cancelled, before))
+    short = {"model": model, "max_tokens": 4, "ignore_eos": True, **fields}
+    assert post(builtin_server, path, short).status_code == 200  # served: the cancelled rows are gone by its end
+    settled = counters(builtin_server)
+    assert post(builtin_server, path, short).status_code == 200
+    after = counters(builtin_server)
+    assert after[tokens] - settled[tokens] == rows * 4, "a cancelled row is still decoding"
+    assert settled[tokens] - before.get(tokens, 0) - rows * 4 < rows * max_tokens / 4
+    assert after[cancelled] - before.get(cancelled, 0) == 1
+    assert after[answered] - before.get(answered, 0) == 2
 
 
 def test_requests_running_on_an_adapter_move_to_its_in_place_replacement(
