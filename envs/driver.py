@@ -174,6 +174,12 @@ def time_limit(env: Any) -> float | None:
     return float(value)
 
 
+def tools_of(env: Any) -> list[Any]:
+    """The tools the environment sends with its requests: `tool_defs` (vf.Tool, 0.2 on) or `oai_tools` (0.1),
+    as plain data (prime-lab checks that the model's chat template shows them: envs/tool_prompt.py)."""
+    return jsonable(list(getattr(env, "tool_defs", None) or getattr(env, "oai_tools", None) or []))
+
+
 def describe(module: str, args: dict[str, Any]) -> dict[str, Any]:
     env = load(module, args)
     load_fn = getattr(sys.modules.get(module), "load_environment", None)
@@ -186,7 +192,7 @@ def describe(module: str, args: dict[str, Any]) -> dict[str, Any]:
             "sampling_args": jsonable(dict(getattr(env, "sampling_args", None) or {})),
             "message_type": getattr(env, "message_type", "chat"), "takes_system_prompt": takes_prompt,
             "parser": {"format": str(fmt()) if callable(fmt) else ""}, "rubric": rubric_of(env),
-            "timeout_seconds": time_limit(env),
+            "timeout_seconds": time_limit(env), "tools": tools_of(env),
             "dataset": dataset_rows(env, "dataset"), "eval_dataset": dataset_rows(env, "eval_dataset")}
 
 

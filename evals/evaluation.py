@@ -33,12 +33,16 @@ from prime_lab.envs import (
     replace_system_prompt,
 )
 from prime_lab.envs.environment import DEFAULT_ROLLOUT_TIMEOUT_S
+from prime_lab.envs.tool_prompt import ToolPrompts
 from prime_lab.evals.readiness import Readiness, RewardStats, assess
+from prime_lab.models.resolve import local_tokenizer
 from prime_lab.problems.schema import ConfigSection
 from prime_lab.problems.validation import Validation, validate_file
+from prime_lab.runs.events import EventWriter
 from prime_lab.runs.registry import Run, RunError, RunRegistry
 
 SAMPLE_EVENTS = 3  # rollouts sent whole as `sample` events (the rest are summarised)
+TOOLS_SETTING = "[sampling] tools_in_system_prompt = true (prime eval run: -S '{\"tools_in_system_prompt\": true}')"
 
 
 @dataclass
@@ -57,6 +61,8 @@ class EvalSpec:
     system_prompt: str | None = None  # replaces every row's system message
     metadata: dict[str, Any] = field(default_factory=dict)  # more for metadata.json: the policy, the prompt's source
     rollout_timeout: float | None = DEFAULT_ROLLOUT_TIMEOUT_S  # one rollout's limit (the environment's own if smaller)
+    model_source: str | None = None  # the model on this machine (preset, folder, id) whose chat template is checked
+    tools_in_system_prompt: bool = False  # tool schemas into the system prompt where that template drops `tools`
 
 
 @dataclass(frozen=True)
@@ -139,8 +145,10 @@ def run_evaluation(
     run: Run | None = None,
     env: Environment | None = None,
     on_progress: Callable[[int, int, Rollout], None] | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> EvalResult:
-    """Evaluate; raises EnvironmentLoadError for a bad id or args (before anything is written)."""
+    """Evaluate; raises EnvironmentLoadError for a bad id or args (before anything is written). `announce` is told
+    the warnings for the user (tools the model's chat template does not show)."""
     from openai import AsyncOpenAI
 
     if run is not None:  # an environment at its own verifiers release serves this run: its log goes with the run's
@@ -153,6 +161,7 @@ def run_evaluation(
     results_path = output_dir / "results.jsonl"
     results_path.write_text("")
     writer = run.writer("eval") if run is not None else None
+    rows = with_tools_shown(spec, env, rows, writer, announce)
     api_key = os.environ.get(spec.api_key_var, "") if spec.api_key_var else ""
     client = AsyncOpenAI(base_url=spec.base_url, api_key=api_key or "EMPTY", max_retries=1,
                          timeout=spec.request_timeout)
@@ -215,6 +224,23 @@ def run_evaluation(
     metadata["readiness"] = readiness.to_dict()
     (output_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str) + "\n")
     return EvalResult(rollouts, metadata, stats, readiness, output_dir)
+
+
+def with_tools_shown(spec: EvalSpec, env: Environment, rows: list[dict[str, Any]], writer: EventWriter | None,
+                     announce: Callable[[str], None] | None) -> list[dict[str, Any]]:
+    """The rows with the environment's tool schemas in their system messages where the model's chat template drops
+    `tools` and `spec.tools_in_system_prompt` asks; either way said once, as an event and to `announce`
+    (envs/tool_prompt.py)."""
+    model = spec.model_source or spec.model
+
+    def say(message: str, level: str) -> None:
+        if writer is not None:
+            writer.log(message, level)
+        if announce is not None:
+            announce(f"{level}: {message}")
+
+    return ToolPrompts(model, lambda: local_tokenizer(model), enabled=spec.tools_in_system_prompt, log=say,
+                       setting=TOOLS_SETTING).rows(spec.env_id, env, rows)
 
 
 def _system_message(rows: list[dict[str, Any]]) -> str | None:

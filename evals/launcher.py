@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 
 Announce = Callable[[str], None]
+TOOLS_IN_SYSTEM_PROMPT = "tools_in_system_prompt"  # a sampling arg of ours: the tools' schemas into the system prompt
 OnProgress = Callable[[int, int, "Rollout"], None]  # rollouts done, rollouts in all, the one just finished
 
 
@@ -70,12 +71,17 @@ class EvalJob:
                 "rollouts": self.rollouts_per_example, "env_args": self.env_args, "sampling": self.sampling,
                 "base_url": self.base_url, "adapter": self.adapter, "system_prompt_file": self.system_prompt_file}
 
+    @property
+    def tools_in_system_prompt(self) -> bool:
+        """`tools_in_system_prompt` among the sampling args: ours (envs/tool_prompt.py), never sent."""
+        return self.sampling.get(TOOLS_IN_SYSTEM_PROMPT) is True
+
     def sampling_args(self) -> SamplingArgs:
-        """The sampling args given (the keys SamplingArgs has; the others go to the endpoint as `extra_body`), with
-        max_tokens and temperature over them."""
+        """The sampling args given (the keys SamplingArgs has; the others go to the endpoint as `extra_body`, but
+        `tools_in_system_prompt`), with max_tokens and temperature over them."""
         from prime_lab.envs import SamplingArgs
 
-        args = SamplingArgs.from_settings(self.sampling)
+        args = SamplingArgs.from_settings({k: v for k, v in self.sampling.items() if k != TOOLS_IN_SYSTEM_PROMPT})
         if self.max_tokens is not None:
             args.max_tokens = self.max_tokens
         if self.temperature is not None:
@@ -180,10 +186,13 @@ def evaluate(run: Run, output_dir: Path, job: EvalJob, environment: Environment,
                             num_examples=job.num_examples, rollouts_per_example=job.rollouts_per_example,
                             sampling=job.sampling_args(), max_concurrent=job.max_concurrent,
                             api_key_var=job.api_key_var if job.base_url else None, seed=job.seed,
-                            system_prompt=prompt.text if prompt is not None else None, metadata=records)
+                            system_prompt=prompt.text if prompt is not None else None, metadata=records,
+                            model_source=str(records["base_model"]),
+                            tools_in_system_prompt=job.tools_in_system_prompt)
             run.set_state("running", source="eval")
             with progress if progress is not None else contextlib.nullcontext() as on_progress:
-                result = run_evaluation(spec, output_dir, run=run, env=environment, on_progress=on_progress)
+                result = run_evaluation(spec, output_dir, run=run, env=environment, on_progress=on_progress,
+                                        announce=announce)
     except ModelNotFoundError as exc:
         raise _failed(run, str(exc)) from None
     except (ServerStartError, VLLMNotInstalledError) as exc:

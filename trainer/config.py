@@ -70,6 +70,10 @@ class SamplingConfig(ConfigSection):
     reasoning_effort: Literal["low", "medium", "high"] | None = Field(
         default=None, description="Reasoning effort for GPT-OSS-style models.")
     seed: int | None = Field(default=None, description="Sampling seed (local).")
+    tools_in_system_prompt: bool = Field(
+        default=False, description="Write an environment's tool schemas into its system prompt (Hermes <tools> "
+        "format, calls read from <tool_call> blocks) where the model's chat template does not render `tools` "
+        "(prime-lab only; without it such a run warns once that the model is never shown its tools).")
 
     @field_validator("stop", mode="before")
     @classmethod

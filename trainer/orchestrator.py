@@ -57,7 +57,9 @@ from prime_lab.envs import (
 )
 from prime_lab.envs.env_server import EnvironmentDown
 from prime_lab.envs.environment import DEFAULT_ROLLOUT_TIMEOUT_S, empty, rollout_time_limit, timed_out, timed_rollout
+from prime_lab.envs.tool_prompt import ToolPrompts
 from prime_lab.inference.control import AdapterLoadError, policy_cache_salt
+from prime_lab.models.resolve import local_tokenizer
 from prime_lab.monitors.alerts import ENV_RESTART
 from prime_lab.runs.events import EventWriter
 from prime_lab.runs.processes import answers_health
@@ -217,6 +219,10 @@ class Orchestrator:
         # `[[env]] system_prompt` (a GEPA run's best, exported): each row's system message, as GEPA tried it
         self.system_prompts = {name: e.system_prompt for name, e in zip(self.names, config.env, strict=True)
                                if e.system_prompt is not None}
+        # tools the model's chat template does not show: said once per environment, or with [sampling]
+        # tools_in_system_prompt their schemas written into the rows' system messages (envs/tool_prompt.py)
+        self.tools = ToolPrompts(config.model, lambda: local_tokenizer(str(model_path or model)),
+                                 enabled=config.sampling.tools_in_system_prompt, log=self.log)
         self.sampler = MixSampler({n: self.rows(n, e.get_dataset()) for n, e in self.envs.items()},
                                   config.env_weights, seed=config.buffer.seed)
         self.filter = GroupFilter(config.buffer, config.difficulty_filter)
@@ -331,9 +337,10 @@ class Orchestrator:
                 return
 
     def rows(self, env_name: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """An environment's rows with its configured system prompt, if any."""
+        """An environment's rows with its configured system prompt, if any, and its tools as `self.tools` has them."""
         prompt = self.system_prompts.get(env_name)
-        return rows if prompt is None else [replace_system_prompt(r, prompt) for r in rows]
+        rows = rows if prompt is None else [replace_system_prompt(r, prompt) for r in rows]
+        return self.tools.rows(env_name, self.envs[env_name], rows)
 
     # Weights -----------------------------------------------------------------------------------------------
     def needs_published_version(self) -> bool:
@@ -627,7 +634,7 @@ class Orchestrator:
             rows = env.get_eval_dataset(n, seed=0)
             examples[name], rollouts[name] = len(rows), r  # what each mean is over (runs/evaluations.py reads them)
             metrics[f"eval/{name}/reward"] = await self.mean_reward(
-                env, self.rows(name, rows) if self.envs.get(name) is env else rows, r)
+                env, self.rows(name, rows) if self.envs.get(name) is env else self.tools.rows(name, env, rows), r)
         self.events.emit("eval", {"metrics": metrics, "policy_version": self.version, "examples": examples,
                                   "rollouts_per_example": rollouts}, step=step)
         self.events.metrics(metrics, step)
