@@ -47,6 +47,15 @@ class EnvironmentDown(RuntimeError):
     fails, and the run, evaluation or GEPA run with it. The message names the environment, the restarts tried and
     its log's last lines."""
 
+    def line(self) -> str:
+        """The message on one line, for a command's error and its run's reason: its first line, with the last of
+        the log's lines it quotes (the rest, a traceback of the server's, stays in the log it names)."""
+        head, *quoted = str(self).strip().splitlines() or [""]
+        last = next((line.strip() for line in reversed(quoted) if line.strip()), "")
+        if not last:
+            return head
+        return f"{head[:-1]} end with: {last[:300]}" if head.endswith(":") else f"{head} ({last[:300]})"
+
 
 class EnvServerDied(EnvServerError):
     """The server's process is gone (it exited, was killed, or was killed here for not answering) while a request

@@ -29,6 +29,9 @@ State = dict[str, Any]
 
 DEFAULT_ROLLOUT_TIMEOUT_S = 300.0  # a rollout's time limit unless a run's `[[env]] timeout` says otherwise
 TIMED_OUT = "rollout timed out after"  # how a timed-out rollout's error begins (`timed_out`)
+# `Rollout.error_source`: the model endpoint (a request failed, or its answer could not be read), the environment
+# (its own code or server raised), a reward function (the rubric's scoring)
+ERROR_SOURCES = ("model", "environment", "scorer")
 
 
 @dataclass
@@ -96,14 +99,16 @@ class Rollout:
     timing: dict[str, float] = field(default_factory=dict)
     token_usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0})
     state: State = field(default_factory=dict)
+    # the side `error` came from first (ERROR_SOURCES); None where it does not say (a time limit: `timed_out`)
+    error_source: str | None = None
 
     def result_row(self) -> dict[str, Any]:
         """One row of results.jsonl (the fields verifiers writes, plus ours)."""
         return {"example_id": self.example_id, "task": self.task, "prompt": self.prompt,
                 "completion": self.completion, "answer": self.answer, "info": self.info, "reward": self.reward,
                 "metrics": self.metrics, "timing": self.timing, "is_truncated": self.is_truncated,
-                "stop_condition": self.stop_condition, "error": self.error, "token_usage": self.token_usage,
-                "turns": [asdict(t) for t in self.turns]}
+                "stop_condition": self.stop_condition, "error": self.error, "error_source": self.error_source,
+                "token_usage": self.token_usage, "turns": [asdict(t) for t in self.turns]}
 
 
 def normalize_rows(rows: Iterable[dict[str, Any]], system_prompt: str | None, task: str,
@@ -212,6 +217,7 @@ class Environment:
         rollout.reward, rollout.metrics = score.reward, score.metrics
         if score.errors:
             rollout.error = "\n".join(([rollout.error] if rollout.error else []) + score.errors)
+            rollout.error_source = rollout.error_source or "scorer"
         rollout.timing["scoring_ms"] = (time.perf_counter() - start) * 1000
 
     async def run_rollouts(
@@ -368,13 +374,16 @@ class MultiTurnEnv(Environment):
         state = rollout.state = self.setup_state(row)
         messages = list(prompt)
         generation_ms = 0.0
+        source = "environment"  # what a failure is blamed on: "model" from the request to reading its answer
         try:
             while True:
+                source = "model"
                 t0 = time.perf_counter()
                 response = await self.get_model_response(client, model, messages, sampling, state)
                 elapsed = (time.perf_counter() - t0) * 1000
                 generation_ms += elapsed
                 turn, assistant = _turn_from_response(response, len(messages), elapsed)
+                source = "environment"
                 rollout.turns.append(turn)
                 usage = getattr(response, "usage", None)
                 if usage is not None:
@@ -401,7 +410,7 @@ class MultiTurnEnv(Environment):
             rollout.error = f"{type(exc).__name__}: {exc}"
             if not _is_api_error(exc):
                 rollout.error += "\n" + "".join(traceback.format_exception(exc)[-3:])
-            rollout.stop_condition = "error"
+            rollout.stop_condition, rollout.error_source = "error", source
         rollout.timing["generation_ms"] = generation_ms
         rollout.timing["total_ms"] = (time.perf_counter() - started) * 1000
         return rollout

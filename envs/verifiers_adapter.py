@@ -317,6 +317,17 @@ def _error_text(output: Mapping[str, Any]) -> str | None:
     return str(chain or _field(error, "message") or error)
 
 
+# verifiers' errors of the model's side (`vf.ModelError` and its kinds, around the client's own) in an error's chain
+MODEL_ERRORS = ("ModelError", "ModelResponseError", "APIConnectionError", "APITimeoutError", "APIStatusError")
+
+
+def _error_source(output: Mapping[str, Any], error: str) -> str:
+    """`Rollout.error_source` of a verifiers rollout that failed: "model" where its chain of errors names the model's
+    side, else "environment" (verifiers records no error of a reward function: one that raises scores 0)."""
+    chain = f"{output.get('error_chain') or ''} {_field(output.get('error'), 'error_chain_str') or ''} {error}"
+    return "model" if any(name in chain for name in MODEL_ERRORS) else "environment"
+
+
 def to_rollout(output: Mapping[str, Any], row: Mapping[str, Any], elapsed_ms: float) -> Rollout:
     """A scored verifiers RolloutOutput (with the `trajectory` state column) as our Rollout."""
     steps = list(output.get("trajectory") or [])
@@ -333,6 +344,7 @@ def to_rollout(output: Mapping[str, Any], row: Mapping[str, Any], elapsed_ms: fl
         metrics={k: float(v) for k, v in (output.get("metrics") or {}).items() if isinstance(v, (int, float))},
         turns=turns, is_truncated=bool(output.get("is_truncated")),
         stop_condition="error" if error else str(output.get("stop_condition") or "completed"), error=error,
+        error_source=_error_source(output, error) if error else None,
         timing={**timing, "total_ms": timing.get("total_ms", elapsed_ms)},
         token_usage={"prompt_tokens": int(usage.get("input_tokens") or 0),
                      "completion_tokens": int(usage.get("output_tokens") or 0)},
@@ -347,7 +359,7 @@ def failed_rollout(row: Mapping[str, Any], error: str, elapsed_ms: float) -> Rol
     return Rollout(example_id=row.get("example_id"), task=str(row.get("task", "")),
                    prompt=[dict(m) for m in row["prompt"]], answer=row.get("answer", ""),
                    info=dict(row.get("info") or {}), stop_condition="error", error=error,
-                   timing={"total_ms": elapsed_ms})
+                   error_source=_error_source({}, error), timing={"total_ms": elapsed_ms})
 
 
 def replace_system_message(prompt: Messages, system_prompt: str | None) -> Messages:

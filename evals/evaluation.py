@@ -125,7 +125,8 @@ class EvalResult:
 
     @property
     def failed(self) -> int:
-        return sum(r.stop_condition == "error" for r in self.rollouts)
+        """The rollouts that failed, wherever they failed (their scorer included): the verdict's count."""
+        return self.report.errors
 
 
 def default_output_dir(env_id: str, model: str, run_id: str, root: Path | None = None) -> Path:
@@ -216,7 +217,7 @@ def run_evaluation(
         "time_ms": elapsed_ms, "avg_reward": stats.avg_reward,
         "avg_metrics": {k: sum(r.metrics.get(k, 0.0) for r in rollouts) / len(rollouts) for k in metric_names}
         if rollouts else {},
-        "difficulty": asdict(stats), "errors": sum(r.stop_condition == "error" for r in rollouts),
+        "difficulty": asdict(stats), "errors": stats.errors,
         "env_system_prompt": _system_message(own_rows), "format_hint": _format_hint(env),
         "run_id": run.id if run is not None else None, **spec.metadata,
     })

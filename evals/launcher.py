@@ -165,6 +165,7 @@ def evaluate(run: Run, output_dir: Path, job: EvalJob, environment: Environment,
 
     `progress` is entered once the sampler serves, around the rollouts; what it gives is told of each rollout done.
     """
+    from prime_lab.envs.env_server import EnvironmentDown
     from prime_lab.evals.evaluation import EvalSpec, run_evaluation
     from prime_lab.inference.control import AdapterLoadError
     from prime_lab.inference.vllm import VLLMNotInstalledError
@@ -193,6 +194,8 @@ def evaluate(run: Run, output_dir: Path, job: EvalJob, environment: Environment,
             with progress if progress is not None else contextlib.nullcontext() as on_progress:
                 result = run_evaluation(spec, output_dir, run=run, env=environment, on_progress=on_progress,
                                         announce=announce)
+    except EnvironmentDown as exc:  # its server died more often than it may be restarted: one line, no trace
+        raise _failed(run, exc.line()) from None
     except ModelNotFoundError as exc:
         raise _failed(run, str(exc)) from None
     except (ServerStartError, VLLMNotInstalledError) as exc:
@@ -202,11 +205,35 @@ def evaluate(run: Run, output_dir: Path, job: EvalJob, environment: Environment,
                       f"the local sampler did not load {policy.run_id}'s {policy.source}:\n{exc}"
                       if policy is not None else str(exc)) from None
     if result.rollouts and result.failed == len(result.rollouts):
-        first = next(r.error for r in result.rollouts if r.error)
-        reason = f"every rollout failed; the first error: {(first or '').splitlines()[0]}"
-        raise _failed(run, reason, f"{reason}\n(is the endpoint {spec.base_url} up and serving model '{spec.model}'?)")
+        raise _failed(run, every_rollout_failed(result, run.id, spec.base_url, spec.model))
     run.set_state("completed", source="eval")
     return result
+
+
+def every_rollout_failed(result: EvalResult, run_id: str, base_url: str, model: str) -> str:
+    """The one line of an evaluation whose every rollout failed: where they failed, blaming that side (the model
+    endpoint, the environment, its scorer, the time limit), the first error, and what to do."""
+    from prime_lab.evals.readiness import SIDES, WHY
+
+    first = next((r.error for r in result.rollouts if r.error), "") or ""
+    sources = result.report.error_sources
+    env = result.metadata.get("env_id")
+    samples = f"each rollout's error: prime eval samples {run_id}"
+    hints = {"model": f"is the endpoint {base_url} up and serving model '{model}'?", "environment": samples,
+             "scorer": f"fix it; {samples}",
+             "timeout": f"is the endpoint {base_url} answering? a hung environment or scorer holds a rollout too"}
+    if len(sources) == 1:
+        side = next(iter(sources))
+        where = {"model": f" at the model endpoint {base_url}",
+                 "environment": f" in the environment {env} ({WHY['environment']})",
+                 "scorer": f" in the scorer: a reward function of {env} raised",
+                 "timeout": " past the time limit"}[side]
+        hint = f"is it up and serving model '{model}'?" if side == "model" else hints[side]
+    else:  # several sides (or rows that do not say): each side's count, and what to do for each
+        where = f" ({result.report.failed_where()})" if sources else ""
+        hints["scorer"] = samples
+        hint = "; ".join(dict.fromkeys(hints[side] for side in SIDES if side in sources)) or samples
+    return f"every rollout failed{where}; the first error: {first.splitlines()[0] if first else '?'} ({hint})"
 
 
 def _failed(run: Run, reason: str, message: str | None = None) -> EvalLaunchError:

@@ -21,11 +21,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from prime_lab.envs.environment import TIMED_OUT
 
 READY_BELOW = 0.8  # a mean reward at or above this leaves little to learn
 ZERO_VARIANCE_LIMIT = 0.5  # a share of examples with one reward on every rollout at or above this is a problem
@@ -50,8 +52,9 @@ class RewardStats:
     examples: int
     rollouts: int
     best_reward: float | None  # None without rollouts
-    errors: int  # rollouts that failed (their reward counts as 0)
+    errors: int  # rollouts that failed (their reward counts as 0): the one count of failures everywhere
     truncated: int | None  # completions cut at max_tokens (None: the rows do not say)
+    error_sources: dict[str, int] = field(default_factory=dict)  # the failed ones by the side that failed (SIDES)
 
     @classmethod
     def from_rows(cls, rows: Sequence[dict[str, Any]]) -> RewardStats:
@@ -68,7 +71,39 @@ class RewardStats:
                    zero_variance_share=sum(s < 1e-9 for s in stds) / len(stds) if stds else 0.0,
                    examples=len(by_example), rollouts=len(scored), best_reward=max(rewards) if rewards else None,
                    errors=sum(bool(r.get("error")) for r in scored),
-                   truncated=sum(known) if known or not scored else None)
+                   truncated=sum(known) if known or not scored else None,
+                   error_sources=dict(Counter(side for r in scored if (side := error_side(r)) is not None)))
+
+    def failed_where(self) -> str:
+        """Where the failed rollouts failed: "2 in the scorer: a reward function raised" (one side), "1 at the model
+        endpoint, 1 in the environment" (several), "" where the rows do not say."""
+        sides = sorted(self.error_sources.items(), key=lambda item: list(SIDES).index(item[0]))
+        if len(sides) == 1 and sides[0][1] == self.errors:
+            side, count = sides[0]
+            return f"{count} {SIDES[side]}" + (f": {WHY[side]}" if WHY[side] else "")
+        return ", ".join(f"{count} {SIDES[side]}" for side, count in sides)
+
+
+# The side a rollout failed on, in words: where (`failed_where`), and what that means where it is the only one.
+SIDES = {"model": "at the model endpoint", "environment": "in the environment", "scorer": "in the scorer",
+         "timeout": "past the time limit"}
+WHY = {"model": "", "environment": "its own code or server raised", "scorer": "a reward function raised",
+       "timeout": ""}
+
+
+def error_side(row: dict[str, Any]) -> str | None:
+    """The side a results.jsonl row failed on (a key of SIDES; None: it did not fail, or does not say): past the
+    time limit, else its `error_source`; a row written before that field that failed but did not stop with an error
+    was failed by its scorer (its rollout had finished)."""
+    error = row.get("error")
+    if not error:
+        return None
+    if str(error).startswith(TIMED_OUT):
+        return "timeout"
+    source = row.get("error_source")
+    if source in SIDES:
+        return str(source)
+    return "scorer" if "error_source" not in row and row.get("stop_condition") != "error" else None
 
 
 @dataclass(frozen=True)
@@ -228,8 +263,10 @@ def _checks(stats: RewardStats, rollouts_per_example: int, max_tokens: int | Non
                                   f"{stats.mean_example_std:.3f}; {stats.zero_variance_share:.0%} of examples got "
                                   "one reward on every rollout)"))
     if stats.errors:
-        checks.append(Check(False, f"{stats.errors} of {stats.rollouts} rollouts failed, their reward counted as 0 "
-                                   "(see their errors with `prime eval samples`)"))
+        where = stats.failed_where()
+        checks.append(Check(False, f"{stats.errors} of {stats.rollouts} rollouts failed"
+                                   + (f" ({where})" if where else "") + ", their reward counted as 0 (see their "
+                                   "errors with `prime eval samples`)"))
     if stats.truncated is not None and stats.truncated / stats.rollouts >= TRUNCATED_LIMIT:
         limit = f" ({max_tokens})" if max_tokens is not None else ""
         checks.append(Check(False, f"{stats.truncated} of {stats.rollouts} completions were cut at max_tokens"

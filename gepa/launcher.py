@@ -107,6 +107,7 @@ def search(run: Run, job: GepaJob, *, backend: str = "builtin", on_event: OnEven
     from openai import APIError
 
     from prime_lab.envs import EnvironmentLoadError
+    from prime_lab.envs.env_server import EnvironmentDown
     from prime_lab.inference.vllm import VLLMNotInstalledError
     from prime_lab.models import ModelNotFoundError
     from prime_lab.runs.processes import ServerStartError
@@ -121,6 +122,8 @@ def search(run: Run, job: GepaJob, *, backend: str = "builtin", on_event: OnEven
             outcome = run_gepa(spec, task, reflection, run.gepa_dir, run=run, on_event=on_event)
         except (ServerStartError, VLLMNotInstalledError) as exc:
             raise _failed(run, f"the local sampler did not start: {exc}") from None
+        except EnvironmentDown as exc:  # its server died more often than it may be restarted: one line, no trace
+            raise _failed(run, exc.line()) from None
         except (ModelNotFoundError, EnvironmentLoadError, ValueError) as exc:
             raise _failed(run, str(exc)) from None
         except APIError as exc:  # the reflection model's endpoint (a task rollout's error only scores 0)

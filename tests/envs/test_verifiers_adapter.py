@@ -240,6 +240,10 @@ def test_trajectory_conversion_across_releases() -> None:
     failed = adapter.to_rollout({**common, "timing": {}, "error": {"error": "ModelError"},
                                  "error_chain": "ModelError('endpoint down')"}, row, 5.0)
     assert failed.stop_condition == "error" and failed.error == "ModelError('endpoint down')"
+    assert failed.error_source == "model"  # the model's side: `prime eval run` asks about the endpoint
+    tool = adapter.to_rollout({**common, "timing": {}, "error": {"error": "ToolCallError", "message": "no such tool",
+                                                                  "error_chain_str": "ToolCallError"}}, row, 5.0)
+    assert tool.error_source == "environment" and old.error_source is None
 
 
 def test_request_args_merge_the_environments_defaults_with_ours() -> None:

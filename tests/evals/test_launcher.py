@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from prime_lab.envs import load_environment
+from prime_lab.envs import Rollout, load_environment
+from prime_lab.evals.evaluation import EvalResult
 from prime_lab.evals.launcher import (
     EvalConfigError,
     EvalJob,
@@ -18,10 +19,12 @@ from prime_lab.evals.launcher import (
     OnProgress,
     create_run,
     evaluate,
+    every_rollout_failed,
     read_config,
     system_prompt,
     trained_policy,
 )
+from prime_lab.evals.readiness import RewardStats, assess
 from prime_lab.runs.processes import free_port
 from tests.envs.scripted import scripted_endpoint
 
@@ -102,7 +105,26 @@ def test_every_rollout_failing_fails_the_run_naming_the_endpoint(tmp_path: Path)
     url = f"http://127.0.0.1:{free_port()}/v1"
     job = EvalJob("reverse-text", model="m", num_examples=1, rollouts_per_example=1, base_url=url)
     run, out = create_run(job, output_dir=tmp_path / "out")
-    with pytest.raises(EvalLaunchError, match=f"every rollout failed(.|\n)*is the endpoint {url} up"):
+    with pytest.raises(EvalLaunchError, match=f"every rollout failed at the model endpoint {url}; .* \\(is it up"):
         evaluate(run, out, job, load_environment("reverse-text"), announce=lambda _: None)
     status = run.status()
-    assert status["state"] == "failed" and status["reason"].startswith("every rollout failed")
+    assert status["state"] == "failed" and status["reason"].startswith("every rollout failed at the model endpoint")
+
+
+def test_rollouts_failed_on_several_sides_name_each_and_what_to_do_for_each(tmp_path: Path) -> None:
+    """One failed at the endpoint, one in the environment, one in its scorer: the line counts each side and says
+    what to do for each (the endpoint's question once); the verdict counts them the same."""
+    def failed(source: str, error: str) -> Rollout:
+        return Rollout(example_id=0, task="t", prompt=[], error=error, error_source=source,
+                       stop_condition="completed" if source == "scorer" else "error")
+
+    rollouts = [failed("model", "APIConnectionError: Connection error."), failed("environment", "RuntimeError: x"),
+                failed("scorer", "reward function judged raised ValueError: y")]
+    rows = [r.result_row() for r in rollouts]
+    stats = RewardStats.from_rows(rows)
+    result = EvalResult(rollouts, {"env_id": "e"}, stats, assess(rows, {}), tmp_path)
+    assert result.failed == stats.errors == 3
+    assert every_rollout_failed(result, "eval-1", "http://h/v1", "m") == (
+        "every rollout failed (1 at the model endpoint, 1 in the environment, 1 in the scorer); the first error: "
+        "APIConnectionError: Connection error. (is the endpoint http://h/v1 up and serving model 'm'?; each "
+        "rollout's error: prime eval samples eval-1)")

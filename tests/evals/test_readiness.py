@@ -154,3 +154,22 @@ def test_completions_cut_at_max_tokens_are_counted(tmp_path: Path, builtin_serve
 def test_a_folder_without_results_has_no_verdict(tmp_path: Path) -> None:
     with pytest.raises(ReadinessError, match="no metadata.json in .*: the evaluation has not finished"):
         read_readiness(tmp_path)
+
+
+def test_failed_rollouts_are_counted_once_by_the_side_that_failed() -> None:
+    """Rows as results.jsonl holds them: the failed ones counted once (errors) and by side: their `error_source`,
+    a time limit by its error, and a row written before `error_source` that failed without stopping on an error by
+    its scorer; a row that does not say is counted, under no side."""
+    from prime_lab.envs.environment import TIMED_OUT
+    from prime_lab.evals.readiness import RewardStats
+
+    def row(error: str | None, stop: str = "error", **source: str | None) -> dict[str, Any]:
+        return {"task": "t", "example_id": 0, "reward": 0.0, "error": error, "stop_condition": stop, **source}
+
+    scorer = [row("reward function f raised", "completed", error_source="scorer"), row("reward f raised", "completed")]
+    stats = RewardStats.from_rows([*scorer, row(None, "completed"), row(None, "completed", error_source=None)])
+    assert (stats.errors, stats.failed_where()) == (2, "2 in the scorer: a reward function raised")
+    mixed = RewardStats.from_rows([*scorer, row(f"{TIMED_OUT} 1 s", error_source="model"),
+                                   row("x", error_source="environment"), row("y")])
+    assert stats.error_sources == {"scorer": 2} and mixed.errors == 5
+    assert mixed.failed_where() == "1 in the environment, 2 in the scorer, 1 past the time limit"

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from prime_lab.envs import load_environment
 from prime_lab.gepa.config import validate_gepa_file
 from tests.support import cli
+from tests.support.rl_runs import FIXTURE_ENVS
 
 prime = partial(cli.prime, timeout=120)
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "gepa").glob("*.toml"))
@@ -54,3 +56,23 @@ def test_a_foreign_gepa_package_on_the_path_changes_nothing(tmp_path: Path) -> N
     proc = prime("gepa", "run", "no-such-env", "-b", "http://127.0.0.1:9/v1", cwd=tmp_path, env=env)
     assert proc.returncode == 1, proc.stderr
     assert "foreign gepa" not in proc.stderr and "no environment 'no-such-env'" in proc.stderr
+
+
+def test_an_environment_that_is_down_fails_the_run_in_one_line(tmp_path: Path, lab_home: Path,
+                                                              builtin_server: Any) -> None:
+    """EnvironmentDown in the seed's first evaluation (tests/fixtures/envs/faulty_env.py): one line naming the
+    environment, its log and the log's last line, exit 1, the run failed with that line."""
+    from prime_lab.runs.registry import RunRegistry
+
+    env = {**os.environ, "PYTHONPATH": str(FIXTURE_ENVS)}
+    proc = prime("gepa", "run", "me/faulty-env", "-a", '{"fault": "down", "num_examples": 4}', "-b",
+                 builtin_server.base_url, "-m", builtin_server.model_name, "-B", "8", "-n", "2", "-N", "2", "-t", "4",
+                 cwd=tmp_path, env=env)
+    assert proc.returncode == 1
+    [error] = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("GEPA ")]
+    assert error.startswith("Error: environment 'faulty-env' (verifiers 0.1.9, in its own interpreter) is down: ")
+    assert error.endswith("Last lines of its log (/tmp/faulty-env/env_server.log) end with: RuntimeError: the "
+                          "server's disk is full")
+    [run] = RunRegistry().runs()
+    status = run.status()
+    assert status["state"] == "failed" and status["reason"] == error.removeprefix("Error: ")

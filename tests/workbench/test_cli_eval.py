@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from prime_lab.runs.registry import RunRegistry
 from tests.envs.scripted import scripted_endpoint
 from tests.support import cli
+from tests.support.rl_runs import FIXTURE_ENVS
 
 prime = partial(cli.prime, timeout=120)
 
@@ -71,15 +74,79 @@ def test_eval_toml_form(tmp_path: Path, lab_home: Path) -> None:
     assert bad.returncode == 1 and f"{config}:2: num_exmaples: unknown key (did you mean `num_examples`?)" in bad.stderr
 
 
-def test_refused_endpoint_fails_fast_with_a_clear_message(tmp_path: Path, lab_home: Path) -> None:
+def test_refused_endpoint_fails_fast_blaming_the_endpoint(tmp_path: Path, lab_home: Path) -> None:
     from prime_lab.runs.processes import free_port
 
-    proc = prime("eval", "run", "reverse-text", "-b", f"http://127.0.0.1:{free_port()}/v1", "-m", "m", "-n", "2",
-                 cwd=tmp_path)
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    proc = prime("eval", "run", "reverse-text", "-b", url, "-m", "m", "-n", "2", cwd=tmp_path)
     assert proc.returncode == 1
-    assert "every rollout failed" in proc.stderr and "Connection error" in proc.stderr
+    [error] = _errors(proc.stderr)
+    assert error.startswith(f"Error: every rollout failed at the model endpoint {url}; the first error: "
+                            "APIConnectionError: Connection error.")
+    assert error.endswith("(is it up and serving model 'm'?)")
     [run] = RunRegistry().runs()
-    assert run.status()["state"] == "failed"
+    status = run.status()
+    assert status["state"] == "failed" and status["reason"].startswith("every rollout failed at the model endpoint")
+
+
+def _faulty(tmp_path: Path, server: Any, fault: str, *flags: str, **args: Any) -> subprocess.CompletedProcess[str]:
+    """`prime eval run` of tests/fixtures/envs/faulty_env.py with `fault`, against the tiny model's server."""
+    env = {**os.environ, "PYTHONPATH": str(FIXTURE_ENVS)}
+    return prime("eval", "run", "me/faulty-env", "-a", json.dumps({"fault": fault, **args}), "-b", server.base_url,
+                 "-m", server.model_name, "-t", "4", *flags, cwd=tmp_path, env=env)
+
+
+def _errors(stderr: str) -> list[str]:
+    """What a command said on stderr besides its announcement of the evaluation."""
+    return [line for line in stderr.splitlines() if line.strip() and not line.startswith("Evaluation ")]
+
+
+def test_an_environment_that_is_down_fails_the_evaluation_in_one_line(tmp_path: Path, lab_home: Path,
+                                                                     builtin_server: Any) -> None:
+    """EnvironmentDown (an isolated environment's server died past its restarts, its log ending in a traceback):
+    one line naming the environment, its log and the log's last line; exit 1; the run failed with that line."""
+    proc = _faulty(tmp_path, builtin_server, "down", "-n", "2", "-r", "2")
+    assert proc.returncode == 1
+    [error] = _errors(proc.stderr)
+    assert error == ("Error: environment 'faulty-env' (verifiers 0.1.9, in its own interpreter) is down: its server "
+                     "died 4 times (3 restarts tried, the most allowed); the last time it exited with code 1. Last "
+                     "lines of its log (/tmp/faulty-env/env_server.log) end with: RuntimeError: the server's disk is "
+                     "full")
+    [run] = RunRegistry().runs()
+    status = run.status()
+    assert status["state"] == "failed" and status["reason"] == error.removeprefix("Error: ")
+
+
+def test_a_scorer_that_raises_is_counted_once_and_blamed(tmp_path: Path, lab_home: Path,
+                                                         builtin_server: Any) -> None:
+    """A reward function that raises on one example of two: the summary's errors and the verdict's failed rollouts
+    are one count, the verdict says the scorer failed; raising on every example fails the run, blaming the scorer
+    and not the endpoint (which answered)."""
+    some = _faulty(tmp_path, builtin_server, "scorer", "-n", "2", "-r", "2", scorer_fails=[0])
+    assert some.returncode == 0, some.stderr
+    assert "; errors 2\n" in some.stdout
+    assert "problem  2 of 4 rollouts failed (2 in the scorer: a reward function raised), their reward counted as 0" \
+        in some.stdout
+    every = _faulty(tmp_path, builtin_server, "scorer", "-n", "1", "-r", "2")
+    assert every.returncode == 1
+    [error] = _errors(every.stderr)
+    run = next(r for r in RunRegistry().runs() if r.status()["state"] == "failed")
+    assert error == ("Error: every rollout failed in the scorer: a reward function of me/faulty-env raised; the "
+                     "first error: reward function judged raised ValueError: the judge is gone (fix it; each "
+                     f"rollout's error: prime eval samples {run.id})")
+    assert "endpoint" not in every.stderr
+
+
+def test_an_environment_that_raises_is_blamed_not_the_endpoint(tmp_path: Path, lab_home: Path,
+                                                               builtin_server: Any) -> None:
+    proc = _faulty(tmp_path, builtin_server, "env", "-n", "1", "-r", "2")
+    assert proc.returncode == 1
+    [error] = _errors(proc.stderr)
+    [run] = RunRegistry().runs()
+    assert error == ("Error: every rollout failed in the environment me/faulty-env (its own code or server raised); "
+                     "the first error: RuntimeError: the tool crashed (each rollout's error: prime eval samples "
+                     f"{run.id})")
+    assert "endpoint" not in proc.stderr
 
 
 def test_bad_arguments_are_clear(tmp_path: Path) -> None:
