@@ -225,9 +225,9 @@ class InferenceConfig(ConfigSection):
     base_urls: list[str] = Field(default_factory=list, description="Several OpenAI-compatible URLs (backend = "
                                  "external): the orchestrator spreads requests over them.")
     gpu_memory_utilization: float | None = Field(
-        default=None, gt=0.0, le=1.0, description="Fraction of a GPU's memory each vLLM engine on it may take "
-        "(sampler and local teacher alike). Default: 0.9 on a GPU of its own; a share when it shares the GPU with "
-        "the trainer or a teacher (trainer/placement.py).")
+        default=None, gt=0.0, le=1.0, description="Fraction of a GPU's memory each sampler vLLM engine on it may "
+        "take (a local teacher's: [teacher] gpu_memory_utilization). Default: 0.9 on a GPU of its own; a share when "
+        "it shares the GPU with the trainer or a teacher (trainer/placement.py).")
     kv_cache_gb: float = Field(default=2.0, gt=0.0, description="vLLM CPU KV-cache space (GiB).")
     startup_timeout: float = Field(default=600.0, gt=0.0, description="Seconds to wait for the server.")
 
@@ -314,6 +314,10 @@ class TeacherConfig(ConfigSection):
     client: TeacherClientConfig = Field(default_factory=TeacherClientConfig)
     backend: Literal["auto", "builtin", "vllm"] = Field(
         default="auto", description="Engine of the local teacher sampler (prime-lab only; like [inference].backend).")
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="Fraction of a GPU's memory the local teacher's vLLM engine may "
+        "take (prime-lab only). Default: what the sampler's share leaves, split by the models' sizes on a GPU they "
+        "share; checked against the card before the run starts (trainer/placement.py).")
 
 
 class RLConfig(ConfigSection):

@@ -5,8 +5,12 @@ watches them until the run ends.
 
 Order: the trainer first (it loads the model while the sampler boots), then the sampler (`[inference].num_servers`
 built-in or vLLM servers booting side by side, each on its own port and GPUs, registered as `inference`,
-`inference-2`, ...; or external URLs checked for an answer), then the orchestrator, given every sampler's URL. GPUs
-are planned once (trainer/placement.py: the sampler servers first, then the trainer; `self.placement`). Every wait
+`inference-2`, ...; or external URLs checked for an answer), then a local teacher, then the orchestrator, given every
+sampler's URL. Where a vLLM engine shares a GPU with the trainer, the sampler starts only once the trainer has said
+it is ready (its "trainer ready" log line, written once its model is on the device): vLLM sizes its KV cache from
+what the device has free while it profiles, so the trainer must not be loading then. GPUs and each vLLM engine's
+share of them are planned once, before anything starts (trainer/placement.py: the sampler servers first, then the
+trainer; `self.placement`); a plan whose engines do not fit their cards fails the run with the numbers. Every wait
 has a timeout. The run is `failed` within seconds when a process exits with an error (the reason is that process's
 last ERROR event, or the tail of its log) or when a sampler server dies or stops answering `/health`; the other
 processes are then stopped. SIGTERM (`prime rl stop`) stops them all cleanly: the trainer finishes its step and
@@ -36,7 +40,7 @@ from prime_lab.models.store import experts_of
 from prime_lab.monitors.alerts import AlertMonitor
 from prime_lab.monitors.wandb_mirror import mirror_argv, wanted
 from prime_lab.runs.events import Event, EventLog
-from prime_lab.runs.hardware import cuda_available, usable_cores, visible_gpus
+from prime_lab.runs.hardware import cuda_available, gpu_devices, usable_cores, visible_gpus
 from prime_lab.runs.paths import child_python
 from prime_lab.runs.processes import RunningServer, log_tail
 from prime_lab.runs.reaper import ReaperHandle, die_with_parent, start_reaper
@@ -47,12 +51,17 @@ from prime_lab.trainer.config import InferenceConfig, RLConfig
 from prime_lab.trainer.distributed import NODE_VARIABLES, Topology, TopologyError, topology, torchrun_argv
 from prime_lab.trainer.placement import (
     ChildDevices,
+    EngineNeed,
     Placement,
     PlacementError,
     child_devices,
     describe_devices,
+    describe_memory,
+    idle_gpus_note,
+    model_size,
     plan_gpus,
     sampler_role,
+    sampler_waits_for_trainer,
 )
 from prime_lab.trainer.runtime import StopFlag, checkpoint_to_resume, load_run_config, log_both
 from prime_lab.trainer.sft_config import SFTConfig
@@ -64,10 +73,16 @@ HEALTH_EVERY_S = min(5.0, UNHEALTHY_AFTER_S / 3)
 STOP_GRACE_S = 120.0  # the trainer may be mid-step on a slow CPU
 EXTERNAL_TIMEOUT_S = 30.0
 MIRROR_FINISH_S = 150.0  # the W&B mirror's finish() waits up to 120 s for uploads
+TRAINER_READY = "trainer ready"  # how the trainer's log line begins once its model is on the device (trainer/train.py)
 
 
 class LaunchFailed(RuntimeError):
     pass
+
+
+def card_memory() -> list[int]:
+    """Each visible GPU's memory in bytes, in the order `visible_gpus` names them; [] where torch cannot say."""
+    return [gpu.memory_bytes for gpu in gpu_devices()[0]]
 
 
 def worker_pids(pid: int) -> list[int]:
@@ -158,6 +173,8 @@ class Supervisor:
         self.teacher_server: RunningServer | None = None  # distillation's local teacher
         self.placement = Placement([], [], 1)  # planned in start(), before any process starts
         self.devices: dict[str, ChildDevices] = {}  # each local process's GPUs, environment and memory share
+        self.vllm_roles: list[str] = []  # the local processes that are vLLM engines on a GPU
+        self.trainer_ready = False  # the trainer has said "trainer ready" (its model is on the device)
         self.topology = Topology()  # likewise
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.reaper: ReaperHandle | None = None
@@ -214,6 +231,10 @@ class Supervisor:
                      f"node 0 ({self.topology.master_addr}) samples, and its run holds the events and adapters")
             run.set_state("running")
             return
+        if sampler_waits_for_trainer(self.devices, self.vllm_roles):
+            self.wait_for_trainer(cfg.inference.startup_timeout)
+            if self.stop.set:
+                return
         base_urls, model_name = self.start_sampler(choice, sampler_threads)
         teacher = self.start_teacher(sampler_threads)
         if self.stop.set:
@@ -241,6 +262,27 @@ class Supervisor:
             self.log(f"trainer: {topo.nproc_per_node} processes under torchrun{where}, "
                      f"{topo.world_size} ranks in all")
         self.start_child("trainer", argv, env=env or None)
+
+    def wait_for_trainer(self, timeout: float) -> None:
+        """On a GPU the trainer shares with a vLLM engine: wait until the trainer says it is ready (its model on the
+        device), so that vLLM's profiling sees the trainer's memory settled. LaunchFailed when the trainer exits
+        first or is not ready within `timeout` seconds; returns early on a stop."""
+        where = self.placement.where(self.devices["trainer"].gpus)
+        self.log(f"{where} is shared: the sampler starts once the trainer has its model on it (vLLM sizes its KV "
+                 "cache from the memory free while it profiles)")
+        deadline = time.monotonic() + timeout
+        while True:
+            self.follow_events()
+            if self.trainer_ready or self.stop.set:
+                return
+            code = self.children["trainer"].poll()
+            if code is not None:
+                raise LaunchFailed(self.reason("trainer", code))
+            if time.monotonic() > deadline:
+                raise LaunchFailed(f"the trainer was not ready within {timeout:g} s ([inference] startup_timeout), "
+                                   "and on a shared GPU the sampler starts only after it: see "
+                                   f"{self.run.log_path('trainer')}")
+            time.sleep(POLL_S)
 
     def start_mirror(self) -> None:
         """With a `[wandb]` section: the W&B mirror follows the event log in its own process, so W&B (slow, offline,
@@ -313,7 +355,8 @@ class Supervisor:
 
     def plan_placement(self, backend: str) -> Placement:
         """GPUs for the samplers, then the trainer (an SFT run's trainer gets them all: `backend` "external"); each
-        local process's devices (`self.devices`), logged."""
+        local process's devices and each vLLM engine's share of its GPUs (`self.devices`), checked against the
+        cards where torch gives their memory; logged, with the GPUs the plan leaves idle."""
         cfg = self.config
         inf = cfg.inference if isinstance(cfg, RLConfig) else InferenceConfig()
         try:
@@ -327,15 +370,59 @@ class Supervisor:
             raise LaunchFailed(str(exc)) from exc
         teacher = cfg.teacher if isinstance(cfg, RLConfig) else None
         local_teacher = teacher is not None and teacher.client.base_url is None and bool(placement.sampler_gpus)
-        self.devices = child_devices(placement, local_teacher=local_teacher,
-                                     memory_override=inf.gpu_memory_utilization)
+        self.vllm_roles = []
         if placement.devices:
-            vllm_roles = [role for role in self.devices if role.startswith("inference") and backend == "vllm"]
+            self.vllm_roles = [sampler_role(i) for i, gpus in enumerate(placement.sampler_gpus)
+                               if gpus and backend == "vllm"]
             if local_teacher and teacher is not None and (teacher.backend == "vllm" or teacher.backend == "auto"
                                                           and vllm_installed()):
-                vllm_roles.append("teacher")
-            self.log(describe_devices(placement, self.devices, vllm_roles))
+                self.vllm_roles.append("teacher")
+        cards = card_memory() if self.vllm_roles else []
+        needs = self.engine_needs(self.vllm_roles) if cards and len(cards) == len(placement.devices) else {}
+        try:
+            self.devices = child_devices(placement, local_teacher=local_teacher,
+                                         memory_override=inf.gpu_memory_utilization,
+                                         teacher_memory=teacher.gpu_memory_utilization if teacher else None,
+                                         cards=cards, needs=needs)
+        except PlacementError as exc:
+            raise LaunchFailed(str(exc)) from exc
+        if placement.devices:
+            self.log(describe_devices(placement, self.devices, self.vllm_roles))
+            for line in describe_memory(placement, self.devices, cards, needs):
+                self.log(line)
+            idle = idle_gpus_note(placement, backend=backend,
+                                  num_gpus=cfg.num_gpus if isinstance(cfg, RLConfig) else None)
+            if idle:
+                self.log(idle)
         return placement
+
+    def engine_needs(self, roles: list[str]) -> dict[str, EngineNeed]:
+        """What each vLLM engine in `roles` needs of each of its GPUs at the least (trainer/placement.py
+        `EngineNeed`): its model's weights and the KV cache of one sequence of `[inference] max_model_len` tokens
+        (vLLM refuses a cache that holds less), or with it unset of the longest completion (vLLM then fits its
+        context to the cache)."""
+        cfg = self.rl
+        inf = cfg.inference
+        needs: dict[str, EngineNeed] = {}
+        sampler = model_size(self.model_path, inf.dtype)
+        for role in roles:
+            if role == "teacher" and cfg.teacher is not None:
+                tokens = inf.max_model_len or cfg.teacher.sampling.max_tokens or cfg.sampling.max_tokens
+                needs[role] = model_size(self.teacher_folder(), inf.dtype).need(tokens)
+            else:
+                tokens = inf.max_model_len or cfg.sampling.max_tokens
+                needs[role] = sampler.need(tokens, inf.tensor_parallel_size)
+        return needs
+
+    def teacher_folder(self) -> Path:
+        """The local teacher's model folder (a preset is built, a Hugging Face id found in the cache)."""
+        from prime_lab.models import ModelNotFoundError, resolve_model
+
+        assert self.rl.teacher is not None
+        try:
+            return resolve_model(self.rl.teacher.model)
+        except ModelNotFoundError as exc:
+            raise LaunchFailed(f"[teacher]: {exc}") from exc
 
     def cpu_split(self, backend: str) -> tuple[int, int]:
         """On a CPU-only machine with the built-in sampler, the cores split between trainer and sampler: (trainer,
@@ -403,7 +490,6 @@ class Supervisor:
         orchestrator's arguments for a local teacher."""
         from prime_lab.inference.backend import BackendUnavailableError, choose_backend
         from prime_lab.inference.launch import SamplerOptions, start_sampler
-        from prime_lab.models import ModelNotFoundError, resolve_model
         from prime_lab.runs.processes import ServerStartError
 
         teacher = self.rl.teacher
@@ -414,10 +500,10 @@ class Supervisor:
                 self.check_external(teacher.client.base_url)
             self.log(f"teacher: {teacher.model} at {teacher.client.base_url}")
             return []
+        path = self.teacher_folder()
         try:
-            path = resolve_model(teacher.model)
             choice = choose_backend(teacher.backend)
-        except (ModelNotFoundError, BackendUnavailableError) as exc:
+        except BackendUnavailableError as exc:
             raise LaunchFailed(f"[teacher]: {exc}") from exc
         inf = self.rl.inference
         devices = self.devices.get("teacher", ChildDevices([], {}))
@@ -461,6 +547,9 @@ class Supervisor:
                 continue
             if item.kind == "log" and item.data.get("level") == "ERROR":
                 self.last_error[item.source] = str(item.data.get("message", ""))
+            if item.kind == "log" and item.source == "trainer" \
+                    and str(item.data.get("message", "")).startswith(TRAINER_READY):
+                self.trainer_ready = True
             if item.kind != "alert":
                 for alert in self.monitor.observe(item):
                     self.events.emit("alert", alert, step=item.step)

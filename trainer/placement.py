@@ -9,22 +9,38 @@ the visible ones (CUDA_VISIBLE_DEVICES applies); `Placement.cuda_env` turns them
 CUDA_VISIBLE_DEVICES. On a CPU-only machine (or with `num_gpus = 0`) the plan is "no GPUs" and nothing is checked.
 
 One GPU (or `num_gpus = 1`) with one sampler server on one GPU and one trainer process: they share it (`shared`),
-as prime-rl once allowed and TRL's colocate mode does. A card's memory is then split: each vLLM engine on it (a
-sampler server, a local teacher beside sampler 0) gets `engine_memory_fraction` of it as its
-`gpu_memory_utilization` (0.9 for an engine alone, vLLM's default; the trainer keeps half of a card it shares), and
-the trainer sizes its rows from the memory left free once the sampler has started (trainer/attention.py).
-`[inference] gpu_memory_utilization` overrides the fraction for every engine.
+as prime-rl once allowed and TRL's colocate mode does. A card's memory is then split (`child_devices`): the vLLM
+engines on it (a sampler server, a local teacher beside sampler 0) share 0.9 of it (vLLM's default for an engine
+alone), less the half the trainer keeps of a card it shares; each gets its part as its `gpu_memory_utilization`.
+`[inference] gpu_memory_utilization` sets the samplers' part and `[teacher] gpu_memory_utilization` the teacher's;
+an engine left unset gets what the others leave. Where the card's memory and the models' sizes are known
+(`model_size`: the weights from the folder's safetensors headers, the KV cache of a token from its config.json), two
+unset engines split it by their needs: each first its weights, one sequence's KV cache and vLLM's own allowance
+(`EngineNeed`), then half of what is left; else evenly. Before anything starts, an engine whose need is more than
+its part, or parts that with the trainer's add up past the card, fail the plan with the numbers (`PlacementError`).
+
+On a shared card the sampler boots after the trainer has its weights there (`sampler_waits_for_trainer`: vLLM sizes
+its KV cache from the memory free on the whole device while it profiles, so the trainer must not move meanwhile),
+and the trainer sizes its rows from the memory left free once the sampler has started (trainer/attention.py).
+`idle_gpus_note` says which visible GPUs a plan leaves idle and the settings that would use them.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
-from collections.abc import Sequence
+import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 CARD_BUDGET = 0.9  # of a GPU's memory, for the vLLM engines on it (vLLM's own default for an engine alone)
 TRAINER_SHARE = 0.5  # of a GPU the trainer keeps when engines share it: RL on a 0.6B model, 64 x 2,048 tokens,
 # peaked at 31 GiB of an 80 GiB H100 compiled (shared/notes/one-gpu.md)
+GIB = 2**30
+ENGINE_OVERHEAD_BYTES = 2 * GIB  # what a vLLM engine takes beside its weights and KV cache (its profiling run's
+# activations, CUDA graphs, the CUDA context, cuBLAS and NCCL workspaces): an allowance, not a measurement
 
 
 class PlacementError(ValueError):
@@ -46,16 +62,15 @@ class Placement:
     def names(self, gpus: Sequence[int]) -> str:
         return ",".join(self.devices[i] for i in gpus)
 
-    def engine_memory_fraction(self, gpus: Sequence[int], engines: int, override: float | None = None) -> float | None:
-        """The gpu_memory_utilization of a vLLM engine placed on `gpus` beside `engines` - 1 other engines (a
-        local teacher beside sampler 0): `override` when given ([inference] gpu_memory_utilization), else
-        `engine_memory_fraction` of the card, with the trainer's share kept when the trainer is on it too. None
-        without GPUs (vLLM's CPU build sizes its cache in GiB)."""
-        if not gpus:
-            return None
-        if override is not None:
-            return override
-        return engine_memory_fraction(engines, with_trainer=bool(set(gpus) & set(self.trainer_gpus)))
+    def where(self, gpus: Sequence[int]) -> str:
+        """`gpus` as a log line names them: "GPU 0", "GPUs 0,1"."""
+        return f"GPU{'s' if len(gpus) > 1 else ''} {self.names(gpus)}"
+
+    def idle(self, limit: int | None = None) -> list[int]:
+        """The visible GPUs (the first `limit` of them) that no process of the plan uses."""
+        used = {g for gpus in self.sampler_gpus for g in gpus} | set(self.trainer_gpus)
+        return [g for g in range(len(self.devices) if limit is None else min(limit, len(self.devices)))
+                if g not in used]
 
     def describe(self, roles: dict[str, list[int]]) -> str:
         """The plan as the launcher logs it: `roles` maps each local process (sampler servers, a teacher, the
@@ -80,32 +95,210 @@ class ChildDevices:
     gpu_memory_utilization: float | None = None  # a vLLM engine's share of its GPUs (None: the trainer; no GPUs)
 
 
+# What an engine needs ---------------------------------------------------------------------------------------------
+SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2,
+                     "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 1}
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # served in the engine's dtype; others (quantised) as stored
+
+
+def dtype_bytes(dtype: str | None) -> int:
+    """Bytes of a served weight: float32 4, else 2 (`auto` is bfloat16 on a GPU, inference/vllm.py)."""
+    return 4 if dtype == "float32" else 2
+
+
+@dataclass(frozen=True)
+class EngineNeed:
+    """The least a vLLM engine needs of each of its GPUs: its weights and the KV cache of one sequence of `tokens`
+    (split over tensor_parallel_size GPUs), and vLLM's own allowance."""
+
+    model: str
+    weights_bytes: int
+    kv_bytes: int
+    tokens: int
+    overhead_bytes: int = ENGINE_OVERHEAD_BYTES
+
+    @property
+    def total(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.overhead_bytes
+
+    def describe(self) -> str:
+        return (f"{gib(self.total)} GiB (weights {gib(self.weights_bytes)} GiB + the KV cache of one "
+                f"{self.tokens:,}-token sequence {gib(self.kv_bytes)} GiB + ~{gib(self.overhead_bytes)} GiB for "
+                "vLLM itself)")
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """What serving a model costs, from its folder: the weights in the serving dtype, and the KV cache of a token."""
+
+    name: str
+    weights_bytes: int
+    kv_bytes_per_token: int
+    context: int | None  # the model's own context length (max_position_embeddings)
+
+    def need(self, tokens: int, tensor_parallel_size: int = 1) -> EngineNeed:
+        """An engine serving this model with room for one sequence of `tokens` (at most the model's context)."""
+        tokens = min(tokens, self.context) if self.context else tokens
+        return EngineNeed(self.name, math.ceil(self.weights_bytes / tensor_parallel_size),
+                          math.ceil(self.kv_bytes_per_token * tokens / tensor_parallel_size), tokens)
+
+
+def safetensors_header(path: Path) -> dict[str, object]:
+    """The JSON header of a .safetensors file (its first 8 bytes give the header's length): nothing else is read."""
+    with open(path, "rb") as file:
+        (length,) = struct.unpack("<Q", file.read(8))
+        header = json.loads(file.read(length))
+    return header if isinstance(header, dict) else {}
+
+
+def model_size(folder: Path, dtype: str | None = None) -> ModelSize:
+    """The ModelSize of a model folder served in `dtype` ([inference] dtype): the weights counted from the
+    safetensors headers (floats at the serving dtype's width, quantised tensors as stored), the KV cache from
+    config.json (2 x layers x KV heads x head width x the dtype's bytes a token). What cannot be read counts 0."""
+    width = dtype_bytes(dtype)
+    weights = 0
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            header = safetensors_header(path)
+        except (OSError, ValueError, struct.error):
+            continue
+        for name, tensor in header.items():
+            if name == "__metadata__" or not isinstance(tensor, dict):
+                continue
+            numel = math.prod(int(d) for d in tensor.get("shape", []))
+            kind = str(tensor.get("dtype", ""))
+            weights += numel * (width if kind in FLOAT_DTYPES else SAFETENSORS_BYTES.get(kind, width))
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layers, heads = int(text.get("num_hidden_layers") or 0), int(text.get("num_attention_heads") or 0)
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    head_dim = int(text.get("head_dim") or (int(text.get("hidden_size") or 0) // heads if heads else 0))
+    context = text.get("max_position_embeddings")
+    return ModelSize(folder.name, weights, 2 * layers * kv_heads * head_dim * width,
+                     int(context) if isinstance(context, int) else None)
+
+
+def gib(value: float) -> str:
+    """Bytes as GiB with one decimal, as the messages give them."""
+    return f"{value / GIB:.1f}"
+
+
+# Who gets what ---------------------------------------------------------------------------------------------------
 def sampler_role(index: int) -> str:
     """The role (and log name) of local sampler server `index`: `inference`, `inference-2`, ..."""
     return "inference" if index == 0 else f"inference-{index + 1}"
 
 
+def share_setting(role: str) -> str:
+    """The setting that gives the vLLM engine of `role` its share of a GPU."""
+    return "[teacher] gpu_memory_utilization" if role == "teacher" else "[inference] gpu_memory_utilization"
+
+
 def child_devices(placement: Placement, *, local_teacher: bool = False, memory_override: float | None = None,
+                  teacher_memory: float | None = None, cards: Sequence[int] = (),
+                  needs: Mapping[str, EngineNeed] | None = None,
                   environ: dict[str, str] | None = None) -> dict[str, ChildDevices]:
     """Each local process's devices, by role: the sampler servers (`sampler_role`), a local `teacher` (beside
-    sampler 0, on its GPUs) and the `trainer`. The trainer on a GPU gets PyTorch's expandable segments (less
-    fragmentation as row lengths vary; prime-rl sets it too) unless `environ` (default: this process's) sets the
-    allocator already."""
+    sampler 0, on its GPUs) and the `trainer`. The engines on a GPU get `split_card`'s shares (`memory_override`:
+    [inference] gpu_memory_utilization, `teacher_memory`: [teacher]'s), checked by `check_card` against `cards`
+    (each visible GPU's bytes; () when unknown) and the vLLM engines' `needs` by role. The trainer on a GPU gets
+    PyTorch's expandable segments (less fragmentation as row lengths vary; prime-rl sets it too) unless `environ`
+    (default: this process's) sets the allocator already. Raises PlacementError when the engines do not fit."""
     environ = dict(os.environ) if environ is None else environ
+    needs = needs or {}
     plan: dict[str, ChildDevices] = {}
     for i, gpus in enumerate(placement.sampler_gpus):
-        engines = 2 if i == 0 and local_teacher else 1
-        plan[sampler_role(i)] = ChildDevices(gpus, placement.cuda_env(gpus),
-                                             placement.engine_memory_fraction(gpus, engines, memory_override))
-    if local_teacher and placement.sampler_gpus:
-        gpus = placement.sampler_gpus[0]
-        plan["teacher"] = ChildDevices(gpus, placement.cuda_env(gpus),
-                                       placement.engine_memory_fraction(gpus, 2, memory_override))
+        roles = [sampler_role(i)] + (["teacher"] if i == 0 and local_teacher else [])
+        if not gpus:  # vLLM's CPU build sizes its cache in GiB
+            plan.update({role: ChildDevices(gpus, {}) for role in roles})
+            continue
+        with_trainer = bool(set(gpus) & set(placement.trainer_gpus))
+        card = min(cards[g] for g in gpus) if len(cards) == len(placement.devices) else None
+        wanted = {role: teacher_memory if role == "teacher" else memory_override for role in roles}
+        shares = split_card(roles, wanted, with_trainer=with_trainer, card=card, needs=needs,
+                            where=placement.where(gpus))
+        if card is not None:
+            check_card(placement.where(gpus), card, shares, needs, with_trainer=with_trainer)
+        plan.update({role: ChildDevices(gpus, placement.cuda_env(gpus), shares[role]) for role in roles})
     trainer_env = placement.cuda_env(placement.trainer_gpus)
     if placement.trainer_gpus and "PYTORCH_CUDA_ALLOC_CONF" not in environ:
         trainer_env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     plan["trainer"] = ChildDevices(list(placement.trainer_gpus), trainer_env)
     return plan
+
+
+def split_card(roles: Sequence[str], wanted: Mapping[str, float | None], *, with_trainer: bool,
+               card: int | None = None, needs: Mapping[str, EngineNeed] | None = None,
+               where: str = "the GPU") -> dict[str, float]:
+    """The gpu_memory_utilization of each engine in `roles` on one GPU: what `wanted` sets, and for the others
+    the room that leaves of CARD_BUDGET (less TRAINER_SHARE `with_trainer`), split by their `needs` where the
+    `card`'s bytes and every such need are known (each its need, then an even part of the rest), else evenly.
+    Shares are rounded down to hundredths. Raises PlacementError when the set shares leave the others nothing."""
+    needs = needs or {}
+    shares = {role: float(share) for role, share in wanted.items() if share is not None}
+    unset = [role for role in roles if role not in shares]
+    if not unset:
+        return shares
+    room = CARD_BUDGET - (TRAINER_SHARE if with_trainer else 0.0) - sum(shares.values())
+    if room < 0.01:
+        given = " and ".join(f"{share_setting(role)} = {share:g}" for role, share in shares.items())
+        trainer = f", less the trainer's {TRAINER_SHARE:g}" if with_trainer else ""
+        raise PlacementError(f"{given} leave{'s' * (len(shares) == 1)} nothing of {where} for the "
+                             f"{' and '.join(label(r) for r in unset)} (vLLM's engines share {CARD_BUDGET:g} of a "
+                             f"card{trainer}): lower it, or set "
+                             f"{' and '.join(dict.fromkeys(share_setting(r) for r in unset))} too")
+    floors = {role: needs[role].total / card for role in unset if role in needs} if card else {}
+    spare = room - sum(floors.values())
+    by_need = len(floors) == len(unset) and spare >= 0
+    for role in unset:
+        share = floors[role] + spare / len(unset) if by_need else room / len(unset)
+        shares[role] = math.floor(share * 100 + 1e-6) / 100
+    return shares
+
+
+def label(role: str, need: EngineNeed | None = None) -> str:
+    """A process as the messages name it: "sampler", "sampler 2", "teacher (Qwen3-8B)"."""
+    name = ("sampler " + role.partition("-")[2]).strip() if role.startswith("inference") else role
+    return f"{name} ({need.model})" if need is not None else name
+
+
+def check_card(where: str, card: int, shares: Mapping[str, float], needs: Mapping[str, EngineNeed], *,
+               with_trainer: bool) -> None:
+    """Raise PlacementError, with the numbers, when a vLLM engine on this GPU (those with `needs`) needs more than
+    its share, or when their shares and the trainer's add up past the card (vLLM refuses to start with less free
+    than its share)."""
+    engines = {role: share for role, share in shares.items() if role in needs}
+    trainer = TRAINER_SHARE if with_trainer else 0.0
+
+    def parts(leave: str = "") -> str:
+        items = [f"{label(r)} {s:g} ({gib(s * card)} GiB)" for r, s in engines.items() if r != leave]
+        items += [f"the trainer {trainer:g} ({gib(trainer * card)} GiB)"] if trainer else []
+        return ", ".join(items)
+
+    for role, share in engines.items():
+        need = needs[role]
+        if share * card >= need.total:
+            continue
+        others = parts(leave=role)
+        room = 1.0 - trainer - sum(s for r, s in engines.items() if r != role)
+        hint = (f"Set {share_setting(role)} to at least {math.ceil(need.total / card * 100) / 100:g}"
+                if room * card >= need.total else
+                f"All that is left of the card beside {'them' if others else 'it'} is {gib(room * card)} GiB")
+        moves = " (with a second GPU the trainer moves to it)" if trainer else ""
+        elsewhere = (f", serve the teacher elsewhere ([teacher.client] base_url) or on a GPU of its own{moves}"
+                     if role == "teacher" else f", or give the sampler a GPU of its own{moves}" if moves else "")
+        raise PlacementError(f"the {label(role, need)} does not fit {where} ({gib(card)} GiB): it needs "
+                             f"{need.describe()}, but its share is {share:g} of the card, {gib(share * card)} GiB"
+                             + (f" (beside it: {others})" if others else "") + f". {hint}; lower [inference] "
+                             f"max_model_len, use a smaller model{elsewhere}")
+    total = sum(engines.values()) + trainer
+    if engines and total > 1.0 + 1e-9:
+        raise PlacementError(f"the shares of {where} add up past the card: {parts()} = {total:g} of it "
+                             f"({gib(total * card)} GiB of {gib(card)} GiB); vLLM will not start with less free than "
+                             "its share. Lower " + " or ".join(dict.fromkeys(share_setting(r) for r in engines)))
 
 
 def describe_devices(placement: Placement, plan: dict[str, ChildDevices], vllm_roles: Sequence[str] = ()) -> str:
@@ -119,15 +312,64 @@ def describe_devices(placement: Placement, plan: dict[str, ChildDevices], vllm_r
     shares = [f"{names[role]} {plan[role].gpu_memory_utilization:g}" for role in vllm_roles
               if role in plan and plan[role].gpu_memory_utilization is not None]
     if shares:
-        line += f"; vLLM's gpu_memory_utilization: {', '.join(shares)} ([inference] gpu_memory_utilization sets it)"
+        settings = list(dict.fromkeys(share_setting(r) for r in vllm_roles if r in plan))
+        line += (f"; vLLM's gpu_memory_utilization: {', '.join(shares)} ({' and '.join(settings)} "
+                 f"set{'s it' if len(settings) == 1 else ' them'})")
     return line
 
 
-def engine_memory_fraction(engines: int, *, with_trainer: bool) -> float:
-    """The gpu_memory_utilization of each of `engines` vLLM engines sharing one GPU, with the trainer or without:
-    0.9 for one alone, 0.45 for two, 0.4 for one beside the trainer, 0.2 for two beside it."""
-    room = CARD_BUDGET - (TRAINER_SHARE if with_trainer else 0.0)
-    return round(room / max(1, engines), 2)
+def describe_memory(placement: Placement, plan: dict[str, ChildDevices], cards: Sequence[int],
+                    needs: Mapping[str, EngineNeed]) -> list[str]:
+    """A log line for each GPU that vLLM engines with known `needs` share with another process: the card, each
+    share in GiB with what that engine needs, and the trainer's part."""
+    lines = []
+    trainer = set(plan["trainer"].gpus) if "trainer" in plan else set()
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for role, child in plan.items():
+        if role != "trainer" and child.gpus:
+            groups.setdefault(tuple(child.gpus), []).append(role)
+    for gpus, roles in groups.items():
+        engines = [r for r in roles if r in needs and plan[r].gpu_memory_utilization is not None]
+        with_trainer = bool(set(gpus) & trainer)
+        if not engines or len(cards) != len(placement.devices) or (len(roles) < 2 and not with_trainer):
+            continue
+        card = min(cards[g] for g in gpus)
+        parts = [f"{label(r, needs[r])} {plan[r].gpu_memory_utilization:g} = "
+                 f"{gib((plan[r].gpu_memory_utilization or 0) * card)} GiB (needs {gib(needs[r].total)})"
+                 for r in engines]
+        if with_trainer:
+            parts.append(f"the trainer keeps {TRAINER_SHARE:g} = {gib(TRAINER_SHARE * card)} GiB")
+        lines.append(f"memory of {placement.where(list(gpus))} ({gib(card)} GiB): {'; '.join(parts)}")
+    return lines
+
+
+def sampler_waits_for_trainer(plan: Mapping[str, ChildDevices], vllm_roles: Sequence[str]) -> bool:
+    """Whether the samplers (and a local teacher) start only once the trainer has its weights on the card: when a
+    vLLM engine shares a GPU with the trainer. vLLM sizes its KV cache from what the whole device has free while it
+    profiles, so a trainer loading meanwhile would take its memory from the sampler (or stop it with "Error in
+    memory profiling"). The built-in server takes what it needs as it goes; on a CPU all boot side by side."""
+    trainer = set(plan["trainer"].gpus) if "trainer" in plan else set()
+    return any(set(plan[role].gpus) & trainer for role in vllm_roles if role in plan)
+
+
+def idle_gpus_note(placement: Placement, *, backend: str, num_gpus: int | None = None) -> str | None:
+    """One line when the plan leaves some of the GPUs it may use idle (all visible ones, or the first `num_gpus`):
+    which, and the settings that would put them to work; None when none is."""
+    idle = placement.idle(num_gpus)
+    if not idle:
+        return None
+    total = len(placement.devices) if num_gpus is None else min(num_gpus, len(placement.devices))
+    used = sorted({g for gpus in placement.sampler_gpus for g in gpus} | set(placement.trainer_gpus))
+    if backend == "vllm":
+        fill = (f"num_gpus = {total} (vLLM's data_parallel_size then fills what the trainer leaves)"
+                if num_gpus is None else "[inference] data_parallel_size (or tensor_parallel_size)")
+        use = f"{fill}, or [trainer] nproc_per_node"
+    elif backend == "builtin":
+        use = "[inference] num_servers (one GPU each), or [trainer] nproc_per_node"
+    else:
+        use = "[trainer] nproc_per_node"
+    return (f"{len(idle)} of {total} GPUs idle ({placement.where(idle)}): this run uses "
+            f"{placement.where(used) if used else 'none'}; {use} would use them")
 
 
 def plan_gpus(devices: Sequence[str], *, backend: str, num_gpus: int | None = None, tensor_parallel_size: int = 1,

@@ -31,6 +31,7 @@ from prime_lab.trainer.attention import (
 )
 from prime_lab.trainer.batch import Sample
 from prime_lab.trainer.config import TrainerConfig, validate_rl_config
+from prime_lab.trainer.launcher import TRAINER_READY
 from prime_lab.trainer.model import compiles, load_policy
 from prime_lab.trainer.packing import pack
 from prime_lab.trainer.train import auto_settings_note
@@ -217,8 +218,8 @@ def test_on_the_cpu_auto_resolves_to_what_ran_before(tiny_model_dir: Path) -> No
     assert all("perf/train_tokens_per_s" in m and "time/compile" not in m and "compile/recompiles" not in m
                for m in metrics.values())
     ready = [e.data["message"] for e in run.event_log().events()
-             if e.kind == "log" and e.data["message"].startswith("trainer ready")]
-    assert len(ready) == 1
+             if e.kind == "log" and e.data["message"].startswith(TRAINER_READY)]
+    assert len(ready) == 1  # the line the launcher waits for on a GPU it shares with vLLM
     assert "rows of up to 1024 tokens through SDPA with a dense mask" in ready[0]
     assert "(compile = auto: off (CPU); attention = auto: sdpa; activation_checkpointing = auto: off (CPU))" \
         in ready[0]

@@ -3,7 +3,12 @@ settings that do not fit fail the run before anything starts, with a message nam
 
 from __future__ import annotations
 
+import json
+import math
 import signal
+import struct
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,12 +16,24 @@ from typing import Any
 import pytest
 
 from prime_lab.runs.events import Event, EventLog
-from prime_lab.runs.registry import RunRegistry
+from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.trainer import launcher
 from prime_lab.trainer.config import validate_rl_config
-from prime_lab.trainer.placement import PlacementError, engine_memory_fraction, plan_gpus
+from prime_lab.trainer.placement import (
+    ENGINE_OVERHEAD_BYTES,
+    PlacementError,
+    child_devices,
+    idle_gpus_note,
+    model_size,
+    plan_gpus,
+    sampler_waits_for_trainer,
+    split_card,
+)
 
 EIGHT = [str(i) for i in range(8)]
+GIB = 2**30
+H100 = 85_029_158_912  # an H100 80GB as torch reports it: 79.2 GiB
+L40S = 48_000_000_000  # a 48 GB card: 44.7 GiB
 
 
 def test_samplers_take_the_first_gpus_and_the_trainer_the_next() -> None:
@@ -107,13 +124,91 @@ def test_one_gpu_is_shared_by_one_sampler_and_one_trainer_process() -> None:
 
 
 def test_vllm_engines_split_a_card_they_share() -> None:
-    assert [engine_memory_fraction(n, with_trainer=t) for n, t in ((1, False), (2, False), (1, True), (2, True))] \
-        == [0.9, 0.45, 0.4, 0.2]
+    """Without the models' sizes the engines on a card split its 0.9 evenly, less the trainer's half."""
+    one, two = ["inference"], ["inference", "teacher"]
+    assert [split_card(roles, {}, with_trainer=t) for roles, t in ((one, False), (two, False), (one, True),
+                                                                   (two, True))] == \
+        [{"inference": 0.9}, {"inference": 0.45, "teacher": 0.45}, {"inference": 0.4},
+         {"inference": 0.2, "teacher": 0.2}]
     shared = plan_gpus(["0"], backend="vllm")
-    assert shared.engine_memory_fraction([0], 1) == 0.4 and shared.engine_memory_fraction([0], 1, 0.7) == 0.7
-    assert shared.engine_memory_fraction([], 1) is None  # no GPU: vLLM's CPU build sizes its cache in GiB
+    assert child_devices(shared)["inference"].gpu_memory_utilization == 0.4
+    assert child_devices(shared, memory_override=0.7)["inference"].gpu_memory_utilization == 0.7
+    cpu = plan_gpus([], backend="vllm")  # no GPU: vLLM's CPU build sizes its cache in GiB
+    assert child_devices(cpu, local_teacher=True)["teacher"].gpu_memory_utilization is None
     alone = plan_gpus(EIGHT[:2], backend="vllm")
-    assert alone.engine_memory_fraction([0], 1) == 0.9 and alone.engine_memory_fraction([0], 2) == 0.45
+    assert child_devices(alone)["inference"].gpu_memory_utilization == 0.9
+    assert child_devices(alone, local_teacher=True)["teacher"].gpu_memory_utilization == 0.45
+
+
+def test_the_teacher_has_a_share_of_its_own() -> None:
+    """`[teacher] gpu_memory_utilization` sets the teacher's share and `[inference]`'s the sampler's; one left unset
+    gets what the other leaves of the card (0.4 beside the trainer); a set share that leaves nothing is refused."""
+    shared = plan_gpus(["0"], backend="vllm")
+
+    def shares(**settings: float) -> tuple[float | None, float | None]:
+        plan = child_devices(shared, local_teacher=True, **settings)  # type: ignore[arg-type]
+        return plan["inference"].gpu_memory_utilization, plan["teacher"].gpu_memory_utilization
+
+    assert shares() == (0.2, 0.2)
+    assert shares(teacher_memory=0.3) == (0.1, 0.3)
+    assert shares(memory_override=0.15) == (0.15, 0.25)
+    assert shares(memory_override=0.1, teacher_memory=0.35) == (0.1, 0.35)
+    with pytest.raises(PlacementError, match=r"\[inference\] gpu_memory_utilization = 0.4 leaves nothing of GPU 0 for "
+                       r"the teacher .*set \[teacher\] gpu_memory_utilization too"):
+        shares(memory_override=0.4)
+
+
+# Model sizes: a Qwen3 folder whose safetensors file holds its header alone (the placement reads nothing else) ----
+QWEN3_8B = {"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936, "tie_word_embeddings": False,
+            "max_position_embeddings": 40960}
+QWEN3_0_6B = {**QWEN3_8B, "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
+              "intermediate_size": 3072, "tie_word_embeddings": True}
+
+
+def fake_model(folder: Path, shape: dict[str, Any], dtype: str = "BF16") -> int:
+    """A Qwen3-shaped model folder: config.json and a model.safetensors of the tensors' header without their data.
+    Returns its parameter count."""
+    h, layers, inter, hd = shape["hidden_size"], shape["num_hidden_layers"], shape["intermediate_size"], \
+        shape["head_dim"]
+    q, kv = shape["num_attention_heads"] * hd, shape["num_key_value_heads"] * hd
+    shapes = {"model.embed_tokens.weight": [shape["vocab_size"], h], "model.norm.weight": [h]}
+    if not shape["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = [shape["vocab_size"], h]
+    for i in range(layers):
+        layer = {"self_attn.q_proj": [q, h], "self_attn.k_proj": [kv, h], "self_attn.v_proj": [kv, h],
+                 "self_attn.o_proj": [h, q], "self_attn.q_norm": [hd], "self_attn.k_norm": [hd],
+                 "mlp.gate_proj": [inter, h], "mlp.up_proj": [inter, h], "mlp.down_proj": [h, inter],
+                 "input_layernorm": [h], "post_attention_layernorm": [h]}
+        shapes.update({f"model.layers.{i}.{name}.weight": dims for name, dims in layer.items()})
+    header, offset = {}, 0
+    for name, dims in shapes.items():
+        size = math.prod(dims) * (4 if dtype == "F32" else 2)
+        header[name] = {"dtype": dtype, "shape": dims, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3", **shape}))
+    return sum(math.prod(dims) for dims in shapes.values())
+
+
+def test_a_models_size_is_read_from_its_folder(tmp_path: Path) -> None:
+    """Weights from the safetensors headers at the serving dtype (a float32 checkpoint served in bfloat16 takes
+    half its file), the KV cache of a token from config.json: Qwen3-8B is 8.19B parameters, 144 KiB a token."""
+    params = fake_model(tmp_path / "Qwen3-8B", QWEN3_8B)
+    assert params == 8_190_735_360
+    size = model_size(tmp_path / "Qwen3-8B")
+    assert (size.name, size.weights_bytes, size.kv_bytes_per_token, size.context) == \
+        ("Qwen3-8B", 2 * params, 2 * 36 * 8 * 128 * 2, 40960)
+    assert model_size(tmp_path / "Qwen3-8B", "float32").weights_bytes == 4 * params
+    fake_model(tmp_path / "f32", QWEN3_0_6B, dtype="F32")
+    assert model_size(tmp_path / "f32", "auto").weights_bytes == 2 * 596_049_920
+    need = size.need(8192, tensor_parallel_size=2)
+    assert (need.weights_bytes, need.kv_bytes, need.total) == \
+        (params, 147456 * 4096, params + 147456 * 4096 + ENGINE_OVERHEAD_BYTES)
+    assert size.need(100_000).tokens == 40960  # at most the model's context
+    assert model_size(tmp_path / "nothing-here").weights_bytes == 0
 
 
 TEACHER = 'loss = "opd"\n[teacher]\nmodel = "smollm2-135m"\nbackend = "vllm"\n'
@@ -151,14 +246,16 @@ def supervisor_for(tiny_model_dir: Path,
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
 
-    def make(gpus: int, extra: str = "") -> launcher.Supervisor:
+    def make(gpus: int, extra: str = "", cards: list[int] | None = None,
+             model_path: Path | None = None) -> launcher.Supervisor:
         text = (f'model = "{tiny_model_dir}"\nmax_steps = 1\nbatch_size = 4\nrollouts_per_example = 2\n{extra}'
                 '[sampling]\nmax_tokens = 4\n[[env]]\nid = "reverse-text"\n')
         result = validate_rl_config(text)
         assert result.config is not None, result.problems
         run = RunRegistry().create("rl", config_text=text, resolved=result.config.model_dump(mode="json"))
-        run.update_status(model_path=str(tiny_model_dir))
+        run.update_status(model_path=str(model_path or tiny_model_dir))
         monkeypatch.setattr(launcher, "visible_gpus", lambda: [str(i) for i in range(gpus)])
+        monkeypatch.setattr(launcher, "card_memory", lambda: list(cards or []))  # [] : torch cannot say
         return launcher.Supervisor(run)
 
     yield make
@@ -166,9 +263,9 @@ def supervisor_for(tiny_model_dir: Path,
         signal.signal(sig, handler)
 
 
-def launcher_log(supervisor: launcher.Supervisor) -> list[str]:
+def launcher_log(supervisor: launcher.Supervisor, source: str = "launcher") -> list[str]:
     items, _ = EventLog(supervisor.run.events_path).read()
-    return [str(e.data["message"]) for e in items if isinstance(e, Event) and e.kind == "log"]
+    return [str(e.data["message"]) for e in items if isinstance(e, Event) and e.kind == "log" and e.source == source]
 
 
 @pytest.mark.parametrize(("gpus", "backend", "extra", "line", "children"), LAUNCHES)
@@ -216,3 +313,153 @@ def test_a_users_allocator_setting_is_left_alone(supervisor_for: Callable[..., l
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
     supervisor.plan_placement("builtin")
     assert supervisor.devices["trainer"].env == {"CUDA_VISIBLE_DEVICES": "1"}
+
+
+# An 8B teacher on one card with the trainer and the sampler ----------------------------------------------------------
+@pytest.fixture()
+def qwen3_folders(tmp_path: Path) -> tuple[Path, Path]:
+    """A Qwen3-0.6B-shaped student and a Qwen3-8B-shaped teacher (headers only)."""
+    fake_model(tmp_path / "Qwen3-0.6B", QWEN3_0_6B)
+    fake_model(tmp_path / "Qwen3-8B", QWEN3_8B)
+    return tmp_path / "Qwen3-0.6B", tmp_path / "Qwen3-8B"
+
+
+def distillation(teacher: Path, teacher_lines: str = "", inference_lines: str = "") -> str:
+    return (f'loss = "sft"\n[teacher]\nmodel = "{teacher}"\nbackend = "vllm"\n{teacher_lines}'
+            f"[inference]\nmax_model_len = 8192\n{inference_lines}")
+
+
+def test_an_8b_teacher_fits_one_80gb_card_beside_the_trainer_and_the_sampler(
+        supervisor_for: Callable[..., launcher.Supervisor], qwen3_folders: tuple[Path, Path]) -> None:
+    """On one H100 (79.2 GiB) with the trainer keeping half, the vLLM engines' 0.4 is split by what each needs: the
+    8B teacher's 15.3 GiB of weights, 1.1 GiB of KV cache for one 8,192-token sequence and vLLM's allowance, the
+    0.6B sampler's 1.1 + 0.9 GiB and its allowance, then the rest evenly. Each gets at least its need, and the
+    shares with the trainer's stay within the card; the launcher logs them in GiB. (An even split gave the teacher
+    0.2, 15.8 GiB: less than its weights and allowance.)"""
+    student, teacher = qwen3_folders
+    supervisor = supervisor_for(1, distillation(teacher), cards=[H100], model_path=student)
+    supervisor.placement = supervisor.plan_placement("vllm")
+    shares = {role: supervisor.devices[role].gpu_memory_utilization or 0.0 for role in ("inference", "teacher")}
+    assert shares == {"inference": 0.1, "teacher": 0.29}
+    assert shares["teacher"] * H100 >= 2 * 8_190_735_360 + 147456 * 8192 + ENGINE_OVERHEAD_BYTES > 0.2 * H100
+    assert shares["inference"] * H100 >= 2 * 596_049_920 + 114688 * 8192 + ENGINE_OVERHEAD_BYTES
+    assert sum(shares.values()) + 0.5 <= 1.0
+    assert "memory of GPU 0 (79.2 GiB): sampler (Qwen3-0.6B) 0.1 = 7.9 GiB (needs 4.0); teacher (Qwen3-8B) 0.29 = " \
+        "23.0 GiB (needs 18.4); the trainer keeps 0.5 = 39.6 GiB" in launcher_log(supervisor)
+
+
+@pytest.mark.parametrize(("card", "teacher_lines", "inference_lines", "says"), [
+    (L40S, "", "", ["the teacher (Qwen3-8B) does not fit GPU 0 (44.7 GiB): it needs 18.4 GiB (weights 15.3 GiB + the "
+                    "KV cache of one 8,192-token sequence 1.1 GiB + ~2.0 GiB for vLLM itself), but its share is 0.2 of "
+                    "the card, 8.9 GiB (beside it: sampler 0.2 (8.9 GiB), the trainer 0.5 (22.4 GiB)). All that is "
+                    "left of the card beside them is 13.4 GiB", "[teacher.client] base_url"]),
+    (H100, "gpu_memory_utilization = 0.15\n", "", ["its share is 0.15 of the card, 11.9 GiB",
+                                                   "Set [teacher] gpu_memory_utilization to at least 0.24"]),
+    (H100, "gpu_memory_utilization = 0.35\n", "gpu_memory_utilization = 0.2\n",
+     ["the shares of GPU 0 add up past the card: sampler 0.2 (15.8 GiB), teacher 0.35 (27.7 GiB), the trainer 0.5 "
+      "(39.6 GiB) = 1.05 of it (83.1 GiB of 79.2 GiB)", "Lower [inference] gpu_memory_utilization or [teacher] "
+      "gpu_memory_utilization"]),
+])
+def test_a_teacher_that_cannot_fit_is_refused_before_the_run_starts_with_the_numbers(
+        supervisor_for: Callable[..., launcher.Supervisor], qwen3_folders: tuple[Path, Path], card: int,
+        teacher_lines: str, inference_lines: str, says: list[str]) -> None:
+    """Refused by the plan, before any process starts, with the GiB of each part and of the card: an 8B teacher
+    beside the trainer and the sampler on a 48 GB card, a teacher share too small on an 80 GB one, and shares that
+    with the trainer's add up past the card."""
+    student, teacher = qwen3_folders
+    supervisor = supervisor_for(1, distillation(teacher, teacher_lines, inference_lines), cards=[card],
+                                model_path=student)
+    with pytest.raises(launcher.LaunchFailed) as caught:
+        supervisor.plan_placement("vllm")
+    for part in says:
+        assert part in str(caught.value)
+
+
+# Boot order on a shared card -------------------------------------------------------------------------------------
+def test_the_sampler_waits_for_the_trainer_only_where_a_vllm_engine_shares_its_gpu() -> None:
+    def waits(devices: list[str], backend: str, teacher: str | None = None) -> bool:
+        plan = child_devices(plan_gpus(devices, backend=backend), local_teacher=teacher is not None)
+        roles = [r for r in plan if r.startswith("inference") and backend == "vllm" and plan[r].gpus]
+        roles += ["teacher"] if teacher == "vllm" and plan["teacher"].gpus else []
+        return sampler_waits_for_trainer(plan, roles)
+
+    assert waits(["0"], "vllm") and waits(["0"], "builtin", teacher="vllm")
+    assert not waits(["0"], "builtin")  # the built-in server does not size itself from the free memory
+    assert not waits(["0", "1"], "vllm", teacher="vllm")  # sampler and teacher on 0, trainer on 1
+    assert not waits([], "vllm")  # a CPU: side by side, as before
+
+
+STAND_IN_TRAINER = """
+import sys, time
+from pathlib import Path
+from prime_lab.runs.registry import Run
+run = Run(Path(sys.argv[1]))
+while time.sleep(0.02) is None:  # until the launcher says it waits, or the sampler has started
+    if "the sampler starts once the trainer" in run.events_path.read_text() or (run.dir / "sampler-started").exists():
+        break
+if sys.argv[2] == "dies":
+    run.writer("trainer").log("the stand-in trainer could not load its model", "ERROR")
+    sys.exit(3)
+run.writer("trainer").log("trainer ready on cuda: a stand-in")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize(("gpus", "trainer", "waited"), [(1, "ready", True), (0, "ready", False), (1, "dies", None)])
+def test_the_launcher_starts_the_sampler_once_the_trainer_is_ready_on_a_shared_gpu(
+        supervisor_for: Callable[..., launcher.Supervisor], monkeypatch: pytest.MonkeyPatch, gpus: int,
+        trainer: str, waited: bool | None) -> None:
+    """The launcher itself (its reaper, the run's state) with a stand-in trainer process and a vLLM sampler whose
+    start is recorded and stopped there: on one shared GPU the sampler starts after the trainer's ready line; on a
+    CPU at once, as before; a trainer that dies first fails the run with its error."""
+    from prime_lab.inference import launch
+    from prime_lab.inference.backend import BackendChoice
+    from prime_lab.runs.processes import ServerStartError
+
+    supervisor = supervisor_for(gpus)
+    run = supervisor.run
+    monkeypatch.setattr(launcher.Supervisor, "choose_backend", lambda self: BackendChoice("vllm", "asked for"))
+
+    def start_stand_in(self: launcher.Supervisor, role: str, argv: list[str],
+                       env: dict[str, str] | None = None) -> None:
+        assert role == "trainer"
+        self.children[role] = subprocess.Popen([sys.executable, "-c", STAND_IN_TRAINER, str(run.dir), trainer])
+        run.register_process(role, self.children[role].pid)
+
+    monkeypatch.setattr(launcher.Supervisor, "start_child", start_stand_in)
+    started: list[bool] = []
+
+    def record(backend: str, model: Path, log: Path, **kwargs: Any) -> Any:
+        started.append(any(m.startswith(launcher.TRAINER_READY) for m in launcher_log(supervisor, "trainer")))
+        (run.dir / "sampler-started").touch()
+        raise ServerStartError("not started in this test")
+
+    monkeypatch.setattr(launch, "start_sampler", record)
+    assert supervisor.supervise() == 1
+    reason = str(Run(run.dir).read_status()["reason"])
+    if waited is None:
+        assert started == [] and reason == "the stand-in trainer could not load its model"
+    else:
+        assert started == [waited] and "not started in this test" in reason
+        assert any("the sampler starts once the trainer" in m for m in launcher_log(supervisor)) is waited
+
+
+# GPUs a run leaves idle ------------------------------------------------------------------------------------------
+def test_gpus_a_run_leaves_idle_are_named_with_the_settings_that_use_them() -> None:
+    vllm = plan_gpus(EIGHT, backend="vllm")
+    assert idle_gpus_note(vllm, backend="vllm") == (
+        "6 of 8 GPUs idle (GPUs 2,3,4,5,6,7): this run uses GPUs 0,1; num_gpus = 8 (vLLM's data_parallel_size then "
+        "fills what the trainer leaves), or [trainer] nproc_per_node would use them")
+    assert "[inference] num_servers" in str(idle_gpus_note(plan_gpus(EIGHT, backend="builtin"), backend="builtin"))
+    assert "[trainer] nproc_per_node" in str(idle_gpus_note(plan_gpus(EIGHT, backend="external"), backend="external"))
+    assert idle_gpus_note(plan_gpus(EIGHT, backend="vllm", num_gpus=8), backend="vllm", num_gpus=8) is None
+    assert idle_gpus_note(plan_gpus(EIGHT, backend="vllm", num_gpus=2), backend="vllm", num_gpus=2) is None
+    assert idle_gpus_note(plan_gpus(["0"], backend="vllm"), backend="vllm") is None
+
+
+def test_the_launcher_says_once_which_gpus_are_idle(supervisor_for: Callable[..., launcher.Supervisor]) -> None:
+    supervisor = supervisor_for(8)
+    supervisor.plan_placement("vllm")
+    idle = [m for m in launcher_log(supervisor) if "GPUs idle" in m]
+    assert idle == [idle_gpus_note(plan_gpus(EIGHT, backend="vllm"), backend="vllm")]
+    assert not [m for m in launcher_log(supervisor_for(8, "num_gpus = 8\n")) if "idle" in m]
