@@ -198,7 +198,7 @@ def plan_tools(env_name: str, tools: list[dict[str, Any]], first_row: Mapping[st
 class ToolPrompts:
     """A run's or an evaluation's tools: each environment planned once (`plan_tools`) when its rows are first asked
     for, its line logged once; the model's tokenizer loaded (`tokenizer()`; None, or one that raises: not checked)
-    only when an environment has tools."""
+    only when an environment has tools its system prompt does not name."""
 
     def __init__(self, model: str, tokenizer: Callable[[], Any | None], *, enabled: bool,
                  log: Callable[[str, str], None], setting: str = SETTING) -> None:
@@ -221,10 +221,11 @@ class ToolPrompts:
     def plan(self, env_name: str, env: Any, rows: list[dict[str, Any]]) -> ToolPlan:
         plan = self._plans.get(id(env))
         if plan is None:
-            tools = environment_tools(env)
             first = rows[0] if rows else None
-            if not tools and not (first is not None and row_tools(first, [])):
-                plan = ToolPlan("none", [])
+            tools = environment_tools(env)
+            tools = row_tools(first, tools) if first is not None else tools
+            if not tools or names_every_tool(_system_text(first or {}), tools):  # no tokenizer needed
+                plan = ToolPlan("none", tools)
             else:
                 plan = plan_tools(env_name, tools, first, model=self.model, shows_tools=self.shows_tools(),
                                   enabled=self.enabled, setting=self.setting)

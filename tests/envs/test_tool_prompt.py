@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 
 from prime_lab.envs import SamplingArgs, load_environment
-from prime_lab.envs.tool_prompt import CALL_FORMAT, environment_tools, plan_tools, template_shows_tools, tools_block
+from prime_lab.envs.tool_prompt import (
+    CALL_FORMAT,
+    ToolPrompts,
+    environment_tools,
+    plan_tools,
+    template_shows_tools,
+    tools_block,
+)
 from prime_lab.envs.verifiers_adapter import VerifiersEnvironment, kept_signal_handlers
 from prime_lab.evals.evaluation import EvalSpec, run_evaluation
 from prime_lab.evals.launcher import EvalJob
@@ -78,6 +85,10 @@ def test_an_environment_whose_system_prompt_names_its_tools_needs_nothing() -> N
     tools = environment_tools(env)
     assert [t["function"]["name"] for t in tools] == ["calculate"]
     assert plan_tools("math-python", tools, rows[0], model="m", shows_tools=False, enabled=False).action == "none"
+    said: list[str] = []
+    prompts = ToolPrompts("m", lambda: pytest.fail("no tokenizer is needed"), enabled=True,
+                          log=lambda message, _: said.append(message))
+    assert prompts.rows("math-python", env, rows) == rows and said == []
     replaced = [{**rows[0], "prompt": [{"role": "system", "content": "Answer."}, *rows[0]["prompt"][1:]]}]
     assert plan_tools("math-python", tools, replaced[0], model="m", shows_tools=False,
                       enabled=False).action == "warn"
