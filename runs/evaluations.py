@@ -4,8 +4,12 @@
 An RL run with an `[eval]` section evaluates the base model before step 1 (`eval_base_model`: an `eval` event at
 step 0) and the policy every `interval` steps and after the last one (an `eval` event at that step). An event's
 `eval/<env>/reward` is the mean reward of that environment's evaluation rollouts: its examples x rollouts per
-example. An SFT run validates instead: its `val/loss` metrics are the mean loss per trained token of the validation
-examples, at step 0 with `eval_on_start`, every `interval` steps and after the last one.
+example, a rollout that failed counted as 0. How many did is beside it (`Failures`): `eval/<env>/rollouts`,
+`eval/<env>/failed` (an error other than the time limit) and `eval/<env>/timed_out`, and every reader prints them
+beside the mean ("0.207 (3 of 16 timed out, counted 0)"); an event from before they were recorded has none.
+
+An SFT run validates instead: its `val/loss` metrics are the mean loss per trained token of the validation examples,
+at step 0 with `eval_on_start`, every `interval` steps and after the last one.
 
 Per measure, `base` is step 0's value and `final` the newest after it (the last step's once the run completed). A
 restart drops what came after the checkpoint it resumed from, as every reader does (`events.final_timeline`).
@@ -30,6 +34,57 @@ VAL_LOSS = "val/loss"
 
 
 @dataclass(frozen=True)
+class Failures:
+    """How many of an evaluation's rollouts of one environment failed, each counted as reward 0 in its mean:
+    `failed` for an error other than the time limit, `timed_out` for running past it (the two never overlap)."""
+
+    rollouts: int
+    failed: int = 0
+    timed_out: int = 0
+
+    def metrics(self, env: str | None = None) -> dict[str, float]:
+        """`eval/<env>/rollouts`, `failed` and `timed_out` (the totals over every environment without `env`)."""
+        prefix = f"eval/{env}/" if env is not None else "eval/"
+        return {f"{prefix}rollouts": float(self.rollouts), f"{prefix}failed": float(self.failed),
+                f"{prefix}timed_out": float(self.timed_out)}
+
+    @classmethod
+    def of(cls, metrics: Mapping[str, Any], env: str) -> Failures | None:
+        """An `eval` event's counts for `env` (None: the event recorded none)."""
+        counts = [_number(metrics.get(f"eval/{env}/{key}")) for key in ("rollouts", "failed", "timed_out")]
+        if any(count is None for count in counts):
+            return None
+        rollouts, failed, timed_out = (int(count or 0) for count in counts)
+        return cls(rollouts, failed, timed_out)
+
+    def __add__(self, other: Failures) -> Failures:
+        return Failures(self.rollouts + other.rollouts, self.failed + other.failed, self.timed_out + other.timed_out)
+
+    def note(self) -> str:
+        """`3 of 16 timed out, counted 0`, `2 of 16 failed, 1 timed out, counted 0`; "" when none failed."""
+        parts = [f"{self.failed} failed"] if self.failed else []
+        parts += [f"{self.timed_out} timed out"] if self.timed_out else []
+        if not parts:
+            return ""
+        parts[0] = parts[0].replace(" ", f" of {self.rollouts} ", 1)
+        return ", ".join(parts) + ", counted 0"
+
+
+def with_failures(value: str, failures: Failures | None) -> str:
+    """A mean reward as printed, with what failed beside it: `0.207 (3 of 16 timed out, counted 0)`."""
+    note = failures.note() if failures is not None else ""
+    return f"{value} ({note})" if note else value
+
+
+def eval_rewards(metrics: Any) -> list[tuple[str, float, Failures | None]]:
+    """An `eval` event's `metrics`: each environment's mean reward and its failures, in the order logged."""
+    if not isinstance(metrics, Mapping):
+        return []
+    return [(match.group(1), number, Failures.of(metrics, match.group(1))) for key, value in metrics.items()
+            if (match := EVAL_REWARD.fullmatch(str(key))) and (number := _number(value)) is not None]
+
+
+@dataclass(frozen=True)
 class Evaluation:
     """One measure of a run before and after training: an `[eval]` environment's mean reward (RL), or the mean
     validation loss (SFT). `examples` None: every example of the evaluation set; `rollouts_per_example` None for
@@ -43,6 +98,8 @@ class Evaluation:
     final_step: int | None
     examples: int | None
     rollouts_per_example: int | None
+    base_failures: Failures | None = None  # the base's and the final's rollouts that failed, where recorded
+    final_failures: Failures | None = None
 
     @property
     def change(self) -> float | None:
@@ -63,7 +120,13 @@ class Evaluation:
     def to_json(self) -> dict[str, Any]:
         return {"metric": self.metric, "env": self.env, "base": self.base, "base_step": self.base_step,
                 "final": self.final, "final_step": self.final_step, "change": self.change,
-                "examples": self.examples, "rollouts_per_example": self.rollouts_per_example}
+                "examples": self.examples, "rollouts_per_example": self.rollouts_per_example,
+                "base_failures": _json(self.base_failures), "final_failures": _json(self.final_failures)}
+
+
+def _json(failures: Failures | None) -> dict[str, int] | None:
+    return None if failures is None else {"rollouts": failures.rollouts, "failed": failures.failed,
+                                          "timed_out": failures.timed_out}
 
 
 def mean_of(evaluations: list[Evaluation]) -> str:
@@ -87,6 +150,7 @@ class EvaluationFold:
 
     def __init__(self) -> None:
         self.values: dict[str, dict[int, float]] = {}  # metric -> step -> value, metrics in the order first seen
+        self.failures: dict[str, dict[int, Failures]] = {}  # metric -> step -> its rollouts that failed, if recorded
         self.sizes: dict[str, tuple[int | None, int | None]] = {}  # env -> (examples, rollouts) an event recorded
 
     def add(self, kind: str, step: int | None, data: Mapping[str, Any]) -> None:
@@ -95,9 +159,14 @@ class EvaluationFold:
         if kind == RESTART:
             self.rewind(step)
         elif kind == "eval" and isinstance(data.get("metrics"), Mapping):
-            for key, value in data["metrics"].items():
-                if EVAL_REWARD.fullmatch(str(key)) and (number := _number(value)) is not None:
-                    self.values.setdefault(str(key), {})[step] = number
+            for env, reward, failures in eval_rewards(data["metrics"]):
+                metric = f"eval/{env}/reward"
+                self.values.setdefault(metric, {})[step] = reward
+                by_step = self.failures.setdefault(metric, {})
+                if failures is not None:
+                    by_step[step] = failures
+                else:
+                    by_step.pop(step, None)
             self._sizes(data)
         elif kind == "metrics" and (number := _number(data.get(VAL_LOSS))) is not None:
             self.values.setdefault(VAL_LOSS, {})[step] = number
@@ -114,9 +183,10 @@ class EvaluationFold:
 
     def rewind(self, step: int) -> None:
         """A restart from the checkpoint of `step`: what was measured after it is measured again."""
-        for by_step in self.values.values():
-            for later in [s for s in by_step if s > step]:
-                del by_step[later]
+        for measured in (self.values, self.failures):
+            for by_step in measured.values():
+                for later in [s for s in by_step if s > step]:
+                    del by_step[later]
 
     def evaluations(self, resolved: Mapping[str, Any] | None = None) -> list[Evaluation]:
         """Per measure, in the order the run first logged them: the base (step 0) and the newest after it. Sizes
@@ -134,9 +204,11 @@ class EvaluationFold:
                 examples, rollouts = recorded[0] or configured[0], recorded[1] or configured[1]
             else:
                 examples, rollouts = validation_examples(resolved), None
+            failures = self.failures.get(metric, {})
             out.append(Evaluation(metric, env, by_step.get(0), 0 if 0 in by_step else None,
                                   by_step[final_step] if final_step is not None else None, final_step,
-                                  examples, rollouts))
+                                  examples, rollouts, failures.get(0),
+                                  failures.get(final_step) if final_step is not None else None))
         return out
 
 

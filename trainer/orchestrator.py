@@ -61,6 +61,7 @@ from prime_lab.envs.tool_prompt import ToolPrompts
 from prime_lab.inference.control import AdapterLoadError, policy_cache_salt
 from prime_lab.models.resolve import local_tokenizer
 from prime_lab.monitors.alerts import ENV_RESTART
+from prime_lab.runs.evaluations import Failures, with_failures
 from prime_lab.runs.events import EventWriter
 from prime_lab.runs.processes import answers_health
 from prime_lab.runs.registry import Run
@@ -123,6 +124,14 @@ class EnvTally:
         self.errored += sum(bool(r.error) for r in group.rollouts)
         self.timed_out += sum(timed_out(r) for r in group.rollouts)
         self.empty += sum(empty(r) for r in group.rollouts)
+
+
+def eval_outcome(rollouts: Sequence[Rollout]) -> tuple[float, Failures]:
+    """An evaluation's mean reward, a rollout that failed counted as 0 (one whose scorer raised may hold a partial
+    reward), and how many failed: timed out (`timed_out`), or failed for another reason."""
+    late = sum(timed_out(r) for r in rollouts)
+    failures = Failures(len(rollouts), sum(bool(r.error) for r in rollouts) - late, late)
+    return sum(0.0 if r.error else r.reward for r in rollouts) / max(1, len(rollouts)), failures
 
 
 def generation_span(groups: list[Group]) -> float:
@@ -603,9 +612,11 @@ class Orchestrator:
                         e.rollouts_per_example or ev.rollouts_per_example))
         return out
 
-    async def mean_reward(self, env: Environment, rows: list[dict[str, Any]], rollouts_per_example: int) -> float:
+    async def mean_reward(self, env: Environment, rows: list[dict[str, Any]], rollouts_per_example: int
+                          ) -> tuple[float, Failures]:
         """The mean reward of the current policy on `rows`, the rows dealt out over the sampler servers, each rollout
-        within the environment's time limit (a run's environment: its [[env]] timeout)."""
+        within the environment's time limit (a run's environment: its [[env]] timeout); and how many of its
+        rollouts failed or timed out, each counted as 0 (`eval_outcome`)."""
         sampling = replace(self.sampling_at(self.version), rl_fields=False)
         timeout = next((self.timeouts[name] for name, e in self.envs.items() if e is env), DEFAULT_ROLLOUT_TIMEOUT_S)
         n = len(self.samplers)
@@ -613,32 +624,40 @@ class Orchestrator:
             env.run_rollouts(server.client, self.model_name, rows[i::n], sampling,
                              rollouts_per_example=rollouts_per_example, max_concurrent=32, timeout=timeout)
             for i, server in enumerate(self.samplers.servers) if rows[i::n]))
-        self.check_context([r for part in parts for r in part], sampling.max_tokens)
-        rewards = [r.reward for part in parts for r in part]
-        return sum(rewards) / max(1, len(rewards))
+        done = [r for part in parts for r in part]
+        self.check_context(done, sampling.max_tokens)
+        return eval_outcome(done)
 
     async def validate(self, step: int) -> None:
         val = self.config.val
         if val is None or not val.interval or step % val.interval:
             return
         per_env = val.num_examples if val.num_examples == -1 else max(1, val.num_examples // len(self.envs))
-        rewards = [await self.mean_reward(env, self.rows(name, env.get_eval_dataset(per_env, seed=0)),
-                                          val.rollouts_per_example) for name, env in self.envs.items()]
+        rewards = [(await self.mean_reward(env, self.rows(name, env.get_eval_dataset(per_env, seed=0)),
+                                           val.rollouts_per_example))[0] for name, env in self.envs.items()]
         self.events.metrics({"val_reward/mean": sum(rewards) / len(rewards)}, step)
 
     async def evaluate(self, step: int, sets: list[tuple[str, Environment, int, int]]) -> None:
-        metrics = {}
+        """An `eval` event: per environment `eval/<env>/reward` and its failed and timed-out rollouts (`Failures`,
+        runs/evaluations.py), and their totals over the environments."""
+        metrics: dict[str, float] = {}
         examples: dict[str, int] = {}
         rollouts: dict[str, int] = {}
+        total, shown = Failures(0), []
         for name, env, n, r in sets:
             rows = env.get_eval_dataset(n, seed=0)
             examples[name], rollouts[name] = len(rows), r  # what each mean is over (runs/evaluations.py reads them)
-            metrics[f"eval/{name}/reward"] = await self.mean_reward(
+            reward, failures = await self.mean_reward(
                 env, self.rows(name, rows) if self.envs.get(name) is env else self.tools.rows(name, env, rows), r)
+            metrics[f"eval/{name}/reward"] = reward
+            metrics.update(failures.metrics(name))
+            total += failures
+            shown.append(f"{name} {with_failures(f'{reward:.3f}', failures)}")
+        metrics.update(total.metrics())
         self.events.emit("eval", {"metrics": metrics, "policy_version": self.version, "examples": examples,
                                   "rollouts_per_example": rollouts}, step=step)
         self.events.metrics(metrics, step)
-        self.log(f"eval at step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()), step=step)
+        self.log(f"eval at step {step}: " + ", ".join(shown), step=step)
 
     def eval_due(self, step: int) -> bool:
         ev = self.config.eval

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prime_lab.runs.evaluations import Evaluation, mean_of, read_evaluations, run_evaluations
+from prime_lab.runs.evaluations import Evaluation, Failures, mean_of, read_evaluations, run_evaluations
 from prime_lab.runs.events import RESTART
 from prime_lab.runs.registry import Run, RunRegistry
 
@@ -14,9 +14,15 @@ RESOLVED = {"eval": {"num_examples": 20, "rollouts_per_example": 2, "env": [
     {"id": "primeintellect/reverse-text", "name": None, "num_examples": 8, "rollouts_per_example": None}]}}
 
 
-def evaluate(run: Run, step: int, rewards: dict[str, float], **sizes: Any) -> None:
-    """What the orchestrator's `evaluate` writes: an `eval` event, and the same numbers as metrics."""
+def evaluate(run: Run, step: int, rewards: dict[str, float], failures: dict[str, Failures] | None = None,
+             **sizes: Any) -> None:
+    """What the orchestrator's `evaluate` writes: an `eval` event, and the same numbers as metrics; with
+    `failures`, each environment's failed and timed-out rollouts and their totals."""
     metrics = {f"eval/{env}/reward": value for env, value in rewards.items()}
+    if failures is not None:
+        for env, counts in failures.items():
+            metrics |= counts.metrics(env)
+        metrics |= sum(failures.values(), Failures(0)).metrics()
     with run.writer("orchestrator") as writer:
         writer.emit("eval", {"metrics": metrics, "policy_version": step, **sizes}, step=step)
         writer.metrics(metrics, step)
@@ -66,7 +72,8 @@ def test_a_run_still_going_or_without_a_base_evaluation() -> None:
     evaluate(resumed, 10, {"reverse-text": 0.6})
     assert run_evaluations(resumed)[0].to_json() | {"metric": None} == {
         "metric": None, "env": "reverse-text", "base": None, "base_step": None, "final": 0.6, "final_step": 10,
-        "change": None, "examples": None, "rollouts_per_example": None}
+        "change": None, "examples": None, "rollouts_per_example": None, "base_failures": None,
+        "final_failures": None}
 
 
 def base_and_final(run: Run) -> tuple[float | None, float | None, int | None]:
@@ -107,3 +114,22 @@ def test_values_that_are_not_numbers_are_left_out() -> None:
         writer.emit("eval", {"metrics": "not a dict"}, step=5)
         writer.emit("eval", {"metrics": {"eval/x/reward": "high", "reward/mean": 0.3}}, step=6)
     assert [e.env for e in run_evaluations(run)] == ["alphabet-sort"]
+
+
+def test_failed_and_timed_out_rollouts_are_kept_beside_each_mean_and_said() -> None:
+    run = rl_run(RESOLVED)
+    evaluate(run, 0, {"reverse-text": 0.207, "alphabet-sort": 0.5},
+             {"reverse-text": Failures(16, timed_out=3), "alphabet-sort": Failures(16)})
+    evaluate(run, 10, {"reverse-text": 0.3, "alphabet-sort": 0.4},
+             {"reverse-text": Failures(16), "alphabet-sort": Failures(16, failed=2, timed_out=1)})
+    evaluate(run, 15, {"reverse-text": 0.1})  # written before the counts were: none
+    with run.writer("launcher") as writer:
+        writer.emit(RESTART, {"from_step": 10}, step=10)  # step 15 is measured again
+    reverse, alphabet = run_evaluations(run)
+    assert (reverse.base_failures, reverse.final_failures) == (Failures(16, 0, 3), Failures(16))
+    assert (alphabet.base_failures, alphabet.final_failures) == (Failures(16), Failures(16, 2, 1))
+    assert reverse.to_json()["base_failures"] == {"rollouts": 16, "failed": 0, "timed_out": 3}
+    assert [f.note() for f in (Failures(16, 0, 3), Failures(16, 2, 0), Failures(16, 2, 1), Failures(16))] == [
+        "3 of 16 timed out, counted 0", "2 of 16 failed, counted 0", "2 of 16 failed, 1 timed out, counted 0", ""]
+    evaluate(run, 20, {"reverse-text": 0.1})
+    assert run_evaluations(run)[0].final_failures is None  # an event without counts says nothing

@@ -291,3 +291,71 @@ name = "vf"
     [warning] = [e.data["message"] for e in events if e.kind == "log" and e.data["level"] == "WARNING"]
     assert warning.startswith(alert.data["message"]) and warning.endswith("its log ends:\nloading\nKilled")
     assert step_metrics(run)[1]["env/vf/restarts"] == 1.0
+
+
+def test_the_runs_eval_counts_failed_and_timed_out_rollouts_per_environment(
+        fault_env: None, builtin_server: Any) -> None:
+    """The run's own `[eval]` counts a rollout that failed or timed out as reward 0, and says so: the `eval` event
+    carries each environment's counts and their totals, and the orchestrator's log line prints them beside the
+    mean, as every reader of the event does (runs/evaluations.py)."""
+    from prime_lab.runs.evaluations import Failures, run_evaluations
+
+    run = new_run("""
+[[env]]
+id = "fault-env"
+name = "broken"
+args = { fault = "raise", every = 4 }
+
+[[env]]
+id = "fault-env"
+name = "slow"
+args = { fault = "hang", every = 2 }
+timeout = 2
+
+[[env]]
+id = "fault-env"
+name = "good"
+
+[eval]
+num_examples = 4
+rollouts_per_example = 2
+""", steps=1)
+    orchestrator = orchestrator_for(run, builtin_server)
+
+    async def base_evaluation() -> None:
+        try:
+            await orchestrator.evaluate(0, orchestrator.eval_sets())
+        finally:
+            await orchestrator.samplers.close()
+
+    asyncio.run(base_evaluation())
+    events = run.event_log().events()
+    [event] = [e for e in events if e.kind == "eval"]
+    counts = {key: value for key, value in event.data["metrics"].items() if not key.endswith("/reward")}
+    assert counts == {"eval/broken/rollouts": 8, "eval/broken/failed": 2, "eval/broken/timed_out": 0,
+                      "eval/slow/rollouts": 8, "eval/slow/failed": 0, "eval/slow/timed_out": 4,
+                      "eval/good/rollouts": 8, "eval/good/failed": 0, "eval/good/timed_out": 0,
+                      "eval/rollouts": 24, "eval/failed": 2, "eval/timed_out": 4}
+    broken, slow, good = run_evaluations(run)
+    assert (broken.base_failures, slow.base_failures, good.base_failures) == (
+        Failures(8, failed=2), Failures(8, timed_out=4), Failures(8))
+    [line] = [e.data["message"] for e in events if e.kind == "log" and "eval at step 0" in e.data["message"]]
+    assert line == (f"eval at step 0: broken {broken.base:.3f} (2 of 8 failed, counted 0), "
+                    f"slow {slow.base:.3f} (4 of 8 timed out, counted 0), good {good.base:.3f}")
+
+
+def test_an_eval_mean_counts_every_failed_rollout_as_0() -> None:
+    """A rollout whose scorer raised keeps the reward of the functions that ran: the run's eval counts it as 0, as
+    its printed line says, and as failed (not timed out)."""
+    from prime_lab.envs import Rollout
+    from prime_lab.envs.environment import TIMED_OUT
+    from prime_lab.runs.evaluations import Failures
+    from prime_lab.trainer.orchestrator import eval_outcome
+
+    def rollout(reward: float, error: str | None = None) -> Rollout:
+        return Rollout(example_id=0, task="", prompt=[], reward=reward, error=error)
+
+    mean, failures = eval_outcome([rollout(1.0), rollout(0.5), rollout(0.75, "a reward function raised"),
+                                   rollout(0.0, f"{TIMED_OUT} 2 s")])
+    assert (mean, failures) == (1.5 / 4, Failures(4, failed=1, timed_out=1))
+    assert eval_outcome([]) == (0.0, Failures(0))

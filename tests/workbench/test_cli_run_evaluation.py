@@ -17,14 +17,16 @@ RESOLVED = {"eval": {"num_examples": 20, "rollouts_per_example": 2, "env": []}}
 TITLE = "evaluation (mean reward over 20 examples x 2 rollouts)"
 
 
-def rl_run(*, steps_done: int = 10, final: bool = True) -> Run:
-    """An RL run of 10 steps whose orchestrator evaluated the base model and the policy after step 5 (and 10)."""
+def rl_run(*, steps_done: int = 10, final: bool = True, failures: dict[int, dict[str, int]] | None = None) -> Run:
+    """An RL run of 10 steps whose orchestrator evaluated the base model and the policy after step 5 (and 10);
+    `failures`: the counts of failed rollouts its events carry, by step."""
     run = RunRegistry().create("rl", config_text="", resolved=RESOLVED, model="smollm2-135m",
                                envs=["reverse-text", "alphabet-sort"], max_steps=10)
     with run.writer("orchestrator") as orchestrator, run.writer("trainer") as trainer:
         for step in [0, *range(1, steps_done + 1)]:
             if step in (0, 5) or (step == 10 and final):
-                metrics = {"eval/reverse-text/reward": 0.125 + step / 20, "eval/alphabet-sort/reward": 0.5 - step / 40}
+                metrics = {"eval/reverse-text/reward": 0.125 + step / 20, "eval/alphabet-sort/reward": 0.5 - step / 40,
+                           **(failures or {}).get(step, {})}
                 orchestrator.emit("eval", {"metrics": metrics, "policy_version": step}, step=step)
                 orchestrator.metrics(metrics, step)
             if step:
@@ -45,7 +47,8 @@ def test_get_and_progress_show_the_base_and_final_evaluation() -> None:
     facts = json.loads(prime("rl", "get", run.id, "-o", "json").stdout)
     assert facts["evaluation"][0] == {"metric": "eval/reverse-text/reward", "env": "reverse-text", "base": 0.125,
                                       "base_step": 0, "final": 0.625, "final_step": 10, "change": 0.5,
-                                      "examples": 20, "rollouts_per_example": 2}
+                                      "examples": 20, "rollouts_per_example": 2, "base_failures": None,
+                                      "final_failures": None}
     assert [e["env"] for e in facts["evaluation"]] == ["reverse-text", "alphabet-sort"]
 
     shown = prime("rl", "progress", run.id, "--plain").stdout.splitlines()
@@ -98,3 +101,33 @@ def test_the_foreground_ends_with_the_evaluation(capsys: pytest.CaptureFixture[s
     assert [line.split() for line in end[2:4]] == [["reverse-text", "0.125", "0.625", "+0.500"],
                                                    ["alphabet-sort", "0.500", "0.250", "-0.250"]]
     assert end[-1] == f"{run.id} completed"
+
+
+def test_failed_and_timed_out_rollouts_are_printed_beside_the_mean() -> None:
+    """A rollout that failed or timed out is reward 0 in the mean; every view of the evaluation says how many."""
+    counts = {f"eval/{env}/{key}": value for env in ("reverse-text", "alphabet-sort")
+              for key, value in (("rollouts", 40), ("failed", 0), ("timed_out", 0))}
+    failures = {0: counts | {"eval/reverse-text/timed_out": 3}, 5: counts,
+                10: counts | {"eval/alphabet-sort/failed": 2, "eval/alphabet-sort/timed_out": 1}}
+    run = rl_run(failures=failures)
+    shown = prime("rl", "progress", run.id, "--plain").stdout.splitlines()
+    assert shown[shown.index(TITLE) + 1:] == ["ENV\tBASE (step 0)\tFINAL (step 10)\tCHANGE",
+                                             "reverse-text\t0.125 (3 of 40 timed out, counted 0)\t0.625\t+0.500",
+                                             "alphabet-sort\t0.500\t0.250 (2 of 40 failed, 1 timed out, counted 0)"
+                                             "\t-0.250"]
+    assert "0.125 (3 of 40 timed out, counted 0)" in prime("rl", "get", run.id).stdout
+    facts = json.loads(prime("rl", "get", run.id, "-o", "json").stdout)
+    assert [(e["base_failures"], e["final_failures"]) for e in facts["evaluation"]] == [
+        ({"rollouts": 40, "failed": 0, "timed_out": 3}, {"rollouts": 40, "failed": 0, "timed_out": 0}),
+        ({"rollouts": 40, "failed": 0, "timed_out": 0}, {"rollouts": 40, "failed": 2, "timed_out": 1})]
+
+
+def test_the_foreground_prints_failed_rollouts_beside_each_evaluation(capsys: pytest.CaptureFixture[str]) -> None:
+    run = rl_run(failures={0: {"eval/reverse-text/rollouts": 40, "eval/reverse-text/failed": 0,
+                               "eval/reverse-text/timed_out": 3}})
+    assert follow_progress(run.id, poll=0.01) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert ("evaluation of the base model (mean reward): reverse-text 0.125 (3 of 40 timed out, counted 0), "
+            "alphabet-sort 0.500") in lines
+    end = lines[lines.index(TITLE):]
+    assert end[2].split()[:8] == ["reverse-text", "0.125", "(3", "of", "40", "timed", "out,", "counted"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from textual.widgets import Static
 
+from prime_lab.runs.evaluations import Failures
 from prime_lab.runs.events import EventWriter
 from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.workbench.dashboards.files import read_events
@@ -55,6 +56,19 @@ def test_the_model_keeps_the_base_and_the_newest_evaluation_per_environment() ->
     assert model.eval_rewards()[1] == EvalRewards("reverse-text", 0.12, 0.2, 10)
     assert eval_lines(model.eval_rewards(), STEPS)[2:] == ["eval reverse-text +0.080", "  base 0.120 -> step 10 0.200"]
     assert RLRunModel().eval_rewards() == [] and eval_lines([], STEPS) == []
+
+
+def test_the_latest_panel_says_how_many_rollouts_failed_beside_each_reward() -> None:
+    """A rollout that failed or timed out counted 0 in the mean: the Latest panel says so beside the reward."""
+    run = rl_run("rl-failed")
+    with run.writer("orchestrator") as writer:
+        writer.emit("eval", {"metrics": {"eval/reverse-text/reward": 0.5, "eval/reverse-text/rollouts": 16,
+                                         "eval/reverse-text/failed": 0, "eval/reverse-text/timed_out": 3}},
+                    step=STEPS)
+    model = folded(run)
+    assert model.eval_rewards()[1] == EvalRewards("reverse-text", 0.12, 0.5, STEPS, None, Failures(16, 0, 3))
+    assert eval_lines(model.eval_rewards(), STEPS)[2:] == [
+        "eval reverse-text +0.380", "  base 0.120 -> final 0.500 (3 of 16 timed out, counted 0)"]
 
 
 def test_the_rl_page_shows_base_and_final_eval_rewards_side_by_side(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from rich.console import Console, JustifyMethod, OverflowMethod
 from rich.table import Column, Table
 
 from prime_lab.runs.display import size as size
-from prime_lab.runs.evaluations import Evaluation, mean_of
+from prime_lab.runs.evaluations import Evaluation, Failures, mean_of, with_failures
 from prime_lab.runs.events import Event
 
 # The few numbers a person wants on a metrics line, in this order; the rest follow alphabetically.
@@ -143,8 +143,8 @@ def runs_table(statuses: list[dict[str, Any]], healths: dict[str, str] | None = 
 def print_evaluations(evaluations: list[Evaluation], max_steps: Any = None, *, stderr: bool = False) -> None:
     """A run's evaluations before and after training, under a line that says what each mean is of: per
     environment the base model's mean reward (step 0), the final policy's (the newest evaluation; `step N` while
-    it is not the run's last step) and the change; an SFT run's validation loss the same way. Nothing when the run
-    has none."""
+    it is not the run's last step), each with the rollouts that failed and counted 0 (`0.207 (3 of 16 timed out,
+    counted 0)`), and the change; an SFT run's validation loss the same way. Nothing when the run has none."""
     if not evaluations:
         return
     reward = any(e.is_reward for e in evaluations)
@@ -154,15 +154,16 @@ def print_evaluations(evaluations: list[Evaluation], max_steps: Any = None, *, s
     final = "FINAL" if last is None or last == max_steps else "LATEST"
     sizes = len({e.over() for e in evaluations}) > 1
 
-    def value(x: float | None, step: int | None = None, sign: str = "") -> str:
+    def value(x: float | None, step: int | None = None, sign: str = "", failures: Failures | None = None) -> str:
         if x is None:
             return "-"
-        return f"{x:{sign}.{digits}f}" + (f" (step {step})" if step is not None and step != last else "")
+        shown = with_failures(f"{x:{sign}.{digits}f}", failures)
+        return shown + (f" (step {step})" if step is not None and step != last else "")
 
     head = ["ENV" if reward else "METRIC", *(["OVER"] if sizes else []), "BASE (step 0)",
             f"{final} (step {last})" if last is not None else final, "CHANGE"]
-    rows = [[e.env or e.metric, *([e.over()] if sizes else []), value(e.base), value(e.final, e.final_step),
-             value(e.change, sign="+")] for e in evaluations]
+    rows = [[e.env or e.metric, *([e.over()] if sizes else []), value(e.base, failures=e.base_failures),
+             value(e.final, e.final_step, failures=e.final_failures), value(e.change, sign="+")] for e in evaluations]
     title = f"{'evaluation' if reward else 'validation'} ({mean_of(evaluations)})"
     (sys.stderr if stderr else sys.stdout).write(title + "\n")
     print_table(head, rows, justify={h: "right" for h in head[1:] if h != "OVER"}, stderr=stderr)

@@ -302,12 +302,12 @@ def _progress(step: int, max_steps: int, latest: dict[str, Any], elapsed: float,
 
 
 def _eval_line(step: int, data: dict[str, Any]) -> str:
-    """An `[eval]` evaluation as it arrives: each environment's mean reward, of the base model or the policy."""
-    from prime_lab.runs.evaluations import EVAL_REWARD
+    """An `[eval]` evaluation as it arrives: each environment's mean reward, of the base model or the policy, with
+    the rollouts that failed and counted 0 beside it."""
+    from prime_lab.runs.evaluations import eval_rewards, with_failures
 
-    metrics = data.get("metrics")
-    rewards = [f"{m.group(1)} {value:.3f}" for key, value in (metrics.items() if isinstance(metrics, dict) else ())
-               if (m := EVAL_REWARD.fullmatch(str(key))) and isinstance(value, int | float)]
+    rewards = [f"{env} {with_failures(f'{value:.3f}', failures)}"
+               for env, value, failures in eval_rewards(data.get("metrics"))]
     who = "the base model" if step == 0 else f"the policy after step {step}"
     return f"evaluation of {who} (mean reward): " + (", ".join(rewards) or "-")
 

@@ -8,26 +8,27 @@ after k, as `runs.events.final_timeline` does for the other readers: each step s
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from typing import Any, NamedTuple
 
 from prime_lab.monitors.alerts import AlertMonitor, completion_text
-from prime_lab.workbench.dashboards.event_folds import MAX_ALERTS, MetricsFold, RawEvent, is_number
+from prime_lab.runs.evaluations import EvaluationFold, Failures
+from prime_lab.workbench.dashboards.event_folds import MAX_ALERTS, MetricsFold, RawEvent
 from prime_lab.workbench.dashboards.series import DEFAULT_CAPACITY
 
 MAX_SAMPLES = 200
 
-_EVAL_REWARD_RE = re.compile(r"eval/(.+)/reward")
-
 
 class EvalRewards(NamedTuple):
-    """One environment's `[eval]` reward: the base model's (step 0) and the newest policy's after it."""
+    """One environment's `[eval]` reward: the base model's (step 0) and the newest policy's after it, each with its
+    rollouts that failed and counted 0 (where the event recorded them)."""
 
     env: str
     base: float | None
     latest: float | None
     latest_step: int | None
+    base_failures: Failures | None = None
+    latest_failures: Failures | None = None
 
 
 class RLRunModel(MetricsFold):
@@ -39,13 +40,13 @@ class RLRunModel(MetricsFold):
         self.samples: deque[dict[str, Any]] = deque(maxlen=MAX_SAMPLES)
         self.local_alerts: deque[dict[str, Any]] = deque(maxlen=MAX_ALERTS)
         self.monitor = AlertMonitor()
-        self.evals: dict[int, dict[str, float]] = {}  # step -> env -> reward, from the orchestrator's `eval` events
+        self.evals = EvaluationFold()  # the orchestrator's `eval` events, as every reader folds them
 
     def rewind(self, step: int) -> None:
         super().rewind(step)
         self.samples = deque((s for s in self.samples if not (isinstance(s.get("step"), int) and s["step"] > step)),
                              maxlen=MAX_SAMPLES)
-        self.evals = {s: rewards for s, rewards in self.evals.items() if s <= step}
+        self.evals.rewind(step)
 
     def fold(self, kind: str, step: Any, data: dict[str, Any], raw: RawEvent) -> None:
         super().fold(kind, step, data, raw)
@@ -54,7 +55,7 @@ class RLRunModel(MetricsFold):
         if kind == "metrics" and step is not None:
             alerts = self.monitor.observe_metrics(data, step)
         elif kind == "eval" and step is not None:
-            self._eval(step, data.get("metrics"))
+            self.evals.add(kind, step, data)
         elif kind == "sample":
             self.samples.append({**data, "step": step})
             alerts = self.monitor.observe_sample(completion_text(data.get("completion")),
@@ -62,27 +63,12 @@ class RLRunModel(MetricsFold):
         for alert in alerts:
             self.local_alerts.append({**alert, "step": step, "source": "lab"})
 
-    def _eval(self, step: int, metrics: Any) -> None:
-        """An `[eval]` evaluation at `step` (0: the base model): its `eval/<env>/reward` metrics."""
-        if not isinstance(metrics, dict):
-            return
-        for key, value in metrics.items():
-            match = _EVAL_REWARD_RE.fullmatch(str(key))
-            if match and is_number(value):
-                self.evals.setdefault(step, {})[match.group(1)] = float(value)
-
     # Views ------------------------------------------------------------------------------------------------
     def eval_rewards(self) -> list[EvalRewards]:
-        """Per environment the run evaluated: the base model's reward (step 0, with `eval_base_model`) and the
-        newest evaluation's after it (the final one once the run ends), as the run measured them."""
-        envs = sorted({env for rewards in self.evals.values() for env in rewards})
-        later = sorted((s for s in self.evals if s > 0), reverse=True)
-        pairs = []
-        for env in envs:
-            step = next((s for s in later if env in self.evals[s]), None)
-            pairs.append(EvalRewards(env, self.evals.get(0, {}).get(env),
-                                     self.evals[step][env] if step is not None else None, step))
-        return pairs
+        """Per environment the run evaluated (by name): the base model's reward (step 0, with `eval_base_model`)
+        and the newest evaluation's after it (the final one once the run ends), as the run measured them."""
+        return sorted((EvalRewards(e.env, e.base, e.final, e.final_step, e.base_failures, e.final_failures)
+                       for e in self.evals.evaluations() if e.env is not None), key=lambda rewards: rewards.env)
 
     @property
     def alerts(self) -> list[dict[str, Any]]:
@@ -92,3 +78,4 @@ class RLRunModel(MetricsFold):
     def sample_steps(self) -> set[int]:
         """Steps with sample events among those kept."""
         return {s["step"] for s in self.samples if isinstance(s.get("step"), int)}
+

@@ -12,6 +12,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import TabbedContent, TabPane
 
+from prime_lab.runs.evaluations import with_failures
 from prime_lab.runs.registry import Run
 from prime_lab.workbench.dashboards.rl_model import EvalRewards, RLRunModel
 from prime_lab.workbench.dashboards.samples import EnvParsers, rollout_steps
@@ -27,13 +28,14 @@ LATEST_KEYS = ("reward/mean", "reward/std", "val_reward/mean", "policy/entropy",
 
 def eval_lines(rewards: list[EvalRewards], max_steps: object) -> list[str]:
     """Per evaluated environment: `eval <env> <difference>` over `base <reward> -> final <reward>` (the newest
-    evaluation is named by its step until it is the last step's)."""
+    evaluation is named by its step until it is the last step's), each reward with the rollouts that failed and
+    counted 0 beside it."""
     lines = []
-    for env, base, latest, step in rewards:
+    for env, base, latest, step, base_failures, latest_failures in rewards:
         name = "final" if step == max_steps else f"step {step}"
         moved = f" {latest - base:+.3f}" if base is not None and latest is not None else ""
-        parts = ([f"base {base:.3f}"] if base is not None else []) + \
-                ([f"{name} {latest:.3f}"] if latest is not None else [])
+        parts = ([f"base {with_failures(f'{base:.3f}', base_failures)}"] if base is not None else []) + \
+                ([f"{name} {with_failures(f'{latest:.3f}', latest_failures)}"] if latest is not None else [])
         lines += [f"eval {env.split('/')[-1]}{moved}", "  " + " -> ".join(parts)]
     return lines
 
