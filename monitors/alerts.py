@@ -15,6 +15,10 @@ median ("spikes precede divergence"), and one side of the run waiting on the oth
 (`time/wait_for_weights` against its `rollout/generation_time`: trainer-bound). Each message names the setting that
 usually helps. monitors/health.py reads the same state into the run's health line.
 
+The monitor knows the run's loss (`loss`: the launcher's from the run's config, the TUI's from its resolved.json): a
+loss that learns from a teacher (`TEACHER_LOSSES`: `opd`, whose teacher term trains whatever the rewards, and hard
+distillation's `sft`) does not need rewards that vary, so flat rewards raise no `reward_std_collapse` there.
+
 An alert fires once per *episode*: when its condition becomes true. While the condition holds it stays quiet; once
 the condition has cleared (with some hysteresis) it is re-armed and a new episode may fire again. The RL launcher
 feeds the monitor every event it follows and writes what it returns as `alert` events; the TUI runs its own monitor
@@ -25,6 +29,7 @@ Pure logic: no textual, no torch, no numpy.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import zlib
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from prime_lab.runs.events import Event
+from prime_lab.runs.registry import Run
 
 Alert = dict[str, Any]  # {"name", "message", "level"}
 
@@ -57,6 +63,8 @@ HEALTH_ALERT_NAMES = (KL_RISING, GRAD_NORM_SPIKES, ORCHESTRATOR_BOUND, TRAINER_B
 # each side's wait, what it was busy with meanwhile (the same process's metrics of a step), and who waits on whom
 BOUND_METRICS = {ORCHESTRATOR_BOUND: ("time/wait_for_batch", "time/step"),
                  TRAINER_BOUND: ("time/wait_for_weights", "rollout/generation_time")}
+# losses that learn from a teacher whatever the rewards: a reward std of 0 there is no sign that nothing is learned
+TEACHER_LOSSES = ("sft", "opd")
 _ERRORED_PREFIX, _ERRORED_SUFFIX = "env/", "/errored"
 MAX_LAYOUTS = 64  # sets of metric keys whose errored keys are remembered
 
@@ -149,6 +157,17 @@ def trend_halves(values: Sequence[float]) -> tuple[float, float]:
     return statistics.median(items[:half]), statistics.median(items[len(items) - half:])
 
 
+def run_loss(run: Run) -> str:
+    """The loss a run trains with, from its resolved config (resolved.json): "rl" where it names none (an SFT run,
+    a config from before distillation) or cannot be read."""
+    try:
+        resolved = json.loads(run.resolved_path.read_text())
+    except (OSError, ValueError):
+        return "rl"
+    loss = resolved.get("loss") if isinstance(resolved, dict) else None
+    return loss if isinstance(loss, str) else "rl"
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -178,8 +197,9 @@ class AlertMonitor:
     as they change instead of recomputing them from the history on every value, and messages are only formatted
     when an alert fires."""
 
-    def __init__(self, thresholds: AlertThresholds | None = None) -> None:
+    def __init__(self, thresholds: AlertThresholds | None = None, *, loss: str = "rl") -> None:
         t = self.t = thresholds or AlertThresholds()
+        self.loss = loss  # the run's `loss` (trainer/config.py)
         self.active: set[str] = set()  # alert keys whose episode is going on
         self._entropy_baseline: list[float] = []
         self._entropy_bounds: tuple[float, float, float] | None = None  # baseline, fire below, re-arm above
@@ -212,6 +232,8 @@ class AlertMonitor:
             ("policy/entropy", self._entropy), ("reward/std", self._reward_std), ("policy/kl", self._kl_check),
             ("policy/ref_kl", self._kl_check), ("reward/mean", self._reward), ("loss", self._loss),
             ("optim/grad_norm", self._grad), ("policy/kl", self._kl_trend))
+        if loss in TEACHER_LOSSES:  # the teacher's term trains on flat rewards too
+            self._checks = tuple(check for check in self._checks if check[0] != "reward/std")
 
     # Entry points -------------------------------------------------------------------------------------------
     def observe(self, event: Event) -> list[Alert]:

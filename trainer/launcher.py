@@ -182,7 +182,7 @@ class Supervisor:
         self.system: SystemSampler | None = None  # samples every process of the run (`system` events)
         self.offset = 0
         self.last_error: dict[str, str] = {}
-        self.monitor = AlertMonitor()
+        self.monitor = AlertMonitor(loss=self.config.loss if isinstance(self.config, RLConfig) else "rl")
 
     def log(self, message: str, level: str = "INFO") -> None:
         log_both(self.events, message, level)

@@ -454,3 +454,48 @@ def test_the_monitor_raises_what_the_rules_recomputed_from_scratch_raise(thresho
         counts = {name: sum(1 for _, alert in expected if alert["name"] == name)
                   for name in (*ALERT_NAMES, *HEALTH_ALERT_NAMES)}
         assert all(counts[name] >= (5 if name in ALERT_NAMES else 3) for name in counts), counts
+
+
+def test_flat_rewards_are_no_collapse_where_the_loss_learns_from_a_teacher() -> None:
+    """With loss = "opd" the teacher's term trains whatever the rewards (hard distillation's "sft" takes no
+    advantage at all): a reward std of 0 is no sign that nothing is learned."""
+    flat = [{"reward/std": 0.0, "reward/mean": 0.0}] * 6
+    assert names(feed(AlertMonitor(), flat)) == [REWARD_STD_COLLAPSE]
+    assert feed(AlertMonitor(loss="opd"), flat) == feed(AlertMonitor(loss="sft"), flat) == []
+    collapsing = [{"policy/entropy": e} for e in (1.0, 1.1, 1.0, 0.05)]  # every other sign still fires
+    assert names(feed(AlertMonitor(loss="opd"), collapsing)) == [ENTROPY_COLLAPSE]
+
+
+def test_the_launcher_and_the_run_page_take_the_loss_from_the_runs_config(tiny_model_dir: Any) -> None:
+    """The launcher's monitor has the run's config; the run page reads it from resolved.json (`run_loss`)."""
+    import signal
+
+    from prime_lab.monitors.alerts import run_loss
+    from prime_lab.runs.registry import RunRegistry
+    from prime_lab.trainer import launcher
+    from prime_lab.trainer.config import validate_rl_config
+    from prime_lab.workbench.screens.dashboard_rl import RLDashboard
+
+    def alerts_of(loss: str) -> list[str]:
+        teacher = f'loss = "{loss}"\n[teacher]\nmodel = "{tiny_model_dir}"\n' if loss != "rl" else ""
+        text = (f'model = "{tiny_model_dir}"\nmax_steps = 6\nbatch_size = 4\nrollouts_per_example = 2\n{teacher}'
+                '[sampling]\nmax_tokens = 4\n[[env]]\nid = "reverse-text"\n')
+        result = validate_rl_config(text)
+        assert result.config is not None, [p.format() for p in result.problems]
+        run = RunRegistry().create("rl", config_text=text, resolved=result.config.model_dump(mode="json"))
+        run.update_status(model_path=str(tiny_model_dir))
+        assert run_loss(run) == loss
+        assert RLDashboard(run).new_model().monitor.loss == ("opd" if loss != "rl" else "rl")
+        with run.writer("orchestrator") as writer:
+            for step in range(1, 7):  # what the orchestrator logs for a batch whose rewards are all alike
+                writer.metrics({"reward/mean": 0.0, "reward/std": 0.0}, step)
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            launcher.Supervisor(run).follow_events()
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        return [e.data["name"] for e in run.event_log().events() if e.kind == "alert"]
+
+    assert alerts_of("rl") == [REWARD_STD_COLLAPSE]
+    assert alerts_of("opd") == []

@@ -35,11 +35,11 @@ class RLRunModel(MetricsFold):
     """An RL run: the metrics, recent samples and the `[eval]` evaluations' rewards, with alerts raised here
     (`monitors.alerts`) for a log that has none."""
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, loss: str = "rl") -> None:
         super().__init__(capacity)
         self.samples: deque[dict[str, Any]] = deque(maxlen=MAX_SAMPLES)
         self.local_alerts: deque[dict[str, Any]] = deque(maxlen=MAX_ALERTS)
-        self.monitor = AlertMonitor()
+        self.monitor = AlertMonitor(loss=loss)  # the run's loss, as the launcher's monitor has it
         self.evals = EvaluationFold()  # the orchestrator's `eval` events, as every reader folds them
 
     def rewind(self, step: int) -> None:
@@ -79,3 +79,11 @@ class RLRunModel(MetricsFold):
         """Steps with sample events among those kept."""
         return {s["step"] for s in self.samples if isinstance(s.get("step"), int)}
 
+
+class DistillationRunModel(RLRunModel):
+    """An RL run whose loss learns from a teacher (`loss = "opd"` or `"sft"`): its alerts know it (flat rewards are
+    no `reward_std_collapse`, `monitors.alerts.TEACHER_LOSSES` treats the two alike). A class of its own so that a
+    large log's replay in a child process builds it with no arguments (`FollowTarget.apart`)."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        super().__init__(capacity, loss="opd")

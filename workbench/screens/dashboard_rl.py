@@ -12,9 +12,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import TabbedContent, TabPane
 
+from prime_lab.monitors.alerts import TEACHER_LOSSES, run_loss
 from prime_lab.runs.evaluations import with_failures
 from prime_lab.runs.registry import Run
-from prime_lab.workbench.dashboards.rl_model import EvalRewards, RLRunModel
+from prime_lab.workbench.dashboards.rl_model import DistillationRunModel, EvalRewards, RLRunModel
 from prime_lab.workbench.dashboards.samples import EnvParsers, rollout_steps
 from prime_lab.workbench.screens.dashboard_charts import ChartsDashboard, dashboard_bindings
 from prime_lab.workbench.screens.dashboard_training import TrainingDashboard, logs_beside_binding
@@ -60,7 +61,8 @@ class RLDashboard(TrainingDashboard[RLRunModel]):
         self.parsers = EnvParsers(self.status.get("envs") or [])
 
     def new_model(self) -> RLRunModel:
-        return RLRunModel()
+        """The run's model; a run that learns from a teacher (its resolved.json's `loss`) has alerts that know it."""
+        return DistillationRunModel() if run_loss(self.run) in TEACHER_LOSSES else RLRunModel()
 
     def latest_notes(self) -> list[str]:
         return eval_lines(self.model.eval_rewards(), self.status.get("max_steps"))
