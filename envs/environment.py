@@ -7,7 +7,8 @@ condition, timing and token usage. Failures (the endpoint, `env_response`, a rew
 rollout; they never end a whole evaluation or run.
 
 Every rollout has a time limit (`rollout_time_limit`: a run's `[[env]] timeout`, `DEFAULT_ROLLOUT_TIMEOUT_S`
-elsewhere, or the environment's own `timeout_seconds` where smaller); one past it fails, timed out (`timed_rollout`).
+elsewhere, or the environment's own `timeout_seconds` where smaller), over the rollout and its scoring together; one
+past it fails, timed out (`timed_rollout`).
 """
 
 from __future__ import annotations
@@ -210,6 +211,10 @@ class Environment:
     async def rollout(self, client: Any, model: str, row: dict[str, Any], sampling: SamplingArgs) -> Rollout:
         raise NotImplementedError
 
+    def time_limit(self, row: dict[str, Any], configured: float | None = DEFAULT_ROLLOUT_TIMEOUT_S) -> float | None:
+        """The time limit of `row`'s rollout and its scoring: `rollout_time_limit` (`EnvGroup`: its member's)."""
+        return rollout_time_limit(self, configured)
+
     async def score(self, rollout: Rollout) -> None:
         start = time.perf_counter()
         score = await self.rubric.score(prompt=rollout.prompt, completion=rollout.completion, answer=rollout.answer,
@@ -233,16 +238,14 @@ class Environment:
         timeout: float | None = DEFAULT_ROLLOUT_TIMEOUT_S,
     ) -> list[Rollout]:
         """Every row `rollouts_per_example` times, at most `max_concurrent` at once, scored; results in order. Each
-        rollout has `rollout_time_limit(self, timeout)` from when it starts (not while it waits for its turn)."""
+        rollout and its scoring have `self.time_limit(row, timeout)` together, from when the rollout starts (not
+        while it waits for its turn)."""
         gate = asyncio.Semaphore(max(1, max_concurrent))
         jobs = [row for row in rows for _ in range(rollouts_per_example)]
-        limit = rollout_time_limit(self, timeout)
 
         async def one(row: dict[str, Any]) -> Rollout:
             async with gate:
-                rollout = await timed_rollout(self, client, model, row, sampling, limit)
-                if not timed_out(rollout):  # nothing came back to score
-                    await self.score(rollout)
+                rollout = await timed_rollout(self, client, model, row, sampling, self.time_limit(row, timeout))
             if on_rollout is not None:
                 maybe = on_rollout(rollout)
                 if asyncio.iscoroutine(maybe):
@@ -269,13 +272,21 @@ def rollout_time_limit(env: Environment, configured: float | None = DEFAULT_ROLL
     return min(limits) if limits else None
 
 
-def timed_out_rollout(row: dict[str, Any], limit: float, elapsed_ms: float) -> Rollout:
-    """The failed rollout of a row whose rollout ran past `limit` seconds."""
-    return Rollout(example_id=row.get("example_id"), task=str(row.get("task", "")),
-                   prompt=[dict(m) for m in row["prompt"]], answer=row.get("answer", ""),
-                   info=dict(row.get("info") or {}), stop_condition="error",
-                   error=f"{TIMED_OUT} {limit:g} s (the per-rollout time limit: a run's [[env]] timeout, or the "
-                         "environment's own timeout_seconds where smaller)", timing={"total_ms": elapsed_ms})
+def timed_out_rollout(row: dict[str, Any], limit: float, elapsed_ms: float, rollout: Rollout | None = None) -> Rollout:
+    """The failed rollout of a row whose rollout ran past `limit` seconds; with `rollout` (it came back, its scoring
+    ran past the limit), that rollout, its reward 0 and its error this one."""
+    error = (f"{TIMED_OUT} {limit:g} s{'' if rollout is None else ' while its reward functions ran'} (the "
+             "per-rollout time limit, over the rollout and its scoring: a run's [[env]] timeout, or the environment's "
+             "own timeout_seconds where smaller)")
+    if rollout is None:
+        return Rollout(example_id=row.get("example_id"), task=str(row.get("task", "")),
+                       prompt=[dict(m) for m in row["prompt"]], answer=row.get("answer", ""),
+                       info=dict(row.get("info") or {}), stop_condition="error", error=error,
+                       timing={"total_ms": elapsed_ms})
+    rollout.error = error + (f"\n{rollout.error}" if rollout.error else "")
+    rollout.reward, rollout.metrics, rollout.stop_condition = 0.0, {}, "error"
+    rollout.timing["total_ms"] = elapsed_ms
+    return rollout
 
 
 def timed_out(rollout: Rollout) -> bool:
@@ -293,17 +304,31 @@ def empty(rollout: Rollout) -> bool:
 
 
 async def timed_rollout(env: Environment, client: Any, model: str, row: dict[str, Any], sampling: SamplingArgs,
-                        timeout: float | None) -> Rollout:
-    """`env.rollout(...)`, cut after `timeout` seconds (None: no limit): a rollout past it is cancelled and comes
-    back failed (`timed_out_rollout`, stop condition "error"), so a hung rollout never holds its group. Exceptions
-    the rollout raises (an isolated environment's `EnvironmentDown`) go through.
+                        timeout: float | None, generated: Callable[[], None] | None = None) -> Rollout:
+    """`env.rollout(...)` and `env.score(...)` of it, together cut after `timeout` seconds (None: no limit): a rollout
+    or a scorer past it (a reward that awaits a judge forever) is cancelled and comes back failed
+    (`timed_out_rollout`, stop condition "error"), so a hung rollout never holds its group. `generated` is called
+    once the rollout is back, before it is scored. Exceptions the rollout raises (an isolated environment's
+    `EnvironmentDown`) go through.
 
-    Only a rollout that waits (on the endpoint, a tool, `asyncio.sleep`, an environment server) can be cut: one that
-    blocks the event loop in synchronous code holds every other rollout of this process too, and cannot be
-    interrupted from inside it (an isolated environment's server is another process: its requests are cut).
+    Only work that waits (on the endpoint, a tool, `asyncio.sleep`, an environment server) can be cut: code that
+    blocks the event loop holds every other rollout of this process too, and cannot be interrupted from inside it (an
+    isolated environment's server is another process: its requests are cut, and cancelled on the server).
     """
-    return await cut_after(timeout, env.rollout(client, model, row, sampling),
-                           lambda elapsed_ms: timed_out_rollout(row, timeout or 0.0, elapsed_ms))
+    done: list[Rollout] = []
+
+    async def scored() -> Rollout:
+        rollout = await env.rollout(client, model, row, sampling)
+        done.append(rollout)
+        if generated is not None:
+            generated()
+        await env.score(rollout)
+        return rollout
+
+    def cut(elapsed_ms: float) -> Rollout:
+        return timed_out_rollout(row, timeout or 0.0, elapsed_ms, done[0] if done else None)
+
+    return await cut_after(timeout, scored(), cut)
 
 
 async def cut_after(limit: float | None, work: Awaitable[T], timed_out: Callable[[float], T]) -> T:

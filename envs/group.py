@@ -1,10 +1,18 @@
-"""`EnvGroup`: several environments as one, for multi-environment runs; rows carry their environment's task."""
+"""`EnvGroup`: several environments as one, for multi-environment runs; rows carry their environment's task. A row's
+rollout is its environment's, scored by its rubric within its time limit (the environment's own where smaller)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from prime_lab.envs.environment import Environment, Rollout, SamplingArgs, sample_rows
+from prime_lab.envs.environment import (
+    DEFAULT_ROLLOUT_TIMEOUT_S,
+    Environment,
+    Rollout,
+    SamplingArgs,
+    rollout_time_limit,
+    sample_rows,
+)
 
 
 class EnvGroup(Environment):
@@ -34,6 +42,9 @@ class EnvGroup(Environment):
 
     def get_eval_dataset(self, n: int = -1, seed: int | None = None) -> list[dict[str, Any]]:
         return sample_rows(self._tagged({k: e.get_eval_dataset() for k, e in self.envs.items()}), n, seed)
+
+    def time_limit(self, row: dict[str, Any], configured: float | None = DEFAULT_ROLLOUT_TIMEOUT_S) -> float | None:
+        return rollout_time_limit(self.env_for(row["task"]), configured)
 
     async def rollout(self, client: Any, model: str, row: dict[str, Any], sampling: SamplingArgs) -> Rollout:
         return await self.env_for(row["task"]).rollout(client, model, row, sampling)

@@ -24,14 +24,15 @@ is trainer/scheduler.py's; this module keeps the groups, the asyncio tasks and t
 A completion cut by the sampler's context rather than by `[sampling].max_tokens` (vLLM shortens `max_tokens` to the
 room left after the prompt without a word) is logged once as a WARNING with the numbers and the fix (`context_cut`).
 
-Environments that fail: each rollout has its environment's time limit (`[[env]] timeout`, or the environment's own
-where smaller; envs/environment.py `timed_rollout`), and one past it fails. A group with a failed rollout is dropped,
-and its environment is owed the group (`MixSampler`): the next group started comes from it again, so a failing
-environment's share of the batch is not filled by the others. Each step logs, per environment, the share of its
-rollouts that errored, that timed out and that came back empty (`env/<name>/errored`, `env/<name>/timed_out`,
-`env/<name>/empty`) and its server's restarts (`env/<name>/restarts`; each restart is also an `env_restart`
-alert). An environment with `ENV_ERRORED_LIMIT` of its rollouts errored for `ENV_ERRORED_STEPS` steps in a row, or
-whose server is down for good (`EnvironmentDown`), fails the run with its name and its last error.
+Environments that fail: each rollout and its scoring have its environment's time limit (`[[env]] timeout`, or the
+environment's own where smaller; envs/environment.py `timed_rollout`), and one past it fails. A group with a failed
+rollout is dropped, and its environment is owed the group (`MixSampler`): the next group started comes from it
+again, so a failing environment's share of the batch is not filled by the others. Each step logs, per environment,
+the share of its rollouts that errored, that timed out and that came back empty (`env/<name>/errored`,
+`env/<name>/timed_out`, `env/<name>/empty`) and its server's restarts (`env/<name>/restarts`, per `[[env]]` entry;
+each restart is also an `env_restart` alert). An environment with `ENV_ERRORED_LIMIT` of its rollouts errored for
+`ENV_ERRORED_STEPS` steps in a row, or whose server is down for good (`EnvironmentDown`), fails the run with its name
+and its last error.
 """
 
 from __future__ import annotations
@@ -427,9 +428,10 @@ class Orchestrator:
 
     async def sample_group(self, env_name: str, row: dict[str, Any], version: int, server: SamplerServer,
                            replacement: bool = False) -> Group:
-        """`rollouts_per_example` rollouts of one example on one sampler server, scored, each within its
-        environment's time limit (one past it fails, `timed_rollout`). With a `[sampling] seed`, each rollout gets
-        its own seed derived from it (one seed for all would make every rollout of a group the same)."""
+        """`rollouts_per_example` rollouts of one example on one sampler server, scored, each rollout and its scoring
+        within its environment's time limit (one past it fails, `timed_rollout`; a rollout's slot is free for a new
+        group once it is back, while it is scored). With a `[sampling] seed`, each rollout gets its own seed derived
+        from it (one seed for all would make every rollout of a group the same)."""
         t0 = time.perf_counter()
         env = self.envs[env_name]
         first = self.rollouts_started
@@ -441,20 +443,25 @@ class Orchestrator:
         if self.teacher is not None and self.teacher_sampling is not None:  # loss = "sft": the teacher generates
             client, model, sampling = self.teacher.client, self.teacher.model, self.teacher_sampling
 
-        limit = self.time_limits[env_name]
+        limit = env.time_limit(row, self.timeouts[env_name])  # time_limits[env_name]; an EnvGroup: its member's
 
         async def one(i: int) -> Rollout:
             args = sampling if sampling.seed is None else \
                 replace(sampling, seed=sampling.seed * 1_000_003 + first + i)
+            freed = False
+
+            def free() -> None:  # this rollout's slot goes to a new group as soon as a group's worth is free
+                nonlocal freed
+                if not freed:
+                    freed = True
+                    self.rollouts_in_flight -= 1
+                    server.in_flight -= 1
+                    self.top_up()
+
             try:
-                rollout = await timed_rollout(env, client, model, row, args, limit)
+                return await timed_rollout(env, client, model, row, args, limit, generated=free)
             finally:
-                self.rollouts_in_flight -= 1
-                server.in_flight -= 1
-                self.top_up()  # this rollout's slot goes to a new group as soon as a group's worth is free
-            if not timed_out(rollout):  # nothing came back to score
-                await env.score(rollout)
-            return rollout
+                free()
 
         rollouts = await asyncio.gather(*(one(i) for i in range(self.group_size)))
         now = time.perf_counter()

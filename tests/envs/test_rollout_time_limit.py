@@ -1,6 +1,7 @@
-"""The per-rollout time limit: a rollout that waits forever (on its own code, or on an endpoint that never answers)
-comes back failed as timed out, and the environment's own limit wins where it is smaller. Real rollouts against the
-built-in server, a real verifiers environment in this process, a real socket that never answers."""
+"""The per-rollout time limit: a rollout that waits forever (on its own code, on an endpoint that never answers, or
+in a reward function that awaits a judge forever) comes back failed as timed out, and the environment's own limit
+wins where it is smaller (an EnvGroup's member's too). Real rollouts against the built-in server, a real verifiers
+environment in this process, a real socket that never answers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
-from prime_lab.envs import MultiTurnEnv, Rubric, SamplingArgs, load_environment
+from prime_lab.envs import EnvGroup, MultiTurnEnv, Rubric, SamplingArgs, SingleTurnEnv, load_environment
 from prime_lab.envs.environment import (
     DEFAULT_ROLLOUT_TIMEOUT_S,
     TIMED_OUT,
@@ -44,8 +45,24 @@ def hanging_env() -> HangingEnv:
     return HangingEnv(max_turns=2, dataset=rows, rubric=Rubric([lambda completion: 1.0]))
 
 
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
+def run(coro: Any, bound: float = 30.0) -> Any:
+    """`coro`'s result; a test that would hang fails after `bound` seconds instead (TimeoutError)."""
+    async def bounded() -> Any:
+        return await asyncio.wait_for(coro, bound)
+
+    return asyncio.run(bounded())
+
+
+async def judge(completion: Messages, info: dict[str, Any]) -> float:
+    """A reward that awaits an LLM judge; for a row with `info.hang`, one that never answers."""
+    if info.get("hang"):
+        await asyncio.Event().wait()
+    return 1.0
+
+
+def judged_env(**kwargs: Any) -> SingleTurnEnv:
+    rows = [{"question": "Say hi.", "info": {"hang": True}}, {"question": "Say hi.", "info": {"hang": False}}]
+    return SingleTurnEnv(dataset=rows, rubric=Rubric([judge]), **kwargs)
 
 
 async def rollouts_of(env: Any, base_url: str, model: str, rows: list[dict[str, Any]], **kwargs: Any) -> list[Any]:
@@ -79,6 +96,36 @@ def test_a_rollout_that_sleeps_forever_times_out_and_counts_as_errored(builtin_s
 
     with pytest.raises(TimeoutError):
         run(unlimited())
+
+
+def test_a_scorer_that_awaits_forever_times_out_within_the_limit(builtin_server: Any) -> None:
+    """The limit covers the rollout and its scoring: a reward that never returns fails its rollout, timed out, with
+    what the model said kept; the other rollout is scored."""
+    env = judged_env()
+    started = time.perf_counter()
+    hung, fine = run(rollouts_of(env, builtin_server.base_url, builtin_server.model_name, env.get_dataset(),
+                                 timeout=1.0), bound=10.0)
+    elapsed = time.perf_counter() - started
+    assert timed_out(hung) and hung.error is not None
+    assert hung.error.startswith(f"{TIMED_OUT} 1 s while its reward functions ran")
+    assert hung.reward == 0.0 and hung.metrics == {} and hung.stop_condition == "error"
+    assert hung.completion and hung.completion[0]["role"] == "assistant" and hung.timing["total_ms"] >= 1000
+    assert fine.error is None and fine.reward == 1.0
+    assert elapsed < 2.5
+
+
+def test_an_env_group_holds_each_members_own_limit_over_scoring(builtin_server: Any) -> None:
+    """An EnvGroup's rollout has its member's limit (the member's own where smaller), its scoring included."""
+    group = EnvGroup([judged_env(env_id="judged"), hanging_env()], names=["judged", "hanging"])
+    group.envs["judged"].timeout_seconds = 0.5
+    rows = group.get_dataset()
+    assert [group.time_limit(r, 300.0) for r in rows] == [0.5, 0.5, 300.0, 300.0]
+    started = time.perf_counter()
+    done = run(rollouts_of(group, builtin_server.base_url, builtin_server.model_name, [rows[0], rows[1], rows[3]],
+                           timeout=300.0), bound=10.0)
+    assert [timed_out(r) for r in done] == [True, False, False]
+    assert done[0].error is not None and done[0].error.startswith(f"{TIMED_OUT} 0.5 s while its reward")
+    assert done[1].reward == 1.0 and done[2].reward == 1.0 and time.perf_counter() - started < 2.5
 
 
 def test_the_smaller_of_the_configured_and_the_environments_own_limit_wins(builtin_server: Any) -> None:

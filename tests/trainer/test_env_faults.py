@@ -29,7 +29,7 @@ from prime_lab.trainer.runtime import guarded_main, load_config
 FAULT_ENV = '''
 """Two model turns; between them, the fault of every `every`-th rollout: "raise" (the tool crashes), "hang" (it
 never returns), "down" (its server is gone for good: the rollout raises EnvironmentDown); "silent" blanks the model's
-replies (an empty rollout)."""
+replies (an empty rollout); "judge": its reward awaits a judge that never answers."""
 
 import asyncio
 
@@ -65,7 +65,12 @@ class FaultEnv(MultiTurnEnv):
 
 def load_environment(fault="none", every=1, num_examples=64):
     rows = [{"question": f"Say something. {i}", "info": {"index": i}} for i in range(num_examples)]
-    reward = lambda completion: len(last_assistant_text(completion)) % 3 / 2  # noqa: E731 (varies in a group)
+
+    async def reward(completion, info):  # varies in a group
+        if info.get("faulty") and fault == "judge":
+            await asyncio.Event().wait()
+        return len(last_assistant_text(completion)) % 3 / 2
+
     return FaultEnv(fault, every, dataset=rows, rubric=Rubric([reward]))
 '''
 
@@ -120,10 +125,10 @@ name = "good"
 id = "fault-env"
 name = "slow"
 args = { fault = "hang", every = 4 }
-timeout = 0.3
+timeout = 2
 """, steps=3)
     orchestrator = orchestrator_for(run, builtin_server)
-    assert orchestrator.time_limits == {"good": 300.0, "slow": 0.3}
+    assert orchestrator.time_limits == {"good": 300.0, "slow": 2.0}
     started = time.perf_counter()
     assert asyncio.run(orchestrator.loop()) == 0
     assert time.perf_counter() - started < 20
@@ -142,8 +147,39 @@ timeout = 0.3
     assert sum(data.get("env/slow/timed_out", 0.0) for data in metrics.values()) > 0
     warnings = [e.data["message"] for e in run.event_log().events() if e.kind == "log"
                 and e.data["level"] == "WARNING"]
-    assert warnings and all(w.startswith("dropped a group of slow: a rollout failed: rollout timed out after 0.3 s")
+    assert warnings and all(w.startswith("dropped a group of slow: a rollout failed: rollout timed out after 2 s")
                             for w in warnings)
+
+
+def test_a_scorer_that_hangs_is_cut_at_its_timeout_counted_and_the_run_goes_on(
+        fault_env: None, builtin_server: Any) -> None:
+    """A reward that awaits a judge forever: its rollout fails at the [[env]] timeout (the limit covers scoring),
+    counted under env/<name>/timed_out, its group dropped; the run completes. Every other group has a rollout that
+    hangs (every 4th, groups of 2), and one step holds at most a batch's worth of groups (4): the step cannot fill
+    before the first two hung groups are cut."""
+    run = new_run("""
+[[env]]
+id = "fault-env"
+name = "judged"
+args = { fault = "judge", every = 4 }
+timeout = 2
+""", steps=1)
+    orchestrator = orchestrator_for(run, builtin_server)
+
+    async def bounded() -> int:  # today's hang fails the test rather than holding it
+        return await asyncio.wait_for(orchestrator.loop(), 30)
+
+    started = time.perf_counter()
+    assert asyncio.run(bounded()) == 0
+    assert time.perf_counter() - started < 20
+    [(step, metrics)] = step_metrics(run).items()
+    assert step == 1 and batch_path(run.rollouts_dir, 1).exists()
+    assert metrics["env/judged/timed_out"] == metrics["env/judged/errored"] > 0
+    warnings = [e.data["message"] for e in run.event_log().events() if e.kind == "log"
+                and e.data["level"] == "WARNING"]
+    assert warnings and all(w.startswith("dropped a group of judged: a rollout failed: rollout timed out after 2 s "
+                                         "while its reward functions ran") for w in warnings)
+    assert orchestrator.rollouts_in_flight == 0 and not orchestrator.tasks  # every slot given back
 
 
 def test_empty_rollouts_are_counted_per_environment(fault_env: None, builtin_server: Any) -> None:
