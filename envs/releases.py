@@ -230,23 +230,49 @@ class ReleaseContents:
     version: str
     sources: dict[str, str]  # module name -> source
 
-    def _sources_of(self, module: str) -> list[str]:
-        """The module's source, and its classic-API twin where the release keeps that under `verifiers.legacy` and
-        aliases it at `verifiers.*` (0.3.1)."""
+    def _sources_of(self, module: str) -> list[tuple[str, str]]:
+        """(module, source) of the module, and of its classic-API twin where the release keeps that under
+        `verifiers.legacy` and aliases it at `verifiers.*` (0.3.1)."""
         twin = "verifiers.legacy" + module[len("verifiers"):] if "verifiers.legacy" in self.sources else None
-        return [self.sources[m] for m in (module, twin) if m is not None and m in self.sources]
+        return [(m, self.sources[m]) for m in (module, twin) if m is not None and m in self.sources]
+
+    def _star_imported(self, module: str, source: str) -> list[str]:
+        """The modules `source` (of `module`) star-imports (`from .types import *`, `from verifiers.x import *`)."""
+        package = module if any(m.startswith(module + ".") for m in self.sources) else module.rpartition(".")[0]
+        found = []
+        for dots, name in _STAR_IMPORT.findall(source):
+            if not dots:
+                found.append(name)
+                continue
+            base = package.rsplit(".", len(dots) - 1)[0] if len(dots) > 1 else package
+            found.append(f"{base}.{name}" if name else base)
+        return found
+
+    def _has(self, module: str, name: str, seen: set[str]) -> bool:
+        """Whether `module` names `name` (defines or imports it), following its star imports."""
+        if module in seen:
+            return False
+        seen.add(module)
+        for of, source in self._sources_of(module):
+            if re.search(rf"\b{re.escape(name)}\b", source):
+                return True
+            if any(self._has(star, name, seen) for star in self._star_imported(of, source)):
+                return True
+        return False
 
     def lacks(self, wanted: VerifiersImport) -> str | None:
         """What of `wanted` this release does not have, in words (None: it has all of it)."""
-        sources = self._sources_of(wanted.module)
-        if not sources:
+        if not self._sources_of(wanted.module):
             return f"no module {wanted.module}"
         for name in wanted.names:
             if self._sources_of(f"{wanted.module}.{name}"):
                 continue
-            if not any(re.search(rf"\b{re.escape(name)}\b", source) for source in sources):
+            if not self._has(wanted.module, name, set()):
                 return f"no {name} in {wanted.module}"
         return None
+
+
+_STAR_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+\*", re.MULTILINE)
 
 
 def _module_name(path: str) -> str | None:

@@ -275,6 +275,25 @@ def test_release_contents_say_what_a_release_lacks(wanted: VerifiersImport, lack
     assert CONTENTS.lacks(wanted) == lacking
 
 
+STARS = ReleaseContents("0.1.12", {
+    "verifiers": "from .types import *\nfrom verifiers.utils import *\n",
+    "verifiers.types": "Messages = list[dict]\n",
+    "verifiers.utils": "from ..errors import *\n",
+    "verifiers.utils.x": "",
+    "verifiers.errors": "class Error(Exception): ...\n",
+})
+
+
+@pytest.mark.parametrize(("names", "lacking"), [
+    (("Messages",), None),  # from .types import *
+    (("Error",), None),  # from verifiers.utils import *, and there from ..errors import *
+    (("State",), "no State in verifiers"),
+])
+def test_release_contents_follow_star_imports(names: tuple[str, ...], lacking: str | None) -> None:
+    """`from verifiers import Messages` where verifiers star-exports it: the release has it."""
+    assert STARS.lacks(VerifiersImport("verifiers", names, "env.py:1")) == lacking
+
+
 def test_release_contents_are_read_from_a_downloaded_wheel() -> None:
     """A wheel already in `releases_home()/wheels` is read, not downloaded again."""
     release_wheel("0.1.12", {"__init__.py": "X = 1\n", "utils/__init__.py": "", "utils/token_utils.py": "Y = 2\n"})
