@@ -29,6 +29,12 @@ its registry, injects the fault and reads the run's events. The runs, one after 
   every rollout of `raising` raises. The run has ENV_ERRORED_STEPS + 2 steps more than --steps, so that only the
   hard limit ends it early. Expected: the run fails, its reason naming `raising`. Detected: that; time to detect:
   the first raise to the orchestrator's error.
+- `install-pin` (no run): `prime env install` of an environment folder that pins tokenizers 0.21.0 (a stub wheel of
+  that name the bench builds; pip offline on it, PIP_NO_INDEX), beside prime-lab in the environment the bench runs
+  in, whose transformers needs the tokenizers installed. Expected: refused in one line naming tokenizers and both
+  versions; every installed distribution as it was (left/checked: those that changed, and each `pip check` conflict
+  that was not there before, of those compared); time to detect: the command's. Alone (`--faults install-pin`) it
+  needs no model, no run and no package registry.
 
 The moment of each fault is random, seeded (`--seed`): once the orchestrator wrote batch k (k drawn from 1 ..
 steps - 2: at least two batches are still to sample), after a delay drawn from 0 .. the healthy run's mean step
@@ -92,7 +98,8 @@ PRIME = str(Path(sys.executable).parent / "prime")
 FIXTURE = ROOT / "tests" / "fixtures" / "verifiers_envs" / "vf_reverse_text"
 ISOLATED_ID = "vf-reverse-text"
 SERVER_ROLE = f"env-{ISOLATED_ID}"
-FAULTS = ("server-kill", "hang", "raise")
+INSTALL_FAULT = "install-pin"  # no run: an install beside prime-lab (run_install_pin)
+FAULTS = ("server-kill", "hang", "raise", INSTALL_FAULT)
 OVERHEAD_GOAL = 2.0  # percent of step time
 LINGER_S = 30.0  # how long processes may take to end after the run's final state
 TICKS, PINGS = 2000, 200
@@ -545,6 +552,74 @@ def run_raise(ctx: SimpleNamespace) -> Row:
 
 # Main --------------------------------------------------------------------------------------------------------------
 
+STUB_PYPROJECT = """[project]
+name = "{name}"
+version = "{version}"
+dependencies = [{deps}]
+{entry}
+[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+"""
+
+
+def stub_folder(folder: Path, name: str, version: str, module: str, source: str, deps: str = "",
+                entry: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text(STUB_PYPROJECT.format(name=name, version=version, deps=deps, entry=entry))
+    (folder / f"{module}.py").write_text(source)
+    return folder
+
+
+def pip_check() -> set[str]:
+    done = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False,
+                          timeout=300)
+    return {line.strip() for line in done.stdout.splitlines() if line.strip()}
+
+
+def installed_versions() -> dict[str, str]:
+    importlib.invalidate_caches()
+    found: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        found.setdefault((dist.metadata["Name"] or "").lower(), dist.version)
+    return found
+
+
+def run_install_pin(home: Path, env: dict[str, str]) -> Row:
+    """`prime env install` beside prime-lab of a folder that pins tokenizers 0.21.0, pip offline on a stub wheel of
+    it; the row: refused in one line naming both versions, nothing changed, no new `pip check` conflict."""
+    have = importlib.metadata.version("tokenizers")
+    wheels, stubs = home / "install-pin" / "wheels", home / "install-pin" / "src"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                            str(wheels), str(stub_folder(stubs / "tokenizers", "tokenizers", "0.21.0", "tokenizers",
+                                                         "OLD = True\n"))],
+                           capture_output=True, text=True, env={**env, "PIP_NO_INDEX": "1"}, check=False, timeout=300)
+    if built.returncode != 0:
+        raise BenchError(f"building the stub tokenizers wheel failed:\n{(built.stderr or built.stdout)[-2000:]}")
+    target = stub_folder(stubs / "bench-old-tokenizers", "bench-old-tokenizers", "1.0", "bench_old_tokenizers",
+                         '"""pins an older tokenizers"""\n\ndef load_environment():\n    return None\n',
+                         deps='"tokenizers==0.21.0"',
+                         entry='[project.entry-points."prime_lab.environments"]\nbench-old-tokenizers = '
+                               '"bench_old_tokenizers"\n')
+    before, conflicts = installed_versions(), pip_check()
+    t0 = time.monotonic()
+    done = subprocess.run([PRIME, "env", "install", str(target)], capture_output=True, text=True, check=False,
+                          env={**env, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}, timeout=1800)
+    took = time.monotonic() - t0
+    after = installed_versions()
+    changed = [f"{name} {before.get(name, '-')} -> {after.get(name, '-')}" for name in sorted(set(before) | set(after))
+               if before.get(name) != after.get(name)]
+    new = sorted(pip_check() - conflicts)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    detected = (done.returncode == 1 and len(errors) == 1 and "tokenizers==0.21.0" in errors[0]
+                and f"tokenizers=={have}" in errors[0])
+    state = "refused" if done.returncode == 1 else ("installed" if done.returncode == 0 else f"exit {done.returncode}")
+    reason = errors[0] if errors else " ".join(done.stderr.split())[-400:]
+    return Row(INSTALL_FAULT, "tokenizers==0.21.0 (stub)", detected, took, 0, "-", state, took, False,
+               [*changed, *(f"new pip check conflict: {line}" for line in new)], len(before),
+               detected and not changed and not new, reason)
+
+
 def mean_step(times: list[float]) -> float | None:
     """The mean time between the trainer's steps, from step 2 on (step 1 waits for the run's start)."""
     gaps = [b - a for a, b in zip(times[1:], times[2:], strict=False)]
@@ -580,12 +655,27 @@ def overhead(healthy: dict[str, Any]) -> tuple[float | None, list[str]]:
         f"{cost_s * 1e3:.2f} ms = {share:.3f}% of step time"]
 
 
+def report_install(row: Row) -> int:
+    """`--faults install-pin` alone: its row and verdict."""
+    print(f"{row.fault}: {row.state} in {row.wall_s:.1f} s; detected: {'yes' if row.detected else 'NO'}; "
+          f"changed/checked: {len(row.left)}/{row.checked}")
+    print(f"{row.fault}: {row.reason}")
+    for what in row.left:
+        print(f"{row.fault}: left after the install: {what}")
+    print(f"faults: {int(bool(row.detected))}/1 detected, 0 hung, {len(row.left)} changes left: "
+          f"{'OK' if row.expected else 'FAILED'}")
+    return 0 if row.expected else 1
+
+
 def bench(args: argparse.Namespace, home: Path) -> int:
     os.environ["PRIME_LAB_HOME"] = str(home)
     if args.verifiers_home is not None:
         os.environ["PRIME_LAB_VERIFIERS_HOME"] = str(args.verifiers_home.expanduser().resolve())
     from prime_lab.envs.releases import releases_home
 
+    pinned = run_install_pin(home, dict(os.environ)) if INSTALL_FAULT in args.faults else None
+    if pinned is not None and args.faults == [INSTALL_FAULT]:
+        return report_install(pinned)
     release = importlib.metadata.version("verifiers")
     model = args.model
     if model is None:
@@ -618,10 +708,10 @@ def bench(args: argparse.Namespace, home: Path) -> int:
     runs: dict[str, Callable[[SimpleNamespace], Row]] = {
         "server-kill": run_server_kill, "hang": run_hang, "raise": run_raise}
     row, healthy = run_healthy(ctx)
-    rows = [row]
+    rows = [row] + ([pinned] if pinned is not None else [])
     ctx.step_s = mean_step(healthy["step_times"]) or 1.0  # the faults come within a step's time after a batch
     print(f"run none (healthy): {row.state} in {row.wall_s:.0f} s, {ctx.step_s:.2f} s a step", flush=True)
-    for fault in args.faults:
+    for fault in (f for f in args.faults if f != INSTALL_FAULT):
         rows.append(runs[fault](ctx))
         print(f"run {fault}: {rows[-1].state} in {rows[-1].wall_s:.0f} s", flush=True)
 

@@ -2,18 +2,27 @@
 `prime env uninstall ID` takes one away.
 
 Beside prime-lab, pip runs with this interpreter (`sys.executable -m pip`); a folder is installed editable (edits
-apply at the next run). What is installed there stays as it is: pip runs with the constraints file of the prime-lab
-checkout this install comes from (`constraints.txt`, which pins torch) and one that holds verifiers and every
-distribution prime-lab requires at the versions installed now (`held_requirements`). A package that cannot have
-them is not installed beside prime-lab (`HeldBack`): the command sends it to a release environment of its own, or
-refuses it. When the package's build backend is already installed, pip builds without an isolated build
-environment, which works offline. An install whose environments do not then import is taken back (the distribution
-it added uninstalled); an install into a release's environment (`install_isolated`) runs under that release's lock
-and is taken back too when another environment recorded there no longer imports after it.
+apply at the next run). What is installed there stays as it is. Under one lock (a file in prime-lab's environment,
+`LOCK`), pip first runs dry (`--dry-run --report`) with the constraints file of the prime-lab checkout
+(`constraints.txt`, which pins torch) and one that holds every installed distribution at its version
+(`held_requirements`; only the package itself, and what only its installed version needs, may change). A package
+that cannot have them (`tokenizers==0.21` where transformers needs 0.23), or that would bring a console script of
+prime-lab's own (PyPI's `prime`), is not installed beside prime-lab (`HeldBack`): the command sends it to a release
+environment of its own, or refuses it in one line. Then pip installs what the dry run said. Whatever fails after
+that (pip itself, the environments' import, a script replaced all the same) is taken back: every distribution pip
+added is uninstalled, every one it changed put back (`take_back_in`, which serves a release's environment too). What
+an install added and changed is recorded in the environment (`INSTALLS`), so that `prime env uninstall` takes it
+away again, except what another installed distribution needs. What `pip check` would list is read before and after
+(`releases.conflicts`): a conflict it did not list before is named. When the package's build backend is already
+installed, pip builds without an isolated build environment, which works offline. An install into a release's
+environment (`install_isolated`) runs under that release's lock and is taken back too when pip fails, when the
+package does not import, or when another environment recorded there no longer imports after it.
 """
 
 from __future__ import annotations
 
+import configparser
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -21,21 +30,29 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
+import tempfile
 import tomllib
+import urllib.parse
+import zipfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from prime_lab.envs import releases
 from prime_lab.envs.installed import canonical
+from prime_lab.runs.atomic import write_json_atomic
 from prime_lab.runs.paths import constraints_file, lab_home, project_name
 
 _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _ARCHIVES = (".whl", ".tar.gz", ".zip")
 PIP_TIMEOUT_S = 1800.0  # one install beside prime-lab (its dependencies downloaded)
 CHECK_TIMEOUT_S = 300.0  # importing an environment in a fresh interpreter
+LOCK = ".prime-lab-install.lock"  # in the environment's folder: one install or uninstall there at a time
+INSTALLS = "prime-lab-installs.json"  # in the environment's folder: what each install added and changed
 
 
 class InstallError(ValueError):
@@ -43,13 +60,18 @@ class InstallError(ValueError):
 
 
 class HeldBack(InstallError):
-    """pip cannot install the package beside prime-lab without changing what is installed there (verifiers, or one
-    of prime-lab's own dependencies, held at its installed version)."""
+    """The package cannot go beside prime-lab without changing what is installed there (pip's resolver found no
+    way with the installed distributions held at their versions), or it would bring a console script of
+    prime-lab's own (`reason` says so)."""
 
-    def __init__(self, project: str, cause: list[str], message: str) -> None:
+    def __init__(self, project: str, cause: list[str], message: str, reason: str = "",
+                 remedy: str = "Loosen its pin", users: dict[str, list[str]] | None = None) -> None:
         super().__init__(message)
         self.project = project
         self.cause = cause
+        self.reason = reason
+        self.remedy = remedy
+        self.users = users or {}
 
     def needs(self) -> list[str]:
         """The requirements the conflict names: the package's own (`tomlkit==0.12.0`), and its dependencies' with
@@ -63,12 +85,18 @@ class HeldBack(InstallError):
         return found
 
     def words(self) -> str:
-        """`it needs tomlkit==0.12.0, and prime-lab keeps tomlkit==0.15.2 (installed)`: what pip's resolver said,
-        in one line."""
+        """`it needs tokenizers==0.21.0 (for foo 1.0), and prime-lab keeps tokenizers==0.23.3 (installed, needed by
+        transformers)`: what pip's resolver said, in one line; or the reason it was refused."""
+        if self.reason:
+            return self.reason
         needs = self.needs()
         held = [line.split("(constraint)", 1)[1].strip() for line in self.cause if "(constraint)" in line]
         if needs and held:
-            return f"it needs {', '.join(needs)}, and prime-lab keeps {', '.join(held)} (installed)"
+            kept = []
+            for pin in held:
+                users = self.users.get(canonical(re.split(r"[=<>!~ ;\[]", pin, maxsplit=1)[0]), [])
+                kept.append(f"{pin} (installed" + (f", needed by {', '.join(users)})" if users else ")"))
+            return f"it needs {', '.join(needs)}, and prime-lab keeps {', '.join(kept)}"
         return ("; ".join(self.cause) or "pip finds no versions that satisfy it") + " beside prime-lab"
 
 
@@ -80,9 +108,12 @@ class InstallPlan:
     constraints: Path | None
     build_isolation: bool
 
-    def command(self, *held: Path) -> list[str]:
-        """pip's command beside prime-lab, through prime-lab's constraints file and `held` (more constraints)."""
+    def command(self, *held: Path, report: Path | None = None) -> list[str]:
+        """pip's command beside prime-lab, through prime-lab's constraints file and `held` (more constraints);
+        with `report`, a dry run that writes there what it would install."""
         cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check"]
+        if report is not None:
+            cmd += ["--dry-run", "--report", str(report)]
         for path in (self.constraints, *held):
             if path is not None:
                 cmd += ["-c", str(path)]
@@ -139,118 +170,399 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
-def held_requirements() -> list[str]:
-    """verifiers and every distribution prime-lab requires (not its extras), each `==` the version installed now:
-    what an install beside prime-lab must leave as it is."""
-    from packaging.requirements import InvalidRequirement, Requirement
+# Where installs go: beside prime-lab, or a release's environment ----------------------------------------------------
+
+class Site(Protocol):
+    """A virtual environment installs go into: its folder, what is installed there, and pip there."""
+
+    @property
+    def folder(self) -> Path: ...
+
+    def dists(self) -> dict[str, releases.Installed]: ...
+
+    def pip(self, *args: str) -> subprocess.CompletedProcess[str]: ...
+
+
+@dataclass(frozen=True)
+class Beside:
+    """The environment prime-lab runs in: this interpreter's, its distributions as `import` finds them, pip with
+    prime-lab's constraints file; one lock (a file in it) for every install and uninstall there."""
+
+    @property
+    def folder(self) -> Path:
+        return Path(sys.prefix)
+
+    def dists(self) -> dict[str, releases.Installed]:
+        return releases.installed_dists()
+
+    def pip(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return releases._pip(*args, timeout=PIP_TIMEOUT_S)
+
+    def locked(self) -> AbstractContextManager[None]:
+        return releases.file_lock(self.folder / LOCK)
+
+
+def take_back_in(site: Site, before: dict[str, releases.Installed], project: str) -> str:
+    """Put `site` back as it was before an install (`before`: what `site.dists()` said then): uninstall what it
+    added, reinstall at its old version what it changed or removed (from the index, or the archive it came from;
+    what came from a folder is left as pip left it). What was done, in words."""
+    after = site.dists()
+    added = sorted(set(after) - set(before))
+    changed = [before[name] for name in sorted(before)
+               if name not in after or after[name].version != before[name].version]
+    again = {dist.name: dist.put_back() for dist in changed}
+    done = []
+    try:
+        if added:
+            out = site.pip("uninstall", "-y", *added)
+            done.append(f"uninstalled {', '.join(added)}" if out.returncode == 0 else
+                        releases.pip_failed(out, f"could not uninstall {', '.join(added)}"))
+        back = [dist for dist in changed if again[dist.name]]
+        if back:
+            out = site.pip("install", "--no-deps", *(str(again[dist.name]) for dist in back))
+            words = ", ".join(f"{dist.name} {dist.version}" for dist in back)
+            done.append(f"put back {words}" if out.returncode == 0 else
+                        releases.pip_failed(out, f"could not put back {words}"))
+    except releases.ReleaseError as exc:  # pip timed out
+        done.append(f"not all taken back: {exc}")
+    done += [f"{dist.name} {dist.version} was installed before" + (f" from {dist.url}" if dist.url else "")
+             + "; left as pip left it" for dist in changed if not again[dist.name]]
+    return "; ".join(done) or "nothing to take back"
+
+
+def _remember(site: Site, project: str, before: dict[str, releases.Installed],
+              after: dict[str, releases.Installed]) -> None:
+    """Record in `site` what installing `project` added and changed (kept across reinstalls: what its first
+    install found stays what `prime env uninstall` puts back; a record of one uninstalled by pip alone is dropped)."""
+    name = canonical(project)
+    records = _records(site)
+    old = records.get(name, {}) if name in before else {}
+    added = sorted((set(old.get("added", [])) | set(after) - set(before)) - {name})
+    changed = {n: {"version": d.version, "from": d.put_back() or ""} for n, d in before.items()
+               if n != name and n in after and after[n].version != d.version}
+    changed = {n: c for n, c in {**changed, **old.get("changed", {})}.items() if n not in added}
+    records[name] = {"added": added, "changed": changed}
+    _write_records(site, records)
+
+
+def _records(site: Site) -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads((site.folder / INSTALLS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_records(site: Site, records: dict[str, dict[str, Any]]) -> None:
+    write_json_atomic(site.folder / INSTALLS, records)
+
+
+def _remove(site: Site, project: str, missing_ok: bool = False) -> list[str]:
+    """Uninstall `project` from `site` and what its install added (recorded there) that nothing staying needs; put
+    back what it changed. What was done beyond `project` itself, in words; InstallError when pip fails."""
+    name = canonical(project)
+    dists = site.dists()
+    record = _records(site).get(name, {})
+    added = [n for n in record.get("added", []) if n in dists]
+    going = releases.only_needed_by(dists, added, forced=[name] if name in dists else [])
+    words = []
+    if going:
+        done = site.pip("uninstall", "-y", *sorted(going))
+        if done.returncode != 0 and not (missing_ok and "not installed" in done.stdout + done.stderr):
+            raise InstallError(releases.pip_failed(done, f"pip could not uninstall {', '.join(sorted(going))} from "
+                                                         f"{site.folder}"))
+    if going - {name}:
+        words.append(f"also uninstalled what its install added: {', '.join(sorted(going - {name}))}")
+    now = site.dists()
+    kept = [n for n in added if n not in going]
+    if kept:
+        words.append("kept " + ", ".join(f"{n} (needed by {', '.join(releases.needed_by(now, n)) or 'another'})"
+                                         for n in kept))
+    back = {n: c for n, c in record.get("changed", {}).items()
+            if n in now and now[n].version != c.get("version") and c.get("from")}
+    if back:
+        done = site.pip("install", "--no-deps", *(str(c["from"]) for c in back.values()))
+        what = ", ".join(f"{n} {c['version']}" for n, c in back.items())
+        words.append(f"put back {what}" if done.returncode == 0 else
+                     releases.pip_failed(done, f"could not put back {what}"))
+    records = _records(site)
+    if records.pop(name, None) is not None:
+        _write_records(site, records)
+    return words
+
+
+# prime-lab's own console scripts ------------------------------------------------------------------------------------
+
+def lab_scripts() -> dict[str, str]:
+    """prime-lab's console scripts (`prime`): name -> `module:function`."""
+    try:
+        dist = importlib.metadata.distribution("prime-lab")
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    return {ep.name: ep.value for ep in dist.entry_points if ep.group in ("console_scripts", "gui_scripts")}
+
+
+def launcher(value: str) -> str:
+    """The script pip writes for the entry point `module:function`, run by this interpreter."""
+    module, _, function = value.partition(":")
+    head = function.strip().split(".")[0]
+    return (f"#!{sys.executable}\n# -*- coding: utf-8 -*-\nimport re\nimport sys\nfrom {module.strip()} import {head}\n"
+            "if __name__ == '__main__':\n    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
+            f"    sys.exit({function.strip()}())\n")
+
+
+@dataclass(frozen=True)
+class KeptScripts:
+    """prime-lab's console scripts as they were before pip ran (`before`), and as they must be after (`good`:
+    the same, or pip's launcher where another package had replaced one)."""
+
+    before: dict[Path, bytes | None]
+    good: dict[Path, bytes]
+
+    @classmethod
+    def save(cls) -> KeptScripts:
+        folder = Path(sysconfig.get_path("scripts"))
+        before: dict[Path, bytes | None] = {}
+        good: dict[Path, bytes] = {}
+        for name, value in lab_scripts().items():
+            path = folder / name
+            data = path.read_bytes() if path.is_file() else None
+            module, _, function = value.partition(":")
+            ours = f"from {module.strip()} import {function.strip().split('.')[0]}".encode()
+            before[path] = data
+            good[path] = data if data is not None and ours in data else launcher(value).encode()
+        return cls(before, good)
+
+    def changed(self) -> list[str]:
+        """The scripts pip replaced or deleted."""
+        return [p.name for p, data in self.before.items() if (p.read_bytes() if p.is_file() else None) != data]
+
+    def restore(self) -> list[str]:
+        """Write back each script that is not as it must be; their names."""
+        done = []
+        for path, data in self.good.items():
+            if not path.is_file() or path.read_bytes() != data:
+                path.write_bytes(data)
+                path.chmod(0o755)
+                done.append(path.name)
+        return done
+
+
+def _scripts_of(item: dict[str, Any], downloaded: Path) -> set[str] | None:
+    """The console scripts a distribution pip would install declares (from its wheel, or a folder's pyproject);
+    None when they cannot be read without building it (an sdist, a setup.py)."""
+    url = str((item.get("download_info") or {}).get("url") or "")
+    path = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)) if url.startswith("file:") else \
+        downloaded / urllib.parse.unquote(url.rsplit("/", 1)[-1].split("#")[0])
+    if path.is_dir():
+        try:
+            project = tomllib.loads((path / "pyproject.toml").read_text(encoding="utf-8")).get("project", {})
+        except (OSError, tomllib.TOMLDecodeError):
+            return None
+        if "scripts" in project.get("dynamic", []) or "gui-scripts" in project.get("dynamic", []):
+            return None
+        return set(project.get("scripts", {})) | set(project.get("gui-scripts", {}))
+    if path.suffix != ".whl" or not path.is_file():
+        return None
+    parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    try:
+        with zipfile.ZipFile(path) as wheel:
+            names = [n for n in wheel.namelist() if n.count("/") == 1 and n.endswith(".dist-info/entry_points.txt")]
+            parser.read_string(wheel.read(names[0]).decode() if names else "")
+    except (OSError, zipfile.BadZipFile, configparser.Error, UnicodeDecodeError):
+        return None
+    return {name for group in ("console_scripts", "gui_scripts") if parser.has_section(group)
+            for name in parser.options(group)}
+
+
+# Beside prime-lab ---------------------------------------------------------------------------------------------------
+
+def held_requirements(project: str = "", dists: dict[str, releases.Installed] | None = None) -> list[str]:
+    """Every distribution installed beside prime-lab, `==` the version installed now, but `project` and what only
+    it needs (so that it can be installed again at another version): what an install must leave as it is."""
     from packaging.version import InvalidVersion, Version
 
-    names = ["verifiers"]
-    own = (importlib.metadata.requires("prime-lab") or []) if installed_version("prime-lab") is not None else []
-    for text in own:
-        try:
-            requirement = Requirement(text)
-        except InvalidRequirement:
+    dists = releases.installed_dists() if dists is None else dists
+    free = _free(dists, project)
+    pins = []
+    for name, dist in sorted(dists.items()):
+        if name in free:
             continue
-        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-            names.append(requirement.name)
-    pins: dict[str, str] = {}
-    for name in names:
-        version = installed_version(name)
         try:
-            if version is not None and Version(version):
-                pins.setdefault(canonical(name), f"{canonical(name)}=={version}")
+            Version(dist.version)
         except InvalidVersion:
             continue
-    return sorted(pins.values())
+        pins.append(f"{name}=={dist.version}")
+    return pins
 
 
-def held_constraints() -> Path:
-    """`held_requirements()` as a constraints file (`$PRIME_LAB_HOME/environments/held.txt`, written afresh, kept
-    so that the pip command an error names can be rerun)."""
+def _free(dists: dict[str, releases.Installed], project: str) -> set[str]:
+    """What an install of `project` may change: it, when installed and nothing else needs it, and what only it
+    needs."""
+    mine = releases.needed(dists, [project]) if project else set()
+    return releases.only_needed_by(dists, mine) if mine else set()
+
+
+def held_constraints(project: str = "", dists: dict[str, releases.Installed] | None = None,
+                     also: list[str] | None = None) -> Path:
+    """`held_requirements()` (and `also`) as a constraints file (`$PRIME_LAB_HOME/environments/held.txt`, written
+    afresh, kept so that the pip command an error names can be rerun)."""
     path = lab_home() / "environments" / "held.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = ("# what `prime env install` leaves as it is beside prime-lab: verifiers and prime-lab's own dependencies, "
-            "at the versions installed\n" + "\n".join(held_requirements()) + "\n")
+    text = ("# what `prime env install` leaves as it is beside prime-lab: every distribution installed, at its "
+            "version\n" + "\n".join([*held_requirements(project, dists), *(also or [])]) + "\n")
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     partial.write_text(text)
     partial.replace(path)
     return path
 
 
-def install(target: Path, say: Callable[[str], None] | None = None) -> InstallPlan:
-    """Install `target` beside prime-lab with pip, holding what is installed (`held_constraints`). Raises HeldBack
-    when pip cannot satisfy both, InstallError when pip fails or times out (what a killed pip left of the package
-    taken back)."""
-    how = plan(target)
-    before = installed_version(how.project) if how.project else None
-    command = how.command(held_constraints())
-    if say is not None:
-        say(f"pip: installing {how.project or how.target} beside prime-lab (verifiers and prime-lab's dependencies "
-            "held at their installed versions)")
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        left = f" ({take_back(how.project, before)})" if how.project and installed_version(how.project) else ""
-        raise InstallError(releases.timed_out(command, PIP_TIMEOUT_S) + left) from None
-    if done.returncode != 0:
-        cause = releases.conflict_lines(done.stdout + "\n" + done.stderr)
-        if cause is not None and any("(constraint)" in line for line in cause):
-            raise HeldBack(how.project, cause, releases.pip_failed(
-                done, f"pip cannot install {how.target} beside prime-lab without changing what is installed here"))
-        raise InstallError(releases.pip_failed(done, f"pip could not install {how.target}"))
-    return how
+def _refusal(how: InstallPlan, done: subprocess.CompletedProcess[str],
+             dists: dict[str, releases.Installed]) -> InstallError:
+    """What a pip that failed before it changed anything says: HeldBack when the installed distributions held it."""
+    cause = releases.conflict_lines(done.stdout + "\n" + done.stderr)
+    if cause is not None and any("(constraint)" in line for line in cause):
+        held = [line.split("(constraint)", 1)[1].strip() for line in cause if "(constraint)" in line]
+        names = {canonical(re.split(r"[=<>!~ ;\[]", pin, maxsplit=1)[0]) for pin in held}
+        return HeldBack(how.project, cause, releases.pip_failed(
+            done, f"pip cannot install {how.target} beside prime-lab without changing what is installed here"),
+            users={name: releases.needed_by(dists, name) for name in names})
+    return InstallError(releases.pip_failed(done, f"pip could not install {how.target}"))
+
+
+def _dry_run(how: InstallPlan, before: dict[str, releases.Installed]) -> list[dict[str, Any]]:
+    """What pip would install (its `--dry-run --report`), every installed distribution held; refused (HeldBack)
+    when that cannot be, when it would change one all the same, or when it would bring a console script of
+    prime-lab's."""
+    with tempfile.TemporaryDirectory(prefix="prime-lab-install-") as tmp:
+        report = Path(tmp) / "report.json"
+        command = how.command(held_constraints(how.project, before), report=report)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            raise InstallError(releases.timed_out(command, PIP_TIMEOUT_S)) from None
+        if done.returncode != 0:
+            raise _refusal(how, done, before)
+        items: list[dict[str, Any]] = json.loads(report.read_text(encoding="utf-8")).get("install", [])
+        free = _free(before, how.project)
+        for item in items:
+            name, version = str(item["metadata"]["name"]), str(item["metadata"]["version"])
+            was = before.get(canonical(name))
+            if was is not None and was.version != version and canonical(name) not in free:
+                users = releases.needed_by(before, name)
+                raise HeldBack(how.project, [], f"pip would change {name} {was.version} to {version} beside prime-lab",
+                               reason=f"it would change {name} {was.version} to {version}"
+                                      + (f" (needed by {', '.join(users)})" if users else ""))
+        _refuse_scripts(how, items, Path(tmp))
+    return items
+
+
+def _refuse_scripts(how: InstallPlan, items: list[dict[str, Any]], folder: Path) -> None:
+    """HeldBack when a distribution pip would install declares a console script of prime-lab's (its wheel read;
+    one from the package registry downloaded first, into pip's cache as well)."""
+    ours = lab_scripts()
+    remote = [str(item["download_info"]["url"]) for item in items
+              if not str(item["download_info"]["url"]).startswith("file:")
+              and urllib.parse.urlparse(str(item["download_info"]["url"])).path.endswith(".whl")]
+    if remote:
+        with contextlib.suppress(releases.ReleaseError):  # not read: the check after pip still guards
+            releases._pip("download", "--no-deps", "-q", "-d", str(folder), *remote, timeout=PIP_TIMEOUT_S)
+    for item in items:
+        name, version = str(item["metadata"]["name"]), str(item["metadata"]["version"])
+        if canonical(name) == canonical("prime-lab"):
+            continue
+        clash = sorted(set(ours) & (_scripts_of(item, folder) or set()))
+        if clash:
+            raise _script_clash(how.project, name, version, clash)
+
+
+def _script_clash(project: str, name: str, version: str, scripts: list[str], taken: str = "") -> HeldBack:
+    what = ", ".join(f"`{s}`" for s in scripts)
+    brings = f"its console script {what}" if canonical(name) == canonical(project) else \
+        f"it brings {name} {version}, whose console script {what}"
+    reason = f"{brings} would replace prime-lab's"
+    return HeldBack(project, [], f"{project} cannot go beside prime-lab: {reason}" + (f" ({taken})" if taken else ""),
+                    reason=reason, remedy=f"Install it without {name}" if canonical(name) != canonical(project)
+                    else "Rename its script")
+
+
+def _undo(site: Beside, before: dict[str, releases.Installed], project: str, scripts: KeptScripts) -> str:
+    """take_back_in beside prime-lab, prime-lab's scripts as they were."""
+    words = take_back_in(site, before, project)
+    restored = scripts.restore()
+    return words + (f"; prime-lab's {', '.join(restored)} written again" if restored else "")
 
 
 @dataclass(frozen=True)
 class BesideInstall:
-    """An install beside prime-lab that holds: what pip ran, and the environments the package provides (`id`,
-    `module`, `args` of each, imported in a fresh interpreter)."""
+    """An install beside prime-lab that holds: what pip ran, the environments the package provides (`id`,
+    `module`, `args` of each, imported in a fresh interpreter), and the `pip check` conflicts it brought."""
 
     plan: InstallPlan
     environments: list[dict[str, object]]
+    conflicts: list[str] = field(default_factory=list)
 
 
 def install_beside(target: Path, say: Callable[[str], None] | None = None) -> BesideInstall:
-    """`install`, then each environment the package provides imported as the next command will; taken back (the
-    distribution uninstalled, when this install added it) when it provides none or one does not import."""
+    """Install `target` beside prime-lab with pip, under the lock of prime-lab's environment: first a dry run with
+    every installed distribution held (refused, HeldBack, when the package cannot have them, or would bring a
+    console script of prime-lab's); then pip; then each environment the package provides imported as the next
+    command will. Whatever fails after pip began is taken back (every distribution pip added or changed); what
+    it added and changed is recorded for `uninstall`. InstallError when pip fails or times out."""
     from prime_lab.envs.isolated import remove_record
 
     how = plan(target)
-    before = installed_version(how.project) if how.project else None
-    install(target, say)
-    if not how.project:
-        return BesideInstall(how, [])
-    try:
-        found = environments_of(how.project)
-    except InstallError as exc:
-        raise InstallError(f"{exc} ({take_back(how.project, before)})") from None
-    if not found:
-        raise InstallError(f"{how.project} provides no environment prime-lab can find ({take_back(how.project, before)}"
-                           "): declare an entry point in [project.entry-points.\"prime_lab.environments\"] (NAME = "
-                           "\"module\"), or name its module like the package and depend on verifiers or prime-lab")
-    broken = [str(f["error"]) for f in found if "error" in f]
-    if broken:
-        raise InstallError(f"{how.project} is not installed ({take_back(how.project, before)}): " + "; ".join(broken))
-    remove_record(how.project)  # beside prime-lab now: an earlier install at its own release no longer applies
-    return BesideInstall(how, found)
-
-
-def take_back(project: str, before: str | None) -> str:
-    """Undo an install beside prime-lab: uninstall `project` when this install added it (`before` is None), nothing
-    else; what was done, in words."""
-    if not project:
-        return "nothing taken back (its distribution name is unknown)"
-    if before is not None:
-        return f"{project} {before} was installed before; left as pip left it"
-    command = [sys.executable, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check", project]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    except subprocess.TimeoutExpired:
-        return f"not taken back: {releases.timed_out(command, 300)}"
-    if done.returncode != 0:
-        return f"not taken back: {releases.pip_failed(done, f'pip could not uninstall {project}')}"
-    return f"taken back: {project} uninstalled"
+    site = Beside()
+    with site.locked():
+        before = site.dists()
+        scripts = KeptScripts.save()
+        items = _dry_run(how, before)
+        if say is not None:
+            say(f"pip: installing {how.project or how.target} beside prime-lab ({len(items)} distribution(s); every "
+                "installed one held at its version)")
+        pins = [f"{canonical(str(i['metadata']['name']))}=={i['metadata']['version']}" for i in items
+                if canonical(str(i["metadata"]["name"])) != canonical(how.project)]
+        command = how.command(held_constraints(how.project, before, also=pins))
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            raise InstallError(releases.timed_out(command, PIP_TIMEOUT_S)
+                               + f" (taken back: {_undo(site, before, how.project, scripts)})") from None
+        if done.returncode != 0:
+            raise InstallError(releases.pip_failed(done, f"pip could not install {how.target} (taken back: "
+                                                         f"{_undo(site, before, how.project, scripts)})"))
+        replaced = scripts.changed()
+        if replaced:
+            after = site.dists()
+            who = next((d for n, d in after.items() if (n not in before or before[n].version != d.version)
+                        and any(f.replace("\\", "/").endswith(tuple(f"bin/{s}" for s in replaced)) for f in d.files())),
+                       None)
+            taken = _undo(site, before, how.project, scripts)
+            raise _script_clash(how.project, who.name if who else how.project, who.version if who else "", replaced,
+                                f"taken back: {taken}")
+        if not how.project:
+            return BesideInstall(how, [])
+        try:
+            found = environments_of(how.project)
+        except InstallError as exc:
+            raise InstallError(f"{exc} (taken back: {_undo(site, before, how.project, scripts)})") from None
+        if not found:
+            raise InstallError(f"{how.project} provides no environment prime-lab can find (taken back: "
+                               f"{_undo(site, before, how.project, scripts)}): declare an entry point in "
+                               "[project.entry-points.\"prime_lab.environments\"] (NAME = \"module\"), or name its "
+                               "module like the package and depend on verifiers or prime-lab")
+        broken = [str(f["error"]) for f in found if "error" in f]
+        if broken:
+            taken = _undo(site, before, how.project, scripts)
+            raise InstallError(f"{how.project} is not installed (taken back: {taken}): " + "; ".join(broken))
+        after = site.dists()
+        new = sorted(releases.conflicts(after) - releases.conflicts(before))
+        if new and say is not None:
+            say(f"pip check lists {len(new)} conflict(s) it did not before this install: " + " ".join(new))
+        _remember(site, how.project, before, after)
+        remove_record(how.project)  # beside prime-lab now: an earlier install at its own release no longer applies
+        return BesideInstall(how, found, new)
 
 
 def own_release_for(target: Path, requested: str | None, held: HeldBack) -> ReleaseChoice:
@@ -259,7 +571,7 @@ def own_release_for(target: Path, requested: str | None, held: HeldBack) -> Rele
     name = held.project or str(target)
     if releases.declared_specifier(target) is None:
         raise InstallError(f"{name} is not installed: {held.words()}; it does not depend on verifiers, so no "
-                           "release environment of its own can take it. Loosen its pin")
+                           f"release environment of its own can take it. {held.remedy}")
     if requested is not None and any(canonical(need).startswith("verifiers") for need in held.needs()):
         raise InstallError(f"{name} is not installed: {held.words()}; with --verifiers {requested} its own "
                            "environment would hold the same release. Install it without --verifiers (the release "
@@ -406,32 +718,6 @@ def _installed_into(project: str, folder: Path) -> tuple[str, list[tuple[str, st
     return "", [(canonical(project), module_name(project))]
 
 
-def _take_back_in(env: releases.ReleaseEnv, before: dict[str, str], project: str) -> str:
-    """Put a release's environment back as it was before an install (`before`: what `env.installed()` said then):
-    uninstall what the install added, reinstall at its old version what it changed (except `project` itself when
-    it was there before). What was done, in words."""
-    after = env.installed()
-    added = sorted(set(after) - set(before))
-    changed = {name: version for name, version in before.items()
-               if after.get(name) != version and name != canonical(project)}
-    done = []
-    try:
-        if added:
-            out = env.pip("uninstall", "-y", *added)
-            done.append(f"uninstalled {', '.join(added)}" if out.returncode == 0 else
-                        releases.pip_failed(out, f"could not uninstall {', '.join(added)}"))
-        if changed:
-            out = env.pip("install", "--no-deps", *(f"{name}=={version}" for name, version in sorted(changed.items())))
-            words = ", ".join(f"{name} {version}" for name, version in sorted(changed.items()))
-            done.append(f"put back {words}" if out.returncode == 0 else
-                        releases.pip_failed(out, f"could not put back {words}"))
-    except releases.ReleaseError as exc:  # pip timed out
-        done.append(f"not all taken back: {exc}")
-    if canonical(project) in before:
-        done.append(f"{project} {before[canonical(project)]} was installed before; left as pip left it")
-    return "; ".join(done) or "nothing to take back"
-
-
 def _check(python: Path | str, module: str) -> dict[str, Any]:
     from prime_lab.envs.env_server import run_driver
 
@@ -481,14 +767,15 @@ def install_isolated(target: Path, choice: ReleaseChoice, say: Any = None) -> li
                 env.ensure(say)
             except releases.ReleaseError as exc:
                 raise InstallError(str(exc)) from None
-            before = env.installed()
+            before = env.dists()
             try:
                 done = env.pip("install", *(["-e"] if how.editable else []), str(how.target))
             except releases.ReleaseError as exc:  # pip timed out: what it left is taken back
-                raise InstallError(f"{exc} ({_take_back_in(env, before, how.project)})") from None
+                raise InstallError(f"{exc} (taken back: {take_back_in(env, before, how.project)})") from None
             if done.returncode != 0:
                 raise InstallError(releases.pip_failed(done, f"pip could not install {how.target} into verifiers "
-                                                             f"{release}'s environment ({env.folder})"))
+                                                             f"{release}'s environment ({env.folder}; taken back: "
+                                                             f"{take_back_in(env, before, how.project)})"))
             found = []
             failure = None
             version, provided = _installed_into(how.project, env.folder)
@@ -508,7 +795,7 @@ def install_isolated(target: Path, choice: ReleaseChoice, say: Any = None) -> li
             if failure is None:
                 broken = broken_neighbours(env, how.project)
                 if broken:
-                    undone = _take_back_in(env, before, how.project)
+                    undone = take_back_in(env, before, how.project)
                     still = {r.name for r, _ in broken_neighbours(env, how.project)}
                     lines = [f"  {record.name} ({record.distribution}): {why}"
                              + (" (still, after the take-back: fix it with prime env install "
@@ -520,8 +807,9 @@ def install_isolated(target: Path, choice: ReleaseChoice, say: Any = None) -> li
                         "Install it into another release with --verifiers VERSION:\n" + "\n".join(lines))
                 for record in found:
                     isolated.save_record(record)
+                _remember(env, how.project, before, env.dists())
                 return found
-            _take_back_in(env, before, how.project)
+            take_back_in(env, before, how.project)
         module, checked = failure
         tried.append(f"{release}: {_failure_words(checked)}")
         if callable(say):
@@ -545,6 +833,7 @@ class Removal:
     version: str
     where: str  # `beside prime-lab`, or `verifiers 0.1.12's own environment (FOLDER)`
     release_env: str = ""  # what became of the release's environment, in words ('' when not asked)
+    also: str = ""  # what went or came back with it (what its install added, or changed), in words
 
 
 def uninstall(env_id: str, release_env: bool = False) -> Removal:
@@ -572,16 +861,21 @@ def uninstall(env_id: str, release_env: bool = False) -> Removal:
                                "package provides (`prime env list` shows the installed ones)")
         raise InstallError(f"no installed environment '{env_id}' (`prime env list` shows the installed ones)")
     ids = tuple(e.name for e in installed_environments() if canonical(e.distribution) == canonical(env.distribution))
-    command = [sys.executable, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check", env.distribution]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    except subprocess.TimeoutExpired:
-        raise InstallError(releases.timed_out(command, 300)) from None
-    if done.returncode != 0:
-        raise InstallError(releases.pip_failed(done, f"pip could not uninstall {env.distribution}"))
+    site = Beside()
+    with site.locked():
+        scripts = KeptScripts.save()
+        try:
+            words = _remove(site, env.distribution)
+        except releases.ReleaseError as exc:  # pip timed out
+            raise InstallError(str(exc)) from None
+        finally:
+            restored = scripts.restore()
+    if restored:
+        words.append(f"prime-lab's {', '.join(restored)} written again (the package had replaced it)")
     isolated.remove_record(env.distribution)  # a stale record of it at its own release goes too
     return Removal(ids, env.distribution, env.version, "beside prime-lab",
-                   "it ran beside prime-lab: no release environment of its own" if release_env else "")
+                   "it ran beside prime-lab: no release environment of its own" if release_env else "",
+                   "; ".join(words))
 
 
 def _uninstall_isolated(record: Any, release_env: bool) -> Removal:
@@ -592,7 +886,10 @@ def _uninstall_isolated(record: Any, release_env: bool) -> Removal:
     with env.locked():
         ids = tuple(sorted(r.name for r in isolated.records().values() if r.python == record.python
                            and canonical(r.distribution) == canonical(record.distribution)))
-        if Path(record.python).is_file():
+        words: list[str] = []
+        if Path(record.python).is_file() and folder == env.folder:
+            words = _remove(env, record.distribution, missing_ok=True)
+        elif Path(record.python).is_file():
             done = releases._pip("uninstall", "-y", record.distribution, python=record.python, timeout=300)
             if done.returncode != 0 and "not installed" not in (done.stdout + done.stderr):
                 raise InstallError(releases.pip_failed(done, f"pip could not uninstall {record.distribution} from "
@@ -612,4 +909,4 @@ def _uninstall_isolated(record: Any, release_env: bool) -> Removal:
             else:
                 what = f"kept {folder}: not a release environment prime-lab made"
     return Removal(ids, record.distribution, record.version,
-                   f"verifiers {record.release}'s own environment ({folder})", what)
+                   f"verifiers {record.release}'s own environment ({folder})", what, "; ".join(words))

@@ -18,6 +18,8 @@ from __future__ import annotations
 import ast
 import contextlib
 import fcntl
+import importlib.metadata
+import json
 import os
 import re
 import shlex
@@ -26,15 +28,17 @@ import subprocess
 import sys
 import threading
 import tomllib
+import urllib.parse
 import zipfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from prime_lab.envs.installed import canonical
 from prime_lab.runs.paths import constraints_file, lab_home
 
 DRIVABLE_FROM, FIRST_UNDRIVABLE = Version("0.1.8"), Version("0.4")
@@ -306,7 +310,6 @@ def release_contents(version: Version) -> ReleaseContents:
 
 def installed_contents() -> ReleaseContents | None:
     """The modules of the verifiers installed beside prime-lab (read from its files; nothing is imported)."""
-    import importlib.metadata
     import importlib.util
 
     try:
@@ -326,9 +329,149 @@ def installed_contents() -> ReleaseContents | None:
     return ReleaseContents(version, sources)
 
 
-# One virtual environment per release ------------------------------------------------------------------------------
+# What is installed, and who needs what ----------------------------------------------------------------------------
 
-_held = threading.local()  # the release locks this thread holds, and how many times over
+@dataclass(frozen=True)
+class Installed:
+    """One installed distribution: its version, where pip installed it from (`url`, from direct_url.json: '' when
+    from an index), and its requirements (Requires-Dist)."""
+
+    name: str  # as its metadata spells it
+    version: str
+    url: str
+    editable: bool
+    requires: tuple[str, ...]
+    dist: importlib.metadata.Distribution = field(compare=False, repr=False)
+
+    def put_back(self) -> str | None:
+        """What pip installs to put this version back: `name==version` from the index, the archive it came from
+        while that file is still there; None when it came from a folder or an archive that is gone."""
+        if not self.url:
+            return f"{self.name}=={self.version}"
+        path = Path(urllib.parse.unquote(urllib.parse.urlparse(self.url).path)) if self.url.startswith("file:") \
+            else None
+        if path is not None and not self.editable and path.is_file():
+            return str(path)
+        return None
+
+    def files(self) -> list[str]:
+        """The paths its RECORD lists, relative to its site-packages (`../../../bin/prime` for a script)."""
+        return [str(f) for f in self.dist.files or ()]
+
+
+def installed_dists(paths: list[str] | None = None) -> dict[str, Installed]:
+    """The distributions installed on `paths` (default: this interpreter's `sys.path`), by canonical name; of two
+    with one name, the first on the path (the one `import` finds)."""
+    importlib.invalidate_caches()
+    found: dict[str, Installed] = {}
+    for dist in importlib.metadata.distributions(path=sys.path if paths is None else paths):
+        name = dist.metadata["Name"] or ""
+        if not name or canonical(name) in found:
+            continue
+        url, editable = "", False
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            direct = json.loads(dist.read_text("direct_url.json") or "{}")
+            url, editable = str(direct.get("url") or ""), bool((direct.get("dir_info") or {}).get("editable"))
+        found[canonical(name)] = Installed(name, dist.version or "", url, editable, tuple(dist.requires or ()), dist)
+    return found
+
+
+def _requirements(dist: Installed, extras: frozenset[str]) -> Iterator[tuple[str, frozenset[str]]]:
+    """(canonical name, extras asked) of each requirement of `dist` that applies here with `extras` requested."""
+    for text in dist.requires:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue
+        marker = requirement.marker
+        if marker is None or any(marker.evaluate({"extra": extra}) for extra in ("", *extras)):
+            yield canonical(requirement.name), frozenset(requirement.extras)
+
+
+def needed(dists: dict[str, Installed], roots: Iterable[str]) -> set[str]:
+    """`roots` and every installed distribution they need, directly or through another (requested extras
+    followed)."""
+    seen: set[tuple[str, frozenset[str]]] = set()
+    todo = [(canonical(r), frozenset[str]()) for r in roots]
+    while todo:
+        node = todo.pop()
+        if node in seen or node[0] not in dists:
+            continue
+        seen.add(node)
+        todo += _requirements(dists[node[0]], node[1])
+    return {name for name, _ in seen}
+
+
+def only_needed_by(dists: dict[str, Installed], going: Iterable[str], forced: Iterable[str] = ()) -> set[str]:
+    """Of `going` (and `forced`, which go whatever needs them), what may go: what no distribution that stays
+    needs."""
+    forced = {canonical(n) for n in forced}
+    out = {canonical(n) for n in going if canonical(n) in dists} | forced
+    while True:
+        kept = needed(dists, set(dists) - out) & out - forced
+        if not kept:
+            return out
+        out -= kept
+
+
+def needed_by(dists: dict[str, Installed], name: str) -> list[str]:
+    """The other installed distributions that require `name` directly (their requirements that apply here, extras
+    not asked), by name."""
+    wanted = canonical(name)
+    return sorted(d.name for key, d in dists.items()
+                  if key != wanted and any(n == wanted for n, _ in _requirements(d, frozenset())))
+
+
+def conflicts(dists: dict[str, Installed]) -> set[str]:
+    """What `pip check` says of `dists`, in its words: each requirement (extras not asked) that is not installed, or
+    installed at a version it does not accept."""
+    found = set()
+    for dist in dists.values():
+        for text in dist.requires:
+            try:
+                requirement = Requirement(text)
+                if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+                    continue
+                have = dists.get(canonical(requirement.name))
+                if have is None:
+                    found.add(f"{dist.name} {dist.version} requires {requirement.name}, which is not installed.")
+                elif not requirement.specifier.contains(have.version, prereleases=True):
+                    found.add(f"{dist.name} {dist.version} has requirement {requirement}, but you have {have.name} "
+                              f"{have.version}.")
+            except (InvalidRequirement, InvalidVersion):
+                continue
+    return found
+
+
+# Locks ------------------------------------------------------------------------------------------------------------
+
+_held = threading.local()  # the locks this thread holds, and how many times over
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive `flock` on `path` (created when missing): one process at a time. Taken again by the thread
+    that holds it, it is already held."""
+    key = str(path)
+    counts: dict[str, int] = _held.__dict__.setdefault("counts", {})
+    if counts.get(key):
+        counts[key] += 1
+        try:
+            yield
+        finally:
+            counts[key] -= 1
+        return
+    with open(key, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        counts[key] = 1
+        try:
+            yield
+        finally:
+            counts.pop(key, None)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+# One virtual environment per release ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -348,28 +491,11 @@ class ReleaseEnv:
     def ready(self) -> bool:
         return (self.folder / READY).is_file() and self.python.is_file()
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self) -> contextlib.AbstractContextManager[None]:
         """This release's lock: held while its environment is created, installed into, uninstalled from or removed,
         so that one process at a time changes it. Taken again by the thread that holds it, it is already held."""
         releases_home().mkdir(parents=True, exist_ok=True)
-        path = str(releases_home() / f".{self.release}.lock")
-        counts: dict[str, int] = _held.__dict__.setdefault("counts", {})
-        if counts.get(path):
-            counts[path] += 1
-            try:
-                yield
-            finally:
-                counts[path] -= 1
-            return
-        with open(path, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            counts[path] = 1
-            try:
-                yield
-            finally:
-                counts.pop(path, None)
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        return file_lock(releases_home() / f".{self.release}.lock")
 
     def ensure(self, say: object = None) -> bool:
         """Create it if it is not there yet (pip, from the registry; a minute or so). True when it was created."""
@@ -399,15 +525,11 @@ class ReleaseEnv:
 
     def installed(self) -> dict[str, str]:
         """What is installed in it: canonical distribution name -> version."""
-        import importlib.metadata
+        return {name: dist.version for name, dist in self.dists().items()}
 
-        found = {}
-        site = [str(p) for p in self.folder.glob("lib/python*/site-packages")]
-        for dist in importlib.metadata.distributions(path=site):
-            name = dist.metadata["Name"] or ""
-            if name:
-                found[re.sub(r"[-_.]+", "-", name).lower()] = dist.version or ""
-        return found
+    def dists(self) -> dict[str, Installed]:
+        """What is installed in it, each distribution as `installed_dists` reads it."""
+        return installed_dists([str(p) for p in self.folder.glob("lib/python*/site-packages")])
 
     def holds(self) -> Path:
         """The constraints file every install into it runs with: verifiers at this release, the driver's transport

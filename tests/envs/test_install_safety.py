@@ -12,8 +12,6 @@ package registry: pip runs with `--no-index` and a folder of wheels the test wri
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -32,42 +30,15 @@ import pytest
 from prime_lab.envs import install, isolated, loader, releases
 from prime_lab.envs.env_server import run_driver
 from prime_lab.envs.installed import installed_environments, module_of, shipped_modules
+from tests.envs.stub_wheels import env_module, wheel
 from tests.support import cli
+from tests.support.installed_envs import distribution
 
 RELEASE = "0.1.12"
 prime = partial(cli.prime, timeout=120)
 
 
 # Packages, written as pip would find them -------------------------------------------------------------------------
-
-def wheel(folder: Path, name: str, version: str, files: dict[str, str], requires: tuple[str, ...] = (),
-          entry_points: str = "") -> Path:
-    """A real wheel of the distribution `name` with `files` (path -> source) and Requires-Dist `requires`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = f"{name.replace('-', '_')}-{version}"
-    info = f"{stem}.dist-info"
-    contents = {path: textwrap.dedent(text).lstrip("\n") for path, text in files.items()}
-    contents[f"{info}/METADATA"] = "".join([f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-                                            *(f"Requires-Dist: {r}\n" for r in requires)])
-    contents[f"{info}/WHEEL"] = ("Wheel-Version: 1.0\nGenerator: prime-lab-tests\nRoot-Is-Purelib: true\n"
-                                 "Tag: py3-none-any\n")
-    if entry_points:
-        contents[f"{info}/entry_points.txt"] = entry_points
-    record = []
-    for path, text in contents.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(text.encode())}")
-    contents[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
-    path = folder / f"{stem}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as archive:
-        for name_in, text in contents.items():
-            archive.writestr(name_in, text)
-    return path
-
-
-def env_module(doc: str, imports: str = "") -> str:
-    return f'"""{doc}"""\n{imports}\n\ndef load_environment(size: int = 2):\n    return None\n'
-
 
 def folder_package(folder: Path, name: str, dependencies: list[str], module: str, source: str) -> Path:
     """A package folder (setuptools, installed editable), as `prime env init` or the Hub leave one."""
@@ -149,15 +120,33 @@ def imports(env: releases.ReleaseEnv, module: str) -> bool:
 
 # Beside prime-lab: what is installed stays as it is ----------------------------------------------------------------
 
-def test_held_requirements_pin_verifiers_and_prime_labs_own_dependencies_at_their_installed_versions() -> None:
+def test_held_requirements_pin_every_installed_distribution_at_its_installed_version() -> None:
+    """Transitive ones too (tokenizers under transformers, tenacity under verifiers), and the dev tools."""
     held = install.held_requirements()
-    assert f"tomlkit=={importlib.metadata.version('tomlkit')}" in held
-    assert f"msgspec=={importlib.metadata.version('msgspec')}" in held
+    for name in ("tomlkit", "msgspec", "tokenizers", "huggingface-hub", "ruff"):
+        assert f"{name}=={importlib.metadata.version(name)}" in held
     if install.installed_version("verifiers") is not None:
         assert f"verifiers=={importlib.metadata.version('verifiers')}" in held
-    assert not any(h.startswith(("ruff==", "mypy==")) for h in held)  # extras (dev) are not prime-lab's own pins
+        assert f"tenacity=={importlib.metadata.version('tenacity')}" in held
     text = install.held_constraints().read_text()
     assert all(line in text.splitlines() for line in held)
+
+
+def test_a_package_installed_again_may_change_only_itself_and_what_only_it_needs(tmp_path: Path) -> None:
+    """plab-env needs plab-helper (only it) and plab-common (plab-keeper too): installed again, plab-env and
+    plab-helper may change; plab-common and plab-keeper are held. A first install holds everything."""
+    site = tmp_path / "site"
+    distribution(site, "plab-env", "1.0", requires=("plab-helper==1.0", "plab-common"))
+    distribution(site, "plab-helper", "1.0", requires=("plab-deep",))
+    distribution(site, "plab-deep", "1.0")
+    distribution(site, "plab-common", "1.0")
+    distribution(site, "plab-keeper", "2.0", requires=("plab-common>=1", "plab-absent; extra == 'x'"))
+    dists = releases.installed_dists([str(site)])
+    assert install.held_requirements("plab_env", dists) == ["plab-common==1.0", "plab-keeper==2.0"]
+    assert install.held_requirements("", dists) == ["plab-common==1.0", "plab-deep==1.0", "plab-env==1.0",
+                                                    "plab-helper==1.0", "plab-keeper==2.0"]
+    assert install.held_requirements("plab-keeper", dists) == ["plab-common==1.0", "plab-deep==1.0", "plab-env==1.0",
+                                                               "plab-helper==1.0"]
 
 
 def test_a_package_pinning_what_prime_lab_holds_is_refused_and_nothing_changes(
@@ -171,9 +160,11 @@ def test_a_package_pinning_what_prime_lab_holds_is_refused_and_nothing_changes(
     proc = prime("env", "install", str(package), env=pip_env)
     assert proc.returncode == 1, proc.stderr
     [error] = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
-    assert error == (f"Error: plab-pins-tomlkit is not installed: it needs tomlkit==0.12.0, and prime-lab keeps "
-                     f"tomlkit=={before} (installed); it does not depend on verifiers, so no release environment of "
-                     "its own can take it. Loosen its pin")
+    assert error.startswith(f"Error: plab-pins-tomlkit is not installed: it needs tomlkit==0.12.0, and prime-lab "
+                            f"keeps tomlkit=={before} (installed, needed by ")
+    assert "prime-lab" in error.split("needed by ", 1)[1].split(")")[0]
+    assert error.endswith("); it does not depend on verifiers, so no release environment of its own can take it. "
+                          "Loosen its pin")
     assert importlib.metadata.version("tomlkit") == before
     assert install.installed_version("plab-pins-tomlkit") is None
 
@@ -190,8 +181,8 @@ def test_a_package_pinning_an_older_verifiers_leaves_the_installed_one(tmp_path:
     proc = prime("env", "install", str(package), "--verifiers", installed, env=pip_env)
     assert proc.returncode == 1, proc.stderr
     assert (f"Error: plab-truthfulqa is not installed: it needs verifiers==0.1.5, and prime-lab keeps "
-            f"verifiers=={installed} (installed); with --verifiers {installed} its own environment would hold the same "
-            "release") in proc.stderr
+            f"verifiers=={installed} (installed") in proc.stderr
+    assert (f"); with --verifiers {installed} its own environment would hold the same release") in proc.stderr
     assert importlib.metadata.version("verifiers") == installed
     assert install.installed_version("plab-truthfulqa") is None
 
@@ -206,9 +197,10 @@ def test_a_package_held_back_beside_prime_lab_goes_to_a_release_environment_of_i
     before = importlib.metadata.version("tomlkit")
     proc = prime("env", "install", str(target), env=pip_env)
     assert proc.returncode == 0, proc.stderr
-    assert (f"not beside prime-lab: it needs tomlkit==0.12.0, and prime-lab keeps tomlkit=={before} (installed); into "
-            f"verifiers {RELEASE}'s own environment instead (the newest release that satisfies verifiers>=0.1.8 "
-            "(declared))") in proc.stderr
+    assert f"not beside prime-lab: it needs tomlkit==0.12.0, and prime-lab keeps tomlkit=={before} (installed, " \
+        in proc.stderr
+    assert (f"); into verifiers {RELEASE}'s own environment instead (the newest release that satisfies "
+            "verifiers>=0.1.8 (declared))") in proc.stderr
     assert proc.stdout.split() == ["plab-held-env", "plab_held_env"]
     assert isolated.records()["plab-held-env"].release == RELEASE
     assert release_env.installed()["tomlkit"] == "0.12.0" and importlib.metadata.version("tomlkit") == before
@@ -335,6 +327,22 @@ def test_an_install_that_breaks_another_environment_of_its_release_is_taken_back
     assert imports(release_env, "plab_env_a")
 
 
+def test_a_failed_pip_in_a_release_environment_is_taken_back(wheels: Path, pip_env: dict[str, str],
+                                                              release_env: releases.ReleaseEnv) -> None:
+    """pip installs plab-helper, then fails on the package's own wheel (a file that would land outside the
+    environment): plab-helper is uninstalled again, nothing recorded, one line says so."""
+    wheel(wheels, "plab-helper", "1.0", {"plab_helper.py": "OLD = 1\n"})
+    target = wheel(wheels, "plab-bad-wheel", "1.0", {"plab_bad_wheel.py": env_module("bad"), "../../escape.py": ""},
+                   requires=(f"verifiers=={RELEASE}", "plab-helper==1.0"))
+    proc = prime("env", "install", str(target), "--verifiers", RELEASE, env=pip_env)
+    assert proc.returncode == 1, proc.stderr
+    [error] = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert error.startswith(f"Error: pip could not install {target} into verifiers {RELEASE}'s environment "
+                            f"({release_env.folder}; taken back: uninstalled plab-helper) (pip exit 1; "), error
+    assert release_env.installed() == {"verifiers": RELEASE}
+    assert isolated.records() == {}
+
+
 def test_two_installs_at_once_into_one_release_are_both_recorded_and_both_import(
         wheels: Path, pip_env: dict[str, str], release_env: releases.ReleaseEnv) -> None:
     targets = [wheel(wheels, f"plab-twin-{i}", "1.0", {f"plab_twin_{i}.py": env_module(f"twin {i}")},
@@ -454,6 +462,6 @@ def test_an_install_beside_prime_lab_that_does_not_import_is_taken_back(tmp_path
     proc = prime("env", "install", str(package))
     assert proc.returncode == 1, proc.stderr
     [error] = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
-    assert error.startswith("Error: plab-fails-import is not installed (taken back: plab-fails-import uninstalled): ")
+    assert error.startswith("Error: plab-fails-import is not installed (taken back: uninstalled plab-fails-import): ")
     assert "No module named 'plab_no_such_module'" in error
     assert install.installed_version("plab-fails-import") is None

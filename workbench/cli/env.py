@@ -114,9 +114,10 @@ def install(
     An environment that needs a verifiers release other than the one beside prime-lab (what its metadata declares,
     narrowed by what it imports; or --verifiers) goes into that release's own virtual environment, created once per
     release with pip, and runs there as a server of the run. Beside prime-lab, what is installed stays as it is:
-    a package that needs another verifiers or another version of one of prime-lab's dependencies goes into a release
-    environment of its own instead, or is refused. An install whose environments do not import, or that breaks
-    another environment of its release, is taken back."""
+    a package that needs another version of anything installed there (verifiers, tokenizers under transformers),
+    or that would bring a console script of prime-lab's (`prime`), goes into a release environment of its own
+    instead, or is refused. An install whose pip or environments fail, or that breaks another environment of its
+    release, is taken back whole."""
     from prime_lab.envs.install import HeldBack, InstallError, choose_release, own_release_for
     from prime_lab.envs.releases import ReleaseError
 
@@ -177,7 +178,8 @@ def uninstall(
                                           "other installed environment uses it."),
 ) -> None:
     """pip-uninstall the package that provides an environment (beside prime-lab or in its release's own virtual
-    environment), and every environment it provides; prints their ids."""
+    environment), and every environment it provides; prints their ids. What its install added goes too, unless
+    another installed package needs it, and what it changed is put back."""
     from prime_lab.envs.install import InstallError
     from prime_lab.envs.install import uninstall as pip_uninstall
     from prime_lab.envs.releases import ReleaseError
@@ -188,6 +190,8 @@ def uninstall(
         fail(str(exc))
     err(f"uninstalled {removal.distribution} {removal.version} ({removal.where}): "
         f"{', '.join(removal.ids) or 'no environment'} no longer installed")
+    if removal.also:
+        err(removal.also)
     if removal.release_env:
         err(removal.release_env)
     for name in removal.ids:
