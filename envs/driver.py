@@ -12,9 +12,10 @@ path, isolated from the caller's `PYTHONPATH` and from this folder's modules (`R
   function names and weights) and its own rollout time limit: what prime-lab's side needs besides rollouts.
 - `serve MODULE ARGS_JSON ADDRESS LOG_DIR`: serve rollouts over ZMQ + msgpack in verifiers' environment-server
   protocol (`run_group` / `run_rollout` requests carrying the inputs, a `client_config` the server builds its own
-  OpenAI client from, the model, sampling args and state columns; `b"ping"` for health). Releases that ship a
-  server (`ZMQEnvServer`, 0.1.10 on) run their own; older ones (0.1.8, 0.1.9) run ours, which speaks the same
-  protocol, so prime-lab's client is one whatever the release.
+  OpenAI client from, the model, sampling args and state columns; `b"ping"` for health; an empty payload cancels the
+  request of that id: its task is cancelled, and with it the group's rollouts and their model requests). Releases
+  that ship a server (`ZMQEnvServer`, 0.1.10 on) run their own; older ones (0.1.8, 0.1.9) run ours, which speaks the
+  same protocol, so prime-lab's client is one whatever the release.
 
 A failed `check` or `describe` writes its error with the chain of errors that caused it (`errors`, in the lines
 prime-lab's hub.py reads: a Hub dataset out of reach gets the same message and fix as in prime-lab's process) and
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import inspect
 import json
@@ -254,7 +256,7 @@ class Driver:
         self.env = load(module, args)
         self.address = address
         self.clients: dict[tuple[str, str], Any] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: dict[tuple[bytes, bytes], asyncio.Task[None]] = {}  # requests at work, by (client, request id)
 
     def client(self, config: dict[str, Any]) -> Any:
         from openai import AsyncOpenAI
@@ -297,6 +299,11 @@ class Driver:
             traceback.print_exc()
         await socket.send_multipart([client_id, request_id, msgpack.packb(response, use_bin_type=True)])
 
+    def forget(self, key: tuple[bytes, bytes], task: asyncio.Task[None]) -> None:
+        """A request's task is done: no cancel reaches it any more (a request id sent again is a new one)."""
+        if self.tasks.get(key) is task:
+            del self.tasks[key]
+
     async def serve(self) -> None:
         import msgpack
         import zmq
@@ -319,12 +326,18 @@ class Driver:
             if len(frames) != 3:
                 continue
             client_id, request_id, payload = frames
+            key = (client_id, request_id)
             if payload == b"ping":
                 await socket.send_multipart([client_id, request_id, health])
-            elif payload:
+            elif not payload:  # verifiers' cancel: the request's task ends, its model requests with it
+                task = self.tasks.pop(key, None)
+                if task is not None:
+                    task.cancel()
+                    print(f"driver: request {request_id.decode(errors='replace')} cancelled by its client", flush=True)
+            else:
                 task = asyncio.create_task(self.answer(socket, client_id, request_id, payload))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
+                self.tasks[key] = task
+                task.add_done_callback(functools.partial(self.forget, key))
         socket.close()
         context.term()
 

@@ -2,14 +2,19 @@
 
 The server is `driver.py serve` in the environment's own interpreter (verifiers' own ZMQEnvServer where the release
 has one, our driver otherwise); this side speaks verifiers' environment-server protocol to it: ZMQ (a DEALER socket
-to the server's ROUTER), msgpack payloads, `run_group` requests, `b"ping"` for health. One socket per event loop
-(evaluation runs each batch in `asyncio.run`, GEPA in a loop of its own), so the client follows whichever loop calls.
+to the server's ROUTER), msgpack payloads, `run_group` requests, `b"ping"` for health, an empty payload to cancel a
+request (`[request_id, b""]`). One socket per event loop (evaluation runs each batch in `asyncio.run`, GEPA in a loop
+of its own), so the client follows whichever loop calls.
 
 Like the samplers (`ServerProcess`), the server leads its own process group, gets SIGKILL when the thread that
 started it ends, and ends its own group when its parent dies (driver.py); a run registers it with its reaper. A
 server that dies fails the requests waiting on it (`EnvServerDied`, with its log's last lines); one that stops
-answering (a rollout that blocks its event loop, a deadlock) is found by pinging it while a request waits, and is
-killed, which fails them the same way. Restarting it is the environment's (isolated.py).
+answering (a rollout that blocks its event loop, a deadlock, a SIGSTOP) is found by pinging it while a request waits:
+WATCHDOG_MISSES pings in a row left unanswered, each given WATCHDOG_INTERVAL_S, and it is killed, which fails them the
+same way; an answered ping starts the count again, so a server that is alive and slow is never killed. A request its
+caller stops waiting for (a rollout past its time limit, a cancelled task) is cancelled on the server too, as
+verifiers' own client does, so its rollouts and their model requests stop there (every release but 0.1.10, whose
+server has no cancel: `takes_cancel`). Restarting it is the environment's (isolated.py).
 """
 
 from __future__ import annotations
@@ -102,6 +107,19 @@ def health_check(release: str) -> bytes:
     return HEALTH_REQUEST if Version("0.1.10") <= version < Version("0.1.12") else PING
 
 
+def takes_cancel(release: str) -> bool:
+    """Whether a server of `release` takes verifiers' cancel (`[request_id, b""]`) and cancels that request's task:
+    prime-lab's driver (releases before 0.1.10) and verifiers' own servers from 0.1.11; 0.1.10's reads every payload
+    as a request (an empty one is an error and a traceback in its log)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        version = Version(release)
+    except InvalidVersion:
+        return True
+    return not Version("0.1.10") <= version < Version("0.1.11")
+
+
 def ping(address: str, timeout: float = 1.0, payload: bytes = PING) -> bool:
     """Whether a server answers a health check at `address` within `timeout` seconds (any answer: an error still
     says it is up)."""
@@ -122,7 +140,7 @@ class EnvServerProcess(ServerProcess):
     """`driver.py serve` for one environment, at tcp://127.0.0.1:PORT."""
 
     def __init__(self, python: Path | str, module: str, args: Mapping[str, Any], *, name: str, log_path: Path,
-                 env: Mapping[str, str], health: bytes = PING) -> None:
+                 env: Mapping[str, str], health: bytes = PING, cancels: bool = True) -> None:
         port = free_port()
         self.address = f"tcp://127.0.0.1:{port}"
         log_dir = log_path.parent / f"{log_path.stem}.d"
@@ -131,6 +149,7 @@ class EnvServerProcess(ServerProcess):
                          port=port, log_path=log_path, env=env, name=name)
         self.log_dir = log_dir
         self.health = health  # its health check (`health_check`)
+        self.cancels = cancels  # it takes verifiers' cancel (`takes_cancel`)
         self.killed_because: str | None = None  # set when this side killed it (hung)
 
     def gone(self, code: int) -> str:
@@ -162,7 +181,9 @@ class EnvServerClient:
         self._socket: Any = None
         self._pending: dict[bytes, asyncio.Future[dict[str, Any]]] = {}
         self._receiver: asyncio.Task[None] | None = None
-        self._ping: tuple[bytes, float] | None = None  # the ping waiting for its answer: its id, when it was sent
+        # the ping waiting for its answer: its id, when it was sent, and its own future (`_receive` takes answered
+        # ones out of `_pending`: the watchdog reads the answer here)
+        self._ping: tuple[bytes, float, asyncio.Future[dict[str, Any]]] | None = None
         self._misses = 0  # pings in a row left unanswered
         self._next_ping = 0.0
 
@@ -192,7 +213,8 @@ class EnvServerClient:
 
     async def request(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Send one request; wait for its response. Raises EnvServerDied if the server dies meanwhile, or stops
-        answering pings (WATCHDOG_MISSES in a row, each given WATCHDOG_INTERVAL_S): then it is killed first."""
+        answering pings (WATCHDOG_MISSES in a row, each given WATCHDOG_INTERVAL_S): then it is killed first. Cancelled
+        (a time limit, a cancelled task), it sends the server verifiers' cancel for the request."""
         socket = self._bind()
         request_id = uuid.uuid4().hex.encode()
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -209,23 +231,42 @@ class EnvServerClient:
                 if code is not None:
                     raise EnvServerDied(self._died(code))
                 await self._watch(socket)
+        except asyncio.CancelledError:
+            if not future.done():
+                self._cancel(socket, request_id)
+            raise
         finally:
             self._pending.pop(request_id, None)
 
+    def _cancel(self, socket: Any, request_id: bytes) -> None:
+        """verifiers' cancel for `request_id` (`[request_id, b""]`), sent without waiting: a cancelled caller must
+        not wait on a server that may be gone, and a server that has no cancel (`takes_cancel`) gets none."""
+        import zmq
+
+        if not self.server.cancels or socket is not self._socket or socket.closed:
+            return
+        try:
+            sent = socket.send_multipart([request_id, b""], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return
+        sent.add_done_callback(lambda done: done.cancelled() or done.exception())  # its error, if any, retrieved
+
     async def _watch(self, socket: Any) -> None:
         """Judge the last ping (answered, or not within WATCHDOG_INTERVAL_S: a miss) and send the next when due;
-        after WATCHDOG_MISSES misses in a row the server is hung: killed, with EnvServerDied."""
+        after WATCHDOG_MISSES misses in a row the server is hung: killed, with EnvServerDied. An answered ping
+        starts the count again."""
         now = time.monotonic()
         if self._ping is not None:
-            ping_id, sent = self._ping
-            answer = self._pending.get(ping_id)
-            answered = answer is not None and answer.done() and not answer.cancelled()
+            ping_id, sent, answer = self._ping
+            answered = answer.done() and not answer.cancelled()
             if not answered and now - sent < WATCHDOG_INTERVAL_S:
                 return
             self._pending.pop(ping_id, None)
             self._ping = None
-            if answer is not None and answered:
+            if answered:
                 answer.exception()  # an undecodable answer is an answer too; retrieved, so asyncio does not warn
+            else:
+                answer.cancel()
             self._misses = 0 if answered else self._misses + 1
             if self._misses >= WATCHDOG_MISSES:
                 self.server.kill(f"its server answered none of {self._misses} pings in "
@@ -233,8 +274,9 @@ class EnvServerClient:
                 raise EnvServerDied(self._died(self.server.poll()))
         if self._ping is None and now >= self._next_ping:
             ping_id = uuid.uuid4().hex.encode()
-            self._pending[ping_id] = asyncio.get_running_loop().create_future()
-            self._ping, self._next_ping = (ping_id, now), now + WATCHDOG_INTERVAL_S
+            answer = asyncio.get_running_loop().create_future()
+            self._pending[ping_id] = answer
+            self._ping, self._next_ping = (ping_id, now, answer), now + WATCHDOG_INTERVAL_S
             await socket.send_multipart([ping_id, self.server.health])
 
     def _died(self, code: int | None) -> str:

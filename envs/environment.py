@@ -284,7 +284,7 @@ def timed_out_rollout(row: dict[str, Any], limit: float, elapsed_ms: float, roll
                        info=dict(row.get("info") or {}), stop_condition="error", error=error,
                        timing={"total_ms": elapsed_ms})
     rollout.error = error + (f"\n{rollout.error}" if rollout.error else "")
-    rollout.reward, rollout.metrics, rollout.stop_condition = 0.0, {}, "error"
+    rollout.reward, rollout.metrics, rollout.stop_condition, rollout.error_source = 0.0, {}, "error", "scorer"
     rollout.timing["total_ms"] = elapsed_ms
     return rollout
 

@@ -44,6 +44,7 @@ from prime_lab.envs.env_server import (
     health_check,
     ping,
     run_driver,
+    takes_cancel,
 )
 from prime_lab.envs.environment import Environment, Rollout, SamplingArgs
 from prime_lab.envs.installed import canonical, module_name
@@ -145,8 +146,9 @@ def serve_into(log_dir: Path, on_start: Callable[[str, int], None] | None = None
                on_restart: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Servers started from now on log into `log_dir` (`env-<name>.log`) and are announced to `on_start(role,
     pid)`: a run's orchestrator registers them, so its reaper ends them with the run (a restarted server too).
-    Each restart is told to `on_restart` with {"env", "restarts", "max_restarts", "exit_code", "reason",
-    "log_tail"}."""
+    Each restart is told to `on_restart` with {"env", "role", "restarts", "max_restarts", "exit_code", "reason",
+    "log_tail"} (`role`: the server's, `env-<name>`, one per environment in this process: two environments of one
+    id, as two `[[env]]` entries, are told apart by it)."""
     _context.update(log_dir=Path(log_dir), on_start=on_start, on_restart=on_restart)
 
 
@@ -302,7 +304,7 @@ class IsolatedEnvironment(GroupEnvironment):
                                       name=f"environment '{self.env_id}' (verifiers {self.release})",
                                       log_path=log_path or _log_path(name),
                                       env=server_environment(self.record, self.env_id, api_key),
-                                      health=health_check(self.release))
+                                      health=health_check(self.release), cancels=takes_cancel(self.release))
             server.start()
             with _lock:
                 _servers.append(server)
@@ -320,8 +322,8 @@ class IsolatedEnvironment(GroupEnvironment):
                        self.env_id, self.release, reason, self._restarts, MAX_RESTARTS, server.log_path)
         on_restart = _context["on_restart"]
         if on_restart is not None:
-            on_restart({"env": self.env_id, "restarts": self._restarts, "max_restarts": MAX_RESTARTS,
-                        "exit_code": code, "reason": reason, "log_tail": server.tail()})
+            on_restart({"env": self.env_id, "role": self.server_role, "restarts": self._restarts,
+                        "max_restarts": MAX_RESTARTS, "exit_code": code, "reason": reason, "log_tail": server.tail()})
 
     def _check_bound(self) -> None:
         """Raise EnvironmentDown if the server is dead and was restarted MAX_RESTARTS times already (it is stopped:
@@ -358,6 +360,11 @@ class IsolatedEnvironment(GroupEnvironment):
                 _names[base] = _names.get(base, 0) + 1
                 self._name = base if _names[base] == 1 else f"{base}-{_names[base]}"
         return str(self._name)
+
+    @property
+    def server_role(self) -> str | None:
+        """Its server's role in a run (`env-<name>`, `_server_name`), once one was started; else None."""
+        return None if self._name is None else f"env-{self._name}"
 
     async def _ready_client(self, api_key: str) -> EnvServerClient:
         delay = self._restart_delay()

@@ -276,8 +276,12 @@ class Orchestrator:
         log_both(self.events, message, level, step)
 
     # Environments that fail ------------------------------------------------------------------------------------
-    def env_name(self, env: str) -> str:
-        """This run's name for the environment an isolated server names (its id, its id's last part or our name)."""
+    def env_name(self, env: str, role: str | None = None) -> str:
+        """This run's name for the environment an isolated server names: the entry whose server has `role` (two
+        entries of one id have a server each), else by its id, its id's last part or our name."""
+        for name, environment in self.envs.items():
+            if role is not None and getattr(environment, "server_role", None) == role:
+                return name
         for name, e in zip(self.names, self.config.env, strict=True):
             if env in (name, e.id, e.id.rsplit("/", 1)[-1], getattr(self.envs.get(name), "env_id", None)):
                 return name
@@ -287,7 +291,7 @@ class Orchestrator:
         """An environment's server died and was started again (`isolated.serve_for`'s `on_restart`): counted for
         `env/<name>/restarts`, an `env_restart` alert on the bus (the run page and `prime rl logs` show it) and a
         WARNING with its log's last lines."""
-        name = self.env_name(str(info.get("env", "")))
+        name = self.env_name(str(info.get("env", "")), info.get("role"))
         self.restarts[name] = self.restarts.get(name, 0) + 1
         code = info.get("exit_code")
         why = str(info.get("reason") or (f"exit code {code}" if code is not None else "it stopped answering"))

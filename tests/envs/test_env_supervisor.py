@@ -1,8 +1,10 @@
 """The supervisor of isolated environments' servers, with real `driver.py serve` processes: a server killed with -9
 between groups or under one is started again and the group sent once more; one that dies too often fails the
-environment (EnvironmentDown, with its log's last lines); one that hangs is found by the ping watchdog, killed and
-started again; a rollout cancelled by its time limit leaves the client clean. Also: records written under a lock by
-two processes at once, and server logs outside runs pruned.
+environment (EnvironmentDown, with its log's last lines); one that hangs (its loop blocked, or SIGSTOP) is found by
+the ping watchdog, killed and started again, while one alive and slow is left to finish; a rollout cancelled by its
+time limit leaves the client clean and is cancelled on its server (verifiers' cancel, which the driver honours: the
+model endpoint sees its connection closed); two `[[env]]` entries of one id have their restarts counted each. Also:
+records written under a lock by two processes at once, and server logs outside runs pruned.
 
 The environment's interpreter is a small virtual environment made once per session: the project's packages (pyzmq,
 msgpack) through a `.pth` file; stand-ins for a verifiers release without a server of its own (as 0.1.8;
@@ -24,6 +26,7 @@ import textwrap
 import time
 import venv
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,7 +35,15 @@ import msgspec
 import pytest
 
 from prime_lab.envs import SamplingArgs, env_server, isolated
-from prime_lab.envs.env_server import PING, EnvironmentDown, EnvServerClient, group_request, health_check
+from prime_lab.envs.env_server import (
+    PING,
+    EnvironmentDown,
+    EnvServerClient,
+    group_request,
+    health_check,
+    takes_cancel,
+)
+from prime_lab.envs.environment import timed_out
 from prime_lab.envs.isolated import IsolatedEnvironment, IsolatedRecord
 
 STAND_IN_VERIFIERS = '''\
@@ -55,7 +66,11 @@ class AsyncOpenAI:
 
 SUPERVISED_ENV = '''\
 """Rollouts that answer, die or hang: `calls` (a file) counts run_group calls across the server's lives; the first
-`die` calls kill their server (-9), the next `hang` block its event loop."""
+`die` calls kill their server (-9), the next `hang` block its event loop; every call then awaits `slow` seconds
+(alive: its server answers pings meanwhile) and, with `model`, a chat completion from the client's base URL through
+httpx (which the real openai client runs on), which the test's endpoint never answers. A call cancelled says so in
+the server's log."""
+import asyncio
 import os
 import signal
 import time
@@ -79,8 +94,8 @@ class SupervisedEnv:
     dataset = ROWS
     timeout_seconds = 42.0
 
-    def __init__(self, calls, die, hang):
-        self.calls, self.die, self.hang = Path(calls), die, hang
+    def __init__(self, calls, die, hang, slow, model):
+        self.calls, self.die, self.hang, self.slow, self.model = Path(calls), die, hang, slow, model
 
     def get_dataset(self):
         return list(ROWS)
@@ -94,13 +109,25 @@ class SupervisedEnv:
             os.kill(os.getpid(), signal.SIGKILL)
         if call <= self.die + self.hang:
             time.sleep(600)
+        try:
+            await asyncio.sleep(self.slow)
+            if self.model:
+                import httpx
+
+                async with httpx.AsyncClient(timeout=None) as http:
+                    await http.post(client.options["base_url"] + "/chat/completions", json={"model": model})
+        except asyncio.CancelledError:
+            print(f"supervised_env: call {call} cancelled", flush=True)
+            raise
         return [{"example_id": i.get("example_id"), "prompt": i["prompt"], "reward": 1.0, "metrics": {},
                  "completion": [{"role": "assistant", "content": "fine"}], "server_pid": os.getpid()}
                 for i in inputs]
 
 
-def load_environment(calls, die=0, hang=0):
-    return SupervisedEnv(calls, die, hang)
+def load_environment(calls, die=0, hang=0, slow=0.0, model=False):
+    if model:
+        import httpx  # noqa: F401 (at load, not in the rollout's time)
+    return SupervisedEnv(calls, die, hang, slow, model)
 '''
 
 
@@ -182,8 +209,10 @@ def test_killed_between_groups_is_restarted(env_python: Path, tmp_path: Path, fa
     second = answered(group(env))
     assert second != first and calls(tmp_path) == [first, second]
     [event] = restarts
-    assert event == {"env": "supervised-env", "restarts": 1, "max_restarts": isolated.MAX_RESTARTS, "exit_code": -9,
-                     "reason": "its server exited (code -9)", "log_tail": event["log_tail"]}
+    assert event == {"env": "supervised-env", "role": env.server_role, "restarts": 1,
+                     "max_restarts": isolated.MAX_RESTARTS, "exit_code": -9, "reason": "its server exited (code -9)",
+                     "log_tail": event["log_tail"]}
+    assert str(env.server_role).startswith("env-supervised-env")
     assert "supervised_env: call 1" in event["log_tail"]
     assert "environment 'supervised-env' (verifiers 0.1.8): its server exited (code -9); starting it again " \
            "(restart 1 of 3)" in caplog.text
@@ -246,6 +275,47 @@ def test_hung_server_is_killed_and_restarted(env_python: Path, tmp_path: Path, f
     assert time.monotonic() - started < 8
 
 
+def test_alive_and_slow_is_not_killed(env_python: Path, tmp_path: Path, fast: None,
+                                      restarts: list[dict[str, Any]]) -> None:
+    """A group that takes more than 8 watchdog intervals (a 2-minute group at 10 s, scaled) on a server that answers
+    every ping completes on that server: no restart."""
+    assert env_server.WATCHDOG_MISSES * env_server.WATCHDOG_INTERVAL_S < 1.0
+    env = environment(env_python, tmp_path, slow=2.5)
+    pid = answered(group(env))
+    assert calls(tmp_path) == [pid] and restarts == []
+
+
+def test_stopped_server_is_killed_within_the_bound(env_python: Path, tmp_path: Path, fast: None,
+                                                   restarts: list[dict[str, Any]]) -> None:
+    """A server that stops answering (SIGSTOP: alive, silent) under a group is killed after WATCHDOG_MISSES
+    intervals and started again; the group is answered by the new one."""
+    found: list[float] = []
+
+    def restarted(info: dict[str, Any]) -> None:
+        restarts.append(info)
+        found.append(time.monotonic())
+
+    isolated.serve_into(tmp_path / "logs", on_restart=restarted)
+    env = environment(env_python, tmp_path, slow=1.0)
+
+    async def main() -> tuple[list[Any], float]:
+        rows = env.get_dataset(2)
+        work = asyncio.ensure_future(env.run_group(MODEL, "m", rows, SamplingArgs(max_tokens=4)))
+        while not (tmp_path / "calls").is_file():  # the server is in the group
+            await asyncio.sleep(0.02)
+        os.kill(calls(tmp_path)[0], signal.SIGSTOP)
+        stopped = time.monotonic()
+        return await asyncio.wait_for(work, 15), stopped
+
+    done, stopped = asyncio.run(main())
+    [first, second] = calls(tmp_path)
+    assert answered(done) == second != first
+    [event] = restarts
+    assert event["reason"] == "its server answered none of 3 pings in 0.9 s (hung) and was killed"
+    bound = (env_server.WATCHDOG_MISSES + 1) * env_server.WATCHDOG_INTERVAL_S + env_server.POLL_S
+    assert found[0] - stopped < bound + 1.0  # the kill, and the first back-off (0.05 s); slack for a loaded machine
+
+
 def test_cancelled_request_leaves_the_client_clean(env_python: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    restarts: list[dict[str, Any]]) -> None:
     """A rollout past its time limit (asyncio.wait_for) takes its request with it: nothing pending, no task but the
@@ -272,6 +342,115 @@ def test_cancelled_request_leaves_the_client_clean(env_python: Path, tmp_path: P
         assert answer["success"] and requests_pending(client) == set()
 
     asyncio.run(main())
+
+
+def test_a_rollout_past_its_limit_is_cancelled_on_its_server(env_python: Path, tmp_path: Path, fast: None,
+                                                            restarts: list[dict[str, Any]]) -> None:
+    """A group cut by its time limit sends verifiers' cancel; the driver cancels the group's task, and the model
+    endpoint sees the connection of the request it was answering closed, at once, and no other."""
+    env = environment(env_python, tmp_path, model=True)
+
+    async def main() -> None:
+        opened, closed = asyncio.Event(), asyncio.Event()
+        connections = 0
+
+        async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal connections
+            connections += 1
+            opened.set()
+            await reader.read()  # until the client closes
+            closed.set()
+            writer.close()
+
+        endpoint = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+        model = SimpleNamespace(base_url=f"http://127.0.0.1:{endpoint.sockets[0].getsockname()[1]}/v1", api_key="x")
+        await env._ready_client("x")  # started, and answering pings
+        [rollout] = await env.run_rollouts(model, "m", env.get_dataset(1), SamplingArgs(max_tokens=4), timeout=1.5)
+        cut = time.monotonic()
+        assert timed_out(rollout) and opened.is_set() and not closed.is_set()
+        await asyncio.wait_for(closed.wait(), 5.0)
+        assert time.monotonic() - cut < 2.0 and connections == 1  # at once: a loaded machine's slack
+        endpoint.close()
+
+    asyncio.run(main())
+    assert env._server is not None and env._server.poll() is None and restarts == []  # cancelled, not killed
+    log = env._server.log_path.read_text()
+    assert "cancelled by its client" in log and "supervised_env: call 1 cancelled" in log
+
+
+@pytest.mark.parametrize("cancels", [True, False])
+def test_cancel_on_the_wire(cancels: bool) -> None:
+    """What a server sees from a request its caller stopped waiting for, against a ZMQ stand-in of verifiers' ROUTER:
+    the request, then verifiers' cancel (its id, an empty payload); a release without a cancel (0.1.10) gets none."""
+    import zmq
+
+    router: Any = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stand_in = SimpleNamespace(address=f"tcp://127.0.0.1:{port}", health=PING, cancels=cancels, poll=lambda: None)
+    client = EnvServerClient(stand_in)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(client.request({"request_type": "run_group"}), timeout=0.3)
+        assert requests_pending(client) == set()
+        client.close()
+
+    try:
+        asyncio.run(main())
+        frames = []
+        while router.poll(300):
+            frames.append(router.recv_multipart())
+    finally:
+        router.close()
+    requests = [f for f in frames if f[2] != PING]  # the watchdog's pings aside
+    assert msgspec.msgpack.decode(requests[0][2]) == {"request_type": "run_group"}
+    assert requests[1:] == ([[requests[0][0], requests[0][1], b""]] if cancels else [])
+    assert [takes_cancel(v) for v in ("0.1.8", "0.1.9.post3", "0.1.10", "0.1.11", "0.1.12", "0.3.1")] == \
+        [True, True, False, True, True, True]
+
+
+def test_two_entries_of_one_id_count_their_own_restarts(env_python: Path, tmp_path: Path, fast: None,
+                                                        restarts: list[dict[str, Any]]) -> None:
+    """Two `[[env]]` entries of one isolated id have a server each: a restart of the second's is counted under its
+    name (`env/<name>/restarts`), not the first's."""
+    from prime_lab.runs.registry import RunRegistry
+    from prime_lab.trainer.config import validate_rl_config
+    from prime_lab.trainer.orchestrator import Orchestrator
+    from prime_lab.trainer.runtime import load_config
+
+    isolated.save_record(replace(environment(env_python, tmp_path).record, any_args=True))
+    text = f"""model = "tiny"
+max_steps = 1
+batch_size = 4
+rollouts_per_example = 2
+
+[sampling]
+max_tokens = 2
+
+[[env]]
+id = "supervised-env"
+name = "first"
+args = {{ calls = "{tmp_path / 'calls-first'}" }}
+
+[[env]]
+id = "supervised-env"
+name = "second"
+args = {{ calls = "{tmp_path / 'calls-second'}" }}
+"""
+    result = validate_rl_config(text)
+    assert result.ok and result.config is not None, [p.format() for p in result.problems]
+    run = RunRegistry().create("rl", config_text=text, resolved=result.config.model_dump(mode="json"))
+    orchestrator = Orchestrator(run, load_config(run), "http://127.0.0.1:9/v1", "tiny")
+    first, second = orchestrator.envs["first"], orchestrator.envs["second"]
+    assert isinstance(first, IsolatedEnvironment) and isinstance(second, IsolatedEnvironment)
+    answered(group(first))
+    os.killpg(answered(group(second)), signal.SIGKILL)
+    answered(group(second))  # restarted
+    assert first.server_role != second.server_role
+    assert orchestrator.env_metrics({}) == {"env/first/restarts": 0.0, "env/second/restarts": 1.0}
+    [alert] = [e for e in run.event_log().events() if e.kind == "alert"]
+    assert alert.data["env"] == "second" and alert.data["message"].startswith("environment second: its server died")
 
 
 def test_health_check_per_release() -> None:

@@ -77,11 +77,11 @@ def test_a_rollout_that_sleeps_forever_times_out_and_counts_as_errored(builtin_s
     env = hanging_env()
     started = time.perf_counter()
     hung, fine = run(rollouts_of(env, builtin_server.base_url, builtin_server.model_name, env.get_dataset(),
-                                 timeout=0.4))
+                                 timeout=2.0))
     elapsed = time.perf_counter() - started
-    assert timed_out(hung) and hung.error is not None and hung.error.startswith(f"{TIMED_OUT} 0.4 s")
+    assert timed_out(hung) and hung.error is not None and hung.error.startswith(f"{TIMED_OUT} 2 s")
     assert hung.stop_condition == "error" and hung.reward == 0.0  # errored: a run drops its group
-    assert hung.prompt == env.get_dataset()[0]["prompt"] and hung.timing["total_ms"] >= 400
+    assert hung.prompt == env.get_dataset()[0]["prompt"] and hung.timing["total_ms"] >= 2000
     assert fine.error is None and not timed_out(fine) and len(fine.turns) == 2 and fine.reward == 1.0
     assert elapsed < 5.0
 
@@ -111,21 +111,21 @@ def test_a_scorer_that_awaits_forever_times_out_within_the_limit(builtin_server:
     assert hung.reward == 0.0 and hung.metrics == {} and hung.stop_condition == "error"
     assert hung.completion and hung.completion[0]["role"] == "assistant" and hung.timing["total_ms"] >= 1000
     assert fine.error is None and fine.reward == 1.0
-    assert elapsed < 2.5
+    assert elapsed < 3.0  # the limit, and a loaded machine's slack
 
 
 def test_an_env_group_holds_each_members_own_limit_over_scoring(builtin_server: Any) -> None:
     """An EnvGroup's rollout has its member's limit (the member's own where smaller), its scoring included."""
     group = EnvGroup([judged_env(env_id="judged"), hanging_env()], names=["judged", "hanging"])
-    group.envs["judged"].timeout_seconds = 0.5
+    group.envs["judged"].timeout_seconds = 1.0
     rows = group.get_dataset()
-    assert [group.time_limit(r, 300.0) for r in rows] == [0.5, 0.5, 300.0, 300.0]
+    assert [group.time_limit(r, 300.0) for r in rows] == [1.0, 1.0, 300.0, 300.0]
     started = time.perf_counter()
     done = run(rollouts_of(group, builtin_server.base_url, builtin_server.model_name, [rows[0], rows[1], rows[3]],
                            timeout=300.0), bound=10.0)
     assert [timed_out(r) for r in done] == [True, False, False]
-    assert done[0].error is not None and done[0].error.startswith(f"{TIMED_OUT} 0.5 s while its reward")
-    assert done[1].reward == 1.0 and done[2].reward == 1.0 and time.perf_counter() - started < 2.5
+    assert done[0].error is not None and done[0].error.startswith(f"{TIMED_OUT} 1 s while its reward")
+    assert done[1].reward == 1.0 and done[2].reward == 1.0 and time.perf_counter() - started < 3.0
 
 
 def test_the_smaller_of_the_configured_and_the_environments_own_limit_wins(builtin_server: Any) -> None:
