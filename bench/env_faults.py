@@ -1,7 +1,7 @@
 """Environments that fail, in real RL runs: is each fault found, how fast, what it costs, is anything left behind;
 and what the supervisor of environment servers costs a healthy run.
 
-    .venv/bin/python bench/env_faults.py [--steps 4] [--seed 0] [--faults server-kill,hang,raise] [--model MODEL]
+    .venv/bin/python bench/env_faults.py [--steps 4] [--seed 0] [--faults server-kill,hang,...] [--model MODEL]
                                          [--run-timeout 420] [--hang-timeout 3] [--hang-share 0.05]
                                          [--home DIR] [--verifiers-home DIR]
 
@@ -25,6 +25,12 @@ its registry, injects the fault and reads the run's events. The runs, one after 
   cut at the time limit, counted (`env/hanging/timed_out`), the run goes on and completes. Detected: a time-out
   counted and its warning; time to detect: the moment the first rollout began to sleep to the orchestrator's
   warning that dropped its group (under the time limit: the limit counts from the rollout's start).
+- `hung-scorer`: the same environment as `judging`, its fault in the rubric: from the moment of injection the reward
+  function of its next rollout awaits a judge that never answers, and after it one in 20 (`--hang-share`). Expected:
+  cut at the same time limit (it covers the rollout and its scoring), counted (`env/judging/timed_out`), the run
+  goes on and completes, the cut scorers' tasks cancelled (nothing left running). Detected: a time-out counted and
+  its warning, "while its reward functions ran"; time to detect: the moment the first scorer began to wait to that
+  warning.
 - `raise`: two environments of that module, `healthy` and `raising` (weight 1 each); from the moment of injection
   every rollout of `raising` raises. The run has ENV_ERRORED_STEPS + 2 steps more than --steps, so that only the
   hard limit ends it early. Expected: the run fails, its reason naming `raising`. Detected: that; time to detect:
@@ -59,14 +65,17 @@ load, on a machine the run shares; restarts are not in it: they happen only on f
 
 Prints a table (one row a run), the runs' reasons under it, the overhead's numbers and, last:
 
-    faults: D/3 detected, H hung, P processes left; supervisor overhead X% of step time (goal <= 2%): OK|FAILED
+    faults: D/N detected, H hung, P processes left; supervisor overhead X% of step time (goal <= 2%): OK|FAILED
 
 Exits non-zero when a fault was not detected or a run did not end as expected, a run hung, a process was left, the
 healthy run did not complete or counted a fault, or the overhead is above 2% (or was not measured); with a message
 when the install fails (no package registry). Measured by hand, three times (2 shared cores, load 1-5, tiny model, 4
 steps, 5-8 min with the release's environment reused): all detected, the server restarted 1.3-1.6 s after the kill,
 the hang cut 2.7-2.9 s after it began, the raising environment failed the run 3-9 s after its first raise (its 3rd
-step), nothing left, the supervisor 0.2-0.4% of a 0.6-1.2 s step.
+step), nothing left, the supervisor 0.2-0.4% of a 0.6-1.2 s step. The hung scorer (2 shared cores, load ~1, tiny
+model, 4 steps, `--faults hung-scorer`): cut 2.9 s after its judge began to wait (limit 3 s), 1 group lost, 4/4 steps
+completed in 11 s, 0 of 4 processes left; before the limit covered scoring the same run stopped at step 2 and was
+stopped as hung (`--run-timeout 90`).
 """
 
 from __future__ import annotations
@@ -99,7 +108,7 @@ FIXTURE = ROOT / "tests" / "fixtures" / "verifiers_envs" / "vf_reverse_text"
 ISOLATED_ID = "vf-reverse-text"
 SERVER_ROLE = f"env-{ISOLATED_ID}"
 INSTALL_FAULT = "install-pin"  # no run: an install beside prime-lab (run_install_pin)
-FAULTS = ("server-kill", "hang", "raise", INSTALL_FAULT)
+FAULTS = ("server-kill", "hang", "hung-scorer", "raise", INSTALL_FAULT)
 OVERHEAD_GOAL = 2.0  # percent of step time
 LINGER_S = 30.0  # how long processes may take to end after the run's final state
 TICKS, PINGS = 2000, 200
@@ -107,7 +116,8 @@ TICKS, PINGS = 2000, 200
 FAULT_ENV = '''\
 """bench/env_faults.py's environment: two model turns, the fault between them once `trigger` (a file) exists:
 "hang" (the next rollout sleeps forever, then one in 1/share, drawn with `seed`), "raise" (every rollout raises),
-"none". The first faulty rollout writes the time it began (time.time()) to `first`."""
+"judge" (as "hang", in the reward function: a judge that never answers), "none". The first faulty rollout writes the
+time it began (time.time()) to `first`."""
 
 import asyncio
 import os
@@ -127,7 +137,7 @@ class BenchFaultEnv(MultiTurnEnv):
     def faulty(self):
         if self.fault == "none" or not os.path.exists(self.trigger):
             return False
-        if self.fault == "hang" and self.faults and self.luck.random() >= self.share:
+        if self.fault in ("hang", "judge") and self.faults and self.luck.random() >= self.share:
             return False
         self.faults += 1
         if self.faults == 1:
@@ -136,17 +146,24 @@ class BenchFaultEnv(MultiTurnEnv):
         return True
 
     async def env_response(self, messages, state):
-        if self.faulty():
+        if self.fault != "judge" and self.faulty():
             if self.fault == "raise":
                 raise RuntimeError("bench fault: this environment raises")
             await asyncio.sleep(10**9)
         return [{"role": "user", "content": "Once more."}], state
 
+    async def judged(self, completion):  # varies in a group
+        if self.fault == "judge" and self.faulty():
+            await asyncio.sleep(10**9)
+        return len(last_assistant_text(completion)) % 3 / 2
+
 
 def load_environment(fault="none", trigger="", first="", share=0.05, seed=0, num_examples=64):
     rows = [{"question": f"Say something. {i}", "info": {"index": i}} for i in range(num_examples)]
-    reward = lambda completion: len(last_assistant_text(completion)) % 3 / 2  # noqa: E731 (varies in a group)
-    return BenchFaultEnv(fault, trigger, first, share, seed, dataset=rows, rubric=Rubric([reward]))
+    rubric = Rubric()
+    env = BenchFaultEnv(fault, trigger, first, share, seed, dataset=rows, rubric=rubric)
+    rubric.add_reward_func(env.judged)
+    return env
 '''
 
 CONFIG = """\
@@ -499,30 +516,43 @@ def run_server_kill(ctx: SimpleNamespace) -> Row:
     return row
 
 
-def run_hang(ctx: SimpleNamespace) -> Row:
-    rng = random.Random(f"{ctx.seed}-hang")
-    trigger, first = ctx.faults_dir / "hang.trigger", ctx.faults_dir / "hang.first"
+def run_cut(ctx: SimpleNamespace, fault: str, name: str, where: str) -> Row:
+    """A run whose environment `name` hangs (`fault`: "hang" between its turns, "judge" in its reward function) from
+    the injection on, cut at `--hang-timeout`: detected by the time-outs counted and the warning that dropped the
+    first group, whose error says `where`."""
+    row_name = {"hang": "hang", "judge": "hung-scorer"}[fault]
+    rng = random.Random(f"{ctx.seed}-{row_name}")
+    trigger, first = ctx.faults_dir / f"{row_name}.trigger", ctx.faults_dir / f"{row_name}.first"
     for stale in (trigger, first):  # an earlier bench's, in a --home kept
         stale.unlink(missing_ok=True)
-    args = (f'{{ fault = "hang", trigger = {json.dumps(str(trigger))}, first = {json.dumps(str(first))}, '
+    args = (f'{{ fault = "{fault}", trigger = {json.dumps(str(trigger))}, first = {json.dumps(str(first))}, '
             f"share = {ctx.hang_share}, seed = {ctx.seed} }}")
-    envs = f'\n[[env]]\nid = "bench-fault-env"\nname = "hanging"\nargs = {args}\ntimeout = {ctx.hang_timeout:g}\n'
-    config = ctx.home / "hang.toml"
+    envs = f'\n[[env]]\nid = "bench-fault-env"\nname = "{name}"\nargs = {args}\ntimeout = {ctx.hang_timeout:g}\n'
+    config = ctx.home / f"{row_name}.toml"
     config.write_text(config_text(ctx.model, ctx.steps, ctx.seed, envs))
     injection = Injection(rng.randint(1, ctx.steps - 2), rng.uniform(0, ctx.step_s), touch(trigger))
     followed = follow(start_run(config, ctx.env, ctx.home), ctx.bound, injection)
     run = followed.run
-    timed_out = sum(m.get("env/hanging/timed_out", 0.0) for m in step_metrics(run, "orchestrator").values())
-    cut = [e.time for e in run.event_log().events() if e.kind == "log" and e.data.get("level") == "WARNING" and str(
-        e.data.get("message", "")).startswith("dropped a group of hanging: a rollout failed: rollout timed out")]
+    timed_out = sum(m.get(f"env/{name}/timed_out", 0.0) for m in step_metrics(run, "orchestrator").values())
+    dropped = f"dropped a group of {name}: a rollout failed: rollout timed out after {ctx.hang_timeout:g} s{where}"
+    cut = [e.time for e in run.event_log().events() if e.kind == "log" and e.data.get("level") == "WARNING"
+           and str(e.data.get("message", "")).startswith(dropped)]
     warned = cut[0] if cut else None
     began = read_time(first)
     detected = timed_out > 0 and warned is not None
     detect_s = warned - began if detected and warned is not None and began is not None else None
-    row = row_for("hang", followed, injection, ctx.steps, detected, detect_s, "completed")
+    row = row_for(row_name, followed, injection, ctx.steps, detected, detect_s, "completed")
     if detected:
         row.reason = f"{len(cut)} group(s) cut at the {ctx.hang_timeout:g} s time limit and dropped; " + row.reason
     return row
+
+
+def run_hang(ctx: SimpleNamespace) -> Row:
+    return run_cut(ctx, "hang", "hanging", " (")
+
+
+def run_hung_scorer(ctx: SimpleNamespace) -> Row:
+    return run_cut(ctx, "judge", "judging", " while its reward functions ran")
 
 
 def run_raise(ctx: SimpleNamespace) -> Row:
@@ -706,7 +736,7 @@ def bench(args: argparse.Namespace, home: Path) -> int:
                           release=release, faults_dir=faults_dir, hang_share=args.hang_share,
                           hang_timeout=args.hang_timeout)
     runs: dict[str, Callable[[SimpleNamespace], Row]] = {
-        "server-kill": run_server_kill, "hang": run_hang, "raise": run_raise}
+        "server-kill": run_server_kill, "hang": run_hang, "hung-scorer": run_hung_scorer, "raise": run_raise}
     row, healthy = run_healthy(ctx)
     rows = [row] + ([pinned] if pinned is not None else [])
     ctx.step_s = mean_step(healthy["step_times"]) or 1.0  # the faults come within a step's time after a batch
