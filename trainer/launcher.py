@@ -354,22 +354,23 @@ class Supervisor:
         return self.config
 
     def plan_placement(self, backend: str) -> Placement:
-        """GPUs for the samplers, then the trainer (an SFT run's trainer gets them all: `backend` "external"); each
-        local process's devices and each vLLM engine's share of its GPUs (`self.devices`), checked against the
-        cards where torch gives their memory; logged, with the GPUs the plan leaves idle."""
+        """GPUs for the samplers, the trainer (an SFT run's gets them all: `backend` "external") and a local
+        teacher; each local process's devices and each vLLM engine's share of its GPUs (`self.devices`), checked
+        against the cards where torch gives their memory; logged, with the GPUs the plan leaves idle."""
         cfg = self.config
         inf = cfg.inference if isinstance(cfg, RLConfig) else InferenceConfig()
+        teacher = cfg.teacher if isinstance(cfg, RLConfig) else None
+        # started here beside a local or an external sampler (a node of trainer ranks only starts none)
+        local_teacher = teacher is not None and teacher.client.base_url is None and self.topology.runs_sampler
         try:
             placement = plan_gpus(visible_gpus(), backend=backend,
                                   num_gpus=cfg.num_gpus if isinstance(cfg, RLConfig) else None,
                                   tensor_parallel_size=inf.tensor_parallel_size,
                                   data_parallel_size=inf.data_parallel_size,
                                   num_servers=inf.num_servers, nproc_per_node=cfg.trainer.nproc_per_node,
-                                  trainer_on_gpu=cfg.trainer.device != "cpu")
+                                  trainer_on_gpu=cfg.trainer.device != "cpu", teacher=local_teacher)
         except PlacementError as exc:
             raise LaunchFailed(str(exc)) from exc
-        teacher = cfg.teacher if isinstance(cfg, RLConfig) else None
-        local_teacher = teacher is not None and teacher.client.base_url is None and bool(placement.sampler_gpus)
         self.vllm_roles = []
         if placement.devices:
             self.vllm_roles = [sampler_role(i) for i, gpus in enumerate(placement.sampler_gpus)
@@ -380,8 +381,7 @@ class Supervisor:
         cards = card_memory() if self.vllm_roles else []
         needs = self.engine_needs(self.vllm_roles) if cards and len(cards) == len(placement.devices) else {}
         try:
-            self.devices = child_devices(placement, local_teacher=local_teacher,
-                                         memory_override=inf.gpu_memory_utilization,
+            self.devices = child_devices(placement, memory_override=inf.gpu_memory_utilization,
                                          teacher_memory=teacher.gpu_memory_utilization if teacher else None,
                                          cards=cards, needs=needs)
         except PlacementError as exc:
@@ -486,8 +486,8 @@ class Supervisor:
 
     def start_teacher(self, threads: int = 0) -> list[str]:
         """Distillation (`[teacher]`, trainer/teacher.py): start a local sampler for the teacher model (role
-        `teacher`, beside sampler 0 on its GPUs), or check that `[teacher.client]`'s endpoint answers. Returns the
-        orchestrator's arguments for a local teacher."""
+        `teacher`, on the one GPU the placement gives it), or check that `[teacher.client]`'s endpoint answers.
+        Returns the orchestrator's arguments for a local teacher."""
         from prime_lab.inference.backend import BackendUnavailableError, choose_backend
         from prime_lab.inference.launch import SamplerOptions, start_sampler
         from prime_lab.runs.processes import ServerStartError

@@ -9,9 +9,11 @@ the visible ones (CUDA_VISIBLE_DEVICES applies); `Placement.cuda_env` turns them
 CUDA_VISIBLE_DEVICES. On a CPU-only machine (or with `num_gpus = 0`) the plan is "no GPUs" and nothing is checked.
 
 One GPU (or `num_gpus = 1`) with one sampler server on one GPU and one trainer process: they share it (`shared`),
-as prime-rl once allowed and TRL's colocate mode does. A card's memory is then split (`child_devices`): the vLLM
-engines on it (a sampler server, a local teacher beside sampler 0) share 0.9 of it (vLLM's default for an engine
-alone), less the half the trainer keeps of a card it shares; each gets its part as its `gpu_memory_utilization`.
+as prime-rl once allowed and TRL's colocate mode does. A local teacher (distillation) runs on one GPU (`teacher_gpu`):
+one the plan leaves idle, else beside the process on the fewest GPUs, a sampler server before the trainer (an
+external sampler: the trainer). A card's memory is then split (`child_devices`): the vLLM engines on it (a sampler
+server, the teacher) share 0.9 of it (vLLM's default for an engine alone), less the half the trainer keeps of a card
+it shares; each gets its part as its `gpu_memory_utilization` (one for all of a server's GPUs, as vLLM takes it).
 `[inference] gpu_memory_utilization` sets the samplers' part and `[teacher] gpu_memory_utilization` the teacher's;
 an engine left unset gets what the others leave. Where the card's memory and the models' sizes are known
 (`model_size`: the weights from the folder's safetensors headers, the KV cache of a token from its config.json), two
@@ -32,7 +34,7 @@ import math
 import os
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 CARD_BUDGET = 0.9  # of a GPU's memory, for the vLLM engines on it (vLLM's own default for an engine alone)
@@ -54,6 +56,7 @@ class Placement:
     data_parallel_size: int  # vLLM engines behind each sampler server
     devices: tuple[str, ...] = field(default=())  # the visible GPUs, as CUDA_VISIBLE_DEVICES names them
     shared: bool = False  # one sampler server and the trainer on the same GPU
+    teacher_gpus: list[int] | None = None  # a local teacher's GPU (None: no local teacher; []: it has none)
 
     def cuda_env(self, gpus: Sequence[int]) -> dict[str, str]:
         """The CUDA_VISIBLE_DEVICES a process placed on `gpus` gets ({} without GPUs: leave it alone)."""
@@ -68,21 +71,33 @@ class Placement:
 
     def idle(self, limit: int | None = None) -> list[int]:
         """The visible GPUs (the first `limit` of them) that no process of the plan uses."""
-        used = {g for gpus in self.sampler_gpus for g in gpus} | set(self.trainer_gpus)
+        used = set(self.used())
         return [g for g in range(len(self.devices) if limit is None else min(limit, len(self.devices)))
                 if g not in used]
 
+    def used(self) -> list[int]:
+        """The GPUs some process of the plan runs on, in order."""
+        teacher = self.teacher_gpus or []
+        return sorted({g for gpus in self.sampler_gpus for g in gpus} | set(self.trainer_gpus) | set(teacher))
+
     def describe(self, roles: dict[str, list[int]]) -> str:
         """The plan as the launcher logs it: `roles` maps each local process (sampler servers, a teacher, the
-        trainer) to its GPUs; processes on the same GPUs are said to share them."""
-        groups: dict[str, list[str]] = {}
+        trainer) to its GPUs; processes on the same GPUs are said to share them, one on some of another's GPUs to be
+        beside it."""
+        groups: dict[tuple[int, ...], list[str]] = {}
         for role, gpus in roles.items():
-            groups.setdefault(self.names(gpus) if gpus else "", []).append(role)
+            groups.setdefault(tuple(gpus), []).append(role)
+
+        def who(members: list[str]) -> str:
+            return members[0] if len(members) == 1 else ", ".join(members[:-1]) + " and " + members[-1]
+
         parts = []
-        for names, members in groups.items():
-            who = members[0] if len(members) == 1 else ", ".join(members[:-1]) + " and " + members[-1]
+        for key, members in groups.items():
+            names = self.names(key)
             where = "GPU" + ("s " if "," in names else " ") + names if names else "no GPU (CPU)"
-            parts.append(f"{who} {'share' if len(members) > 1 else 'on'} {where}")
+            beside = [who(others) for wider, others in groups.items() if key and set(key) < set(wider)]
+            parts.append(f"{who(members)} {'share' if len(members) > 1 else 'on'} {where}"
+                         + "".join(f", beside the {b}" for b in beside))
         return "; ".join(parts)
 
 
@@ -197,32 +212,42 @@ def share_setting(role: str) -> str:
     return "[teacher] gpu_memory_utilization" if role == "teacher" else "[inference] gpu_memory_utilization"
 
 
-def child_devices(placement: Placement, *, local_teacher: bool = False, memory_override: float | None = None,
+def child_devices(placement: Placement, *, memory_override: float | None = None,
                   teacher_memory: float | None = None, cards: Sequence[int] = (),
                   needs: Mapping[str, EngineNeed] | None = None,
                   environ: dict[str, str] | None = None) -> dict[str, ChildDevices]:
-    """Each local process's devices, by role: the sampler servers (`sampler_role`), a local `teacher` (beside
-    sampler 0, on its GPUs) and the `trainer`. The engines on a GPU get `split_card`'s shares (`memory_override`:
-    [inference] gpu_memory_utilization, `teacher_memory`: [teacher]'s), checked by `check_card` against `cards`
-    (each visible GPU's bytes; () when unknown) and the vLLM engines' `needs` by role. The trainer on a GPU gets
-    PyTorch's expandable segments (less fragmentation as row lengths vary; prime-rl sets it too) unless `environ`
-    (default: this process's) sets the allocator already. Raises PlacementError when the engines do not fit."""
+    """Each local process's devices, by role: the sampler servers (`sampler_role`), a local `teacher` (on its
+    GPU, `Placement.teacher_gpus`) and the `trainer`. The engines that share a GPU get `split_card`'s shares of it
+    (`memory_override`: [inference] gpu_memory_utilization, `teacher_memory`: [teacher]'s), checked by `check_card`
+    against `cards` (each visible GPU's bytes; () when unknown) and the vLLM engines' `needs` by role; a server's
+    share is one for all of its GPUs, as vLLM takes it. The trainer on a GPU gets PyTorch's expandable segments (less
+    fragmentation as row lengths vary; prime-rl sets it too) unless `environ` (default: this process's) sets the
+    allocator already. Raises PlacementError when the engines do not fit."""
     environ = dict(os.environ) if environ is None else environ
     needs = needs or {}
+    engines = {sampler_role(i): gpus for i, gpus in enumerate(placement.sampler_gpus)}
+    teacher = placement.teacher_gpus
+    groups = [[role] + (["teacher"] if teacher and set(teacher) & set(gpus) else []) for role, gpus in engines.items()]
+    if teacher is not None:
+        engines["teacher"] = teacher
+        if not any("teacher" in roles for roles in groups):
+            groups.append(["teacher"])
     plan: dict[str, ChildDevices] = {}
-    for i, gpus in enumerate(placement.sampler_gpus):
-        roles = [sampler_role(i)] + (["teacher"] if i == 0 and local_teacher else [])
+    for roles in groups:
+        gpus = sorted({g for role in roles for g in engines[role]})
         if not gpus:  # vLLM's CPU build sizes its cache in GiB
-            plan.update({role: ChildDevices(gpus, {}) for role in roles})
+            plan.update({role: ChildDevices([], {}) for role in roles})
             continue
+        shared = sorted(set.intersection(*(set(engines[role]) for role in roles)))  # the card they split
         with_trainer = bool(set(gpus) & set(placement.trainer_gpus))
         card = min(cards[g] for g in gpus) if len(cards) == len(placement.devices) else None
         wanted = {role: teacher_memory if role == "teacher" else memory_override for role in roles}
         shares = split_card(roles, wanted, with_trainer=with_trainer, card=card, needs=needs,
-                            where=placement.where(gpus))
+                            where=placement.where(shared))
         if card is not None:
-            check_card(placement.where(gpus), card, shares, needs, with_trainer=with_trainer)
-        plan.update({role: ChildDevices(gpus, placement.cuda_env(gpus), shares[role]) for role in roles})
+            check_card(placement.where(shared), card, shares, needs, with_trainer=with_trainer)
+        plan.update({role: ChildDevices(list(engines[role]), placement.cuda_env(engines[role]), shares[role])
+                     for role in roles})
     trainer_env = placement.cuda_env(placement.trainer_gpus)
     if placement.trainer_gpus and "PYTORCH_CUDA_ALLOC_CONF" not in environ:
         trainer_env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -322,24 +347,22 @@ def describe_memory(placement: Placement, plan: dict[str, ChildDevices], cards: 
                     needs: Mapping[str, EngineNeed]) -> list[str]:
     """A log line for each GPU that vLLM engines with known `needs` share with another process: the card, each
     share in GiB with what that engine needs, and the trainer's part."""
-    lines = []
+    lines: list[str] = []
+    if len(cards) != len(placement.devices):
+        return lines
     trainer = set(plan["trainer"].gpus) if "trainer" in plan else set()
-    groups: dict[tuple[int, ...], list[str]] = {}
-    for role, child in plan.items():
-        if role != "trainer" and child.gpus:
-            groups.setdefault(tuple(child.gpus), []).append(role)
-    for gpus, roles in groups.items():
+    for gpu, card in enumerate(cards):
+        roles = [role for role, child in plan.items() if role != "trainer" and gpu in child.gpus]
         engines = [r for r in roles if r in needs and plan[r].gpu_memory_utilization is not None]
-        with_trainer = bool(set(gpus) & trainer)
-        if not engines or len(cards) != len(placement.devices) or (len(roles) < 2 and not with_trainer):
+        with_trainer = gpu in trainer
+        if not engines or (len(roles) < 2 and not with_trainer):
             continue
-        card = min(cards[g] for g in gpus)
         parts = [f"{label(r, needs[r])} {plan[r].gpu_memory_utilization:g} = "
                  f"{gib((plan[r].gpu_memory_utilization or 0) * card)} GiB (needs {gib(needs[r].total)})"
                  for r in engines]
         if with_trainer:
             parts.append(f"the trainer keeps {TRAINER_SHARE:g} = {gib(TRAINER_SHARE * card)} GiB")
-        lines.append(f"memory of {placement.where(list(gpus))} ({gib(card)} GiB): {'; '.join(parts)}")
+        lines.append(f"memory of {placement.where([gpu])} ({gib(card)} GiB): {'; '.join(parts)}")
     return lines
 
 
@@ -359,7 +382,7 @@ def idle_gpus_note(placement: Placement, *, backend: str, num_gpus: int | None =
     if not idle:
         return None
     total = len(placement.devices) if num_gpus is None else min(num_gpus, len(placement.devices))
-    used = sorted({g for gpus in placement.sampler_gpus for g in gpus} | set(placement.trainer_gpus))
+    used = placement.used()
     if backend == "vllm":
         fill = (f"num_gpus = {total} (vLLM's data_parallel_size then fills what the trainer leaves)"
                 if num_gpus is None else "[inference] data_parallel_size (or tensor_parallel_size)")
@@ -372,11 +395,37 @@ def idle_gpus_note(placement: Placement, *, backend: str, num_gpus: int | None =
             f"{placement.where(used) if used else 'none'}; {use} would use them")
 
 
+def teacher_gpu(sampler_gpus: Sequence[Sequence[int]], trainer_gpus: Sequence[int], total: int) -> int:
+    """The one GPU a local teacher runs on (it is started as one engine on one GPU): the first of the `total` that no
+    other process uses, else the first GPU of the process on the fewest GPUs, a sampler server before the trainer:
+    vLLM takes one gpu_memory_utilization for all of a server's GPUs, so a teacher beside a server on several lowers
+    its share on each of them, and the trainer's ranks plan their rows from the least free memory among them."""
+    used = {g for gpus in sampler_gpus for g in gpus} | set(trainer_gpus)
+    idle = [g for g in range(total) if g not in used]
+    if idle:
+        return idle[0]
+    return min((gpus for gpus in [*sampler_gpus, trainer_gpus] if gpus), key=len)[0]
+
+
 def plan_gpus(devices: Sequence[str], *, backend: str, num_gpus: int | None = None, tensor_parallel_size: int = 1,
               data_parallel_size: int | None = None, num_servers: int = 1, nproc_per_node: int = 1,
-              trainer_on_gpu: bool = True) -> Placement:
-    """The GPUs of each local sampler server (`backend` "builtin" or "vllm"; "external" starts none) and of the
-    trainer's processes. Raises PlacementError when they do not fit."""
+              trainer_on_gpu: bool = True, teacher: bool = False) -> Placement:
+    """The GPUs of each local sampler server (`backend` "builtin" or "vllm"; "external" starts none), of the
+    trainer's processes and, with `teacher`, of a local teacher (`teacher_gpu`). Raises PlacementError when they do
+    not fit."""
+    placement = _plan_gpus(devices, backend=backend, num_gpus=num_gpus, tensor_parallel_size=tensor_parallel_size,
+                           data_parallel_size=data_parallel_size, num_servers=num_servers,
+                           nproc_per_node=nproc_per_node, trainer_on_gpu=trainer_on_gpu)
+    if not teacher:
+        return placement
+    total = len(devices) if num_gpus is None else num_gpus
+    gpus = [teacher_gpu(placement.sampler_gpus, placement.trainer_gpus, total)] if placement.devices else []
+    return replace(placement, teacher_gpus=gpus)
+
+
+def _plan_gpus(devices: Sequence[str], *, backend: str, num_gpus: int | None, tensor_parallel_size: int,
+               data_parallel_size: int | None, num_servers: int, nproc_per_node: int,
+               trainer_on_gpu: bool) -> Placement:
     servers = 0 if backend == "external" else num_servers
     total = len(devices) if num_gpus is None else num_gpus
     if not devices or total == 0:

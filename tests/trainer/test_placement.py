@@ -133,20 +133,20 @@ def test_vllm_engines_split_a_card_they_share() -> None:
     shared = plan_gpus(["0"], backend="vllm")
     assert child_devices(shared)["inference"].gpu_memory_utilization == 0.4
     assert child_devices(shared, memory_override=0.7)["inference"].gpu_memory_utilization == 0.7
-    cpu = plan_gpus([], backend="vllm")  # no GPU: vLLM's CPU build sizes its cache in GiB
-    assert child_devices(cpu, local_teacher=True)["teacher"].gpu_memory_utilization is None
+    cpu = plan_gpus([], backend="vllm", teacher=True)  # no GPU: vLLM's CPU build sizes its cache in GiB
+    assert child_devices(cpu)["teacher"].gpu_memory_utilization is None
     alone = plan_gpus(EIGHT[:2], backend="vllm")
     assert child_devices(alone)["inference"].gpu_memory_utilization == 0.9
-    assert child_devices(alone, local_teacher=True)["teacher"].gpu_memory_utilization == 0.45
+    assert child_devices(plan_gpus(EIGHT[:2], backend="vllm", teacher=True))["teacher"].gpu_memory_utilization == 0.45
 
 
 def test_the_teacher_has_a_share_of_its_own() -> None:
     """`[teacher] gpu_memory_utilization` sets the teacher's share and `[inference]`'s the sampler's; one left unset
     gets what the other leaves of the card (0.4 beside the trainer); a set share that leaves nothing is refused."""
-    shared = plan_gpus(["0"], backend="vllm")
+    shared = plan_gpus(["0"], backend="vllm", teacher=True)
 
     def shares(**settings: float) -> tuple[float | None, float | None]:
-        plan = child_devices(shared, local_teacher=True, **settings)  # type: ignore[arg-type]
+        plan = child_devices(shared, **settings)  # type: ignore[arg-type]
         return plan["inference"].gpu_memory_utilization, plan["teacher"].gpu_memory_utilization
 
     assert shares() == (0.2, 0.2)
@@ -156,6 +156,35 @@ def test_the_teacher_has_a_share_of_its_own() -> None:
     with pytest.raises(PlacementError, match=r"\[inference\] gpu_memory_utilization = 0.4 leaves nothing of GPU 0 for "
                        r"the teacher .*set \[teacher\] gpu_memory_utilization too"):
         shares(memory_override=0.4)
+
+
+def test_a_local_teacher_is_planned_on_the_one_gpu_it_runs_on() -> None:
+    """The teacher is started with one engine on one GPU: its CUDA_VISIBLE_DEVICES names that GPU alone and its share
+    is of that card. A GPU the plan leaves idle is its own; else it goes beside the process on the fewest GPUs, a
+    sampler server before the trainer, and lowers that one's share alone (vLLM takes one gpu_memory_utilization for
+    all of a server's GPUs, so beside a sampler on two it would lower the share on both)."""
+    def devices(gpus: int, **settings: Any) -> dict[str, tuple[list[int], float | None]]:
+        plan = child_devices(plan_gpus(EIGHT[:gpus], teacher=True, **settings))
+        assert plan["teacher"].env == {"CUDA_VISIBLE_DEVICES": ",".join(map(str, plan["teacher"].gpus))}
+        return {role: (child.gpus, child.gpu_memory_utilization) for role, child in plan.items()}
+
+    # a sampler on two GPUs (data_parallel_size fills num_gpus) and the trainer on one: the teacher beside the trainer
+    assert devices(3, backend="vllm", num_gpus=3) == \
+        {"inference": ([0, 1], 0.9), "teacher": ([2], 0.4), "trainer": ([2], None)}
+    # two servers on a GPU each: beside the first, the second keeps its 0.9
+    assert devices(3, backend="builtin", num_servers=2) == \
+        {"inference": ([0], 0.45), "teacher": ([0], 0.45), "inference-2": ([1], 0.9), "trainer": ([2], None)}
+    # a GPU left idle: the teacher's own, and no longer idle
+    plan = plan_gpus(EIGHT[:3], backend="vllm", teacher=True)
+    assert plan.teacher_gpus == [2] and plan.idle() == []
+    assert devices(3, backend="vllm") == {"inference": ([0], 0.9), "teacher": ([2], 0.9), "trainer": ([1], None)}
+    # nowhere else (the trainer on the CPU): beside sampler 0 on its first GPU, whose one share is lowered
+    assert devices(2, backend="vllm", data_parallel_size=2, trainer_on_gpu=False) == \
+        {"inference": ([0, 1], 0.45), "teacher": ([0], 0.45), "trainer": ([], None)}
+    # one GPU: the three share it
+    assert devices(1, backend="vllm") == {"inference": ([0], 0.2), "teacher": ([0], 0.2), "trainer": ([0], None)}
+    assert plan_gpus([], backend="vllm", teacher=True).teacher_gpus == []  # a CPU: no GPU
+    assert plan_gpus(EIGHT, backend="vllm").teacher_gpus is None  # no local teacher
 
 
 # Model sizes: a Qwen3 folder whose safetensors file holds its header alone (the placement reads nothing else) ----
@@ -233,9 +262,21 @@ LAUNCHES = [
     (4, "builtin", "[inference]\nnum_servers = 3\n",
      "GPUs: sampler 1 on GPU 0; sampler 2 on GPU 1; sampler 3 on GPU 2; trainer on GPU 3",
      {"inference": ("0", 0.9), "inference-2": ("1", 0.9), "inference-3": ("2", 0.9), "trainer": ("3", None)}),
+    # a local teacher runs on one GPU: one of its own where the plan leaves one idle, else beside the process on the
+    # fewest GPUs (a sampler server first), whose share it lowers on that card alone
+    (8, "vllm", TEACHER, "GPUs: sampler on GPU 0; teacher on GPU 2; trainer on GPU 1; vLLM's gpu_memory_utilization: "
+     "sampler 0.9, teacher 0.9", {"inference": ("0", 0.9), "teacher": ("2", 0.9), "trainer": ("1", None)}),
+    (3, "vllm", "num_gpus = 3\n" + TEACHER, "GPUs: sampler on GPUs 0,1; teacher and trainer share GPU 2; vLLM's "
+     "gpu_memory_utilization: sampler 0.9, teacher 0.4",
+     {"inference": ("0,1", 0.9), "teacher": ("2", 0.4), "trainer": ("2", None)}),
     (8, "vllm", "num_gpus = 8\n" + TEACHER + "[inference]\ntensor_parallel_size = 2\n[trainer]\nnproc_per_node = 2\n",
-     "GPUs: sampler and teacher share GPUs 0,1,2,3,4,5; trainer on GPUs 6,7",
-     {"inference": ("0,1,2,3,4,5", 0.45), "teacher": ("0,1,2,3,4,5", 0.45), "trainer": ("6,7", None)}),
+     "GPUs: sampler on GPUs 0,1,2,3,4,5; teacher on GPU 6, beside the trainer; trainer on GPUs 6,7",
+     {"inference": ("0,1,2,3,4,5", 0.9), "teacher": ("6", 0.4), "trainer": ("6,7", None)}),
+    # beside an external sampler: the trainer's card, or one of its own
+    (1, "external", TEACHER, "GPUs: teacher and trainer share GPU 0; vLLM's gpu_memory_utilization: teacher 0.4",
+     {"teacher": ("0", 0.4), "trainer": ("0", None)}),
+    (2, "external", TEACHER, "GPUs: teacher on GPU 1; trainer on GPU 0; vLLM's gpu_memory_utilization: teacher 0.9",
+     {"teacher": ("1", 0.9), "trainer": ("0", None)}),
 ]
 
 
@@ -348,6 +389,27 @@ def test_an_8b_teacher_fits_one_80gb_card_beside_the_trainer_and_the_sampler(
         "23.0 GiB (needs 18.4); the trainer keeps 0.5 = 39.6 GiB" in launcher_log(supervisor)
 
 
+def test_a_teacher_beside_an_external_sampler_gets_a_gpu_and_a_share_that_fits(
+        supervisor_for: Callable[..., launcher.Supervisor], qwen3_folders: tuple[Path, Path]) -> None:
+    """With `[inference] backend = "external"` no sampler is started here, but a local teacher is: on one H100 it
+    shares the trainer's card with the 0.4 the trainer leaves (its 8B model needs 18.4 GiB of it) and boots after the
+    trainer's ready line; with two GPUs the second is its own. (Before, it got no GPU: vLLM saw every card and took
+    its default 0.9 of the trainer's.)"""
+    student, teacher = qwen3_folders
+    supervisor = supervisor_for(1, distillation(teacher), cards=[H100], model_path=student)
+    supervisor.placement = supervisor.plan_placement("external")
+    devices = supervisor.devices
+    assert (devices["teacher"].env, devices["teacher"].gpu_memory_utilization) == ({"CUDA_VISIBLE_DEVICES": "0"}, 0.4)
+    assert "memory of GPU 0 (79.2 GiB): teacher (Qwen3-8B) 0.4 = 31.7 GiB (needs 18.4); the trainer keeps 0.5 = " \
+        "39.6 GiB" in launcher_log(supervisor)
+    assert sampler_waits_for_trainer(devices, supervisor.vllm_roles)
+    supervisor = supervisor_for(2, distillation(teacher), cards=[H100, H100], model_path=student)
+    supervisor.placement = supervisor.plan_placement("external")
+    devices = supervisor.devices
+    assert (devices["teacher"].env, devices["teacher"].gpu_memory_utilization) == ({"CUDA_VISIBLE_DEVICES": "1"}, 0.9)
+    assert devices["trainer"].gpus == [0] and not sampler_waits_for_trainer(devices, supervisor.vllm_roles)
+
+
 @pytest.mark.parametrize(("card", "teacher_lines", "inference_lines", "says"), [
     (L40S, "", "", ["the teacher (Qwen3-8B) does not fit GPU 0 (44.7 GiB): it needs 18.4 GiB (weights 15.3 GiB + the "
                     "KV cache of one 8,192-token sequence 1.1 GiB + ~2.0 GiB for vLLM itself), but its share is 0.2 of "
@@ -378,7 +440,7 @@ def test_a_teacher_that_cannot_fit_is_refused_before_the_run_starts_with_the_num
 # Boot order on a shared card -------------------------------------------------------------------------------------
 def test_the_sampler_waits_for_the_trainer_only_where_a_vllm_engine_shares_its_gpu() -> None:
     def waits(devices: list[str], backend: str, teacher: str | None = None) -> bool:
-        plan = child_devices(plan_gpus(devices, backend=backend), local_teacher=teacher is not None)
+        plan = child_devices(plan_gpus(devices, backend=backend, teacher=teacher is not None))
         roles = [r for r in plan if r.startswith("inference") and backend == "vllm" and plan[r].gpus]
         roles += ["teacher"] if teacher == "vllm" and plan["teacher"].gpus else []
         return sampler_waits_for_trainer(plan, roles)
