@@ -3,8 +3,9 @@
 `MultiTurnEnv` is the general loop (model turn, environment response, until done or `max_turns`);
 `SingleTurnEnv` is one model turn. Each rollout keeps what RL needs: per-turn prompt and completion token ids and
 the sampler's logprobs (when the endpoint returns them, as vLLM and our built-in server do), truncation, the stop
-condition, timing and token usage. Failures (the endpoint, `env_response`, a reward function) are recorded on the
-rollout; they never end a whole evaluation or run.
+condition, timing and token usage. Failures (the endpoint, `env_response`, a reward function, an exception a custom
+`rollout` or `score` raises) are recorded on the rollout; they never end a whole evaluation or run (an isolated
+environment's server down for good, `EnvironmentDown`, does).
 
 Every rollout has a time limit (`rollout_time_limit`: a run's `[[env]] timeout`, `DEFAULT_ROLLOUT_TIMEOUT_S`
 elsewhere, or the environment's own `timeout_seconds` where smaller), over the rollout and its scoring together; one
@@ -17,10 +18,11 @@ import asyncio
 import random
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from prime_lab.envs.env_server import EnvironmentDown
 from prime_lab.envs.parsers import Messages, Parser
 from prime_lab.envs.rubric import Rubric
 
@@ -272,6 +274,24 @@ def rollout_time_limit(env: Environment, configured: float | None = DEFAULT_ROLL
     return min(limits) if limits else None
 
 
+def failed_rollout(row: Mapping[str, Any], error: str, elapsed_ms: float, source: str | None = None) -> Rollout:
+    """The failed rollout of a row whose rollout gave nothing back (it raised, or ran past its limit): its error,
+    blamed on `source` (ERROR_SOURCES; None: it does not say), stop condition "error"."""
+    return Rollout(example_id=row.get("example_id"), task=str(row.get("task", "")),
+                   prompt=[dict(m) for m in row["prompt"]], answer=row.get("answer", ""),
+                   info=dict(row.get("info") or {}), stop_condition="error", error=error, error_source=source,
+                   timing={"total_ms": elapsed_ms})
+
+
+def fail_scoring(rollout: Rollout, error: str, elapsed_ms: float) -> Rollout:
+    """`rollout`, which came back and whose scoring failed: its reward 0, `error` first among its errors, blamed on
+    the scorer."""
+    rollout.error = error + (f"\n{rollout.error}" if rollout.error else "")
+    rollout.reward, rollout.metrics, rollout.stop_condition, rollout.error_source = 0.0, {}, "error", "scorer"
+    rollout.timing["total_ms"] = elapsed_ms
+    return rollout
+
+
 def timed_out_rollout(row: dict[str, Any], limit: float, elapsed_ms: float, rollout: Rollout | None = None) -> Rollout:
     """The failed rollout of a row whose rollout ran past `limit` seconds; with `rollout` (it came back, its scoring
     ran past the limit), that rollout, its reward 0 and its error this one."""
@@ -279,14 +299,27 @@ def timed_out_rollout(row: dict[str, Any], limit: float, elapsed_ms: float, roll
              "per-rollout time limit, over the rollout and its scoring: a run's [[env]] timeout, or the environment's "
              "own timeout_seconds where smaller)")
     if rollout is None:
-        return Rollout(example_id=row.get("example_id"), task=str(row.get("task", "")),
-                       prompt=[dict(m) for m in row["prompt"]], answer=row.get("answer", ""),
-                       info=dict(row.get("info") or {}), stop_condition="error", error=error,
-                       timing={"total_ms": elapsed_ms})
-    rollout.error = error + (f"\n{rollout.error}" if rollout.error else "")
-    rollout.reward, rollout.metrics, rollout.stop_condition, rollout.error_source = 0.0, {}, "error", "scorer"
-    rollout.timing["total_ms"] = elapsed_ms
-    return rollout
+        return failed_rollout(row, error, elapsed_ms)
+    return fail_scoring(rollout, error, elapsed_ms)
+
+
+def error_text(exc: Exception) -> str:
+    """An exception as a rollout's error: its type and message, and for one that is not the endpoint's (openai,
+    httpx) the last lines of its traceback (where it was raised)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if _is_api_error(exc) else text + "\n" + "".join(traceback.format_exception(exc)[-3:])
+
+
+def raised_rollout(row: Mapping[str, Any], exc: Exception, elapsed_ms: float) -> Rollout:
+    """The failed rollout of a row whose rollout raised `exc` (an environment's own `rollout`, or a group's): blamed
+    on the environment, or on the model where it is the endpoint's error (openai, httpx)."""
+    return failed_rollout(row, error_text(exc), elapsed_ms, "model" if _is_api_error(exc) else "environment")
+
+
+def may_fail(exc: Exception) -> bool:
+    """Whether `exc`, raised by a rollout or its scoring, is that rollout's failure: any exception but an
+    environment's server down for good (`EnvironmentDown`), which ends the evaluation or run."""
+    return not isinstance(exc, EnvironmentDown)
 
 
 def timed_out(rollout: Rollout) -> bool:
@@ -308,21 +341,36 @@ async def timed_rollout(env: Environment, client: Any, model: str, row: dict[str
     """`env.rollout(...)` and `env.score(...)` of it, together cut after `timeout` seconds (None: no limit): a rollout
     or a scorer past it (a reward that awaits a judge forever) is cancelled and comes back failed
     (`timed_out_rollout`, stop condition "error"), so a hung rollout never holds its group. `generated` is called
-    once the rollout is back, before it is scored. Exceptions the rollout raises (an isolated environment's
-    `EnvironmentDown`) go through.
+    once the rollout is back, before it is scored. An exception of the rollout is a failed rollout blamed on the
+    environment (`raised_rollout`), one of its scoring a failed rollout blamed on the scorer; `EnvironmentDown` (an
+    isolated environment's server down for good) and cancellation go through.
 
     Only work that waits (on the endpoint, a tool, `asyncio.sleep`, an environment server) can be cut: code that
     blocks the event loop holds every other rollout of this process too, and cannot be interrupted from inside it (an
     isolated environment's server is another process: its requests are cut, and cancelled on the server).
     """
     done: list[Rollout] = []
+    started = time.perf_counter()
+
+    def elapsed_ms() -> float:
+        return (time.perf_counter() - started) * 1000
 
     async def scored() -> Rollout:
-        rollout = await env.rollout(client, model, row, sampling)
+        try:
+            rollout = await env.rollout(client, model, row, sampling)
+        except Exception as exc:
+            if not may_fail(exc):
+                raise
+            return raised_rollout(row, exc, elapsed_ms())
         done.append(rollout)
         if generated is not None:
             generated()
-        await env.score(rollout)
+        try:
+            await env.score(rollout)
+        except Exception as exc:
+            if not may_fail(exc):
+                raise
+            return fail_scoring(rollout, error_text(exc), elapsed_ms())
         return rollout
 
     def cut(elapsed_ms: float) -> Rollout:
@@ -432,10 +480,7 @@ class MultiTurnEnv(Environment):
                     rollout.stop_condition = state.get("stop_condition", "completed")
                     break
         except Exception as exc:  # the endpoint or env_response failed: record it on this rollout, go on
-            rollout.error = f"{type(exc).__name__}: {exc}"
-            if not _is_api_error(exc):
-                rollout.error += "\n" + "".join(traceback.format_exception(exc)[-3:])
-            rollout.stop_condition, rollout.error_source = "error", source
+            rollout.error, rollout.stop_condition, rollout.error_source = error_text(exc), "error", source
         rollout.timing["generation_ms"] = generation_ms
         rollout.timing["total_ms"] = (time.perf_counter() - started) * 1000
         return rollout

@@ -44,10 +44,13 @@ from prime_lab.envs.environment import (
     SamplingArgs,
     Turn,
     cut_after,
+    may_fail,
+    raised_rollout,
     rollout_time_limit,
     sample_rows,
     timed_out_rollout,
 )
+from prime_lab.envs.environment import failed_rollout as row_failed
 from prime_lab.envs.parsers import Messages, Parser
 from prime_lab.envs.rubric import Rubric
 
@@ -356,10 +359,8 @@ def to_rollout(output: Mapping[str, Any], row: Mapping[str, Any], elapsed_ms: fl
 
 
 def failed_rollout(row: Mapping[str, Any], error: str, elapsed_ms: float) -> Rollout:
-    return Rollout(example_id=row.get("example_id"), task=str(row.get("task", "")),
-                   prompt=[dict(m) for m in row["prompt"]], answer=row.get("answer", ""),
-                   info=dict(row.get("info") or {}), stop_condition="error", error=error,
-                   error_source=_error_source({}, error), timing={"total_ms": elapsed_ms})
+    """The failed rollout of a row of a group that failed as a whole, blamed as verifiers' errors are."""
+    return row_failed(row, error, elapsed_ms, _error_source({}, error))
 
 
 def replace_system_message(prompt: Messages, system_prompt: str | None) -> Messages:
@@ -480,14 +481,22 @@ class GroupEnvironment(Environment):
     ) -> list[Rollout]:
         """Each row's `rollouts_per_example` rollouts as one verifiers group, at most `max_concurrent` rollouts in
         flight; results in order. A group's rollouts run side by side, so the group has the time limit of one
-        (`rollout_time_limit(self, timeout)`): past it, each of its rollouts fails as timed out."""
+        (`rollout_time_limit(self, timeout)`): past it, each of its rollouts fails as timed out. A group that raises
+        fails each of its rollouts (`raised_rollout`; EnvironmentDown goes through)."""
         per_group = max(1, rollouts_per_example)
         gate = asyncio.Semaphore(max(1, max_concurrent // per_group))
         limit = rollout_time_limit(self, timeout)
 
         async def timed_group(rows: list[dict[str, Any]]) -> list[Rollout]:
-            return await cut_after(limit, self.run_group(client, model, rows, sampling),
-                                   lambda elapsed_ms: [timed_out_rollout(r, limit or 0.0, elapsed_ms) for r in rows])
+            started = time.perf_counter()
+            try:
+                return await cut_after(limit, self.run_group(client, model, rows, sampling),
+                                       lambda elapsed_ms: [timed_out_rollout(r, limit or 0.0, elapsed_ms)
+                                                           for r in rows])
+            except Exception as exc:
+                if not may_fail(exc):
+                    raise
+                return [raised_rollout(r, exc, (time.perf_counter() - started) * 1000) for r in rows]
 
         async def group(row: dict[str, Any]) -> list[Rollout]:
             async with gate:

@@ -25,14 +25,14 @@ A completion cut by the sampler's context rather than by `[sampling].max_tokens`
 room left after the prompt without a word) is logged once as a WARNING with the numbers and the fix (`context_cut`).
 
 Environments that fail: each rollout and its scoring have its environment's time limit (`[[env]] timeout`, or the
-environment's own where smaller; envs/environment.py `timed_rollout`), and one past it fails. A group with a failed
-rollout is dropped, and its environment is owed the group (`MixSampler`): the next group started comes from it
-again, so a failing environment's share of the batch is not filled by the others. Each step logs, per environment,
-the share of its rollouts that errored, that timed out and that came back empty (`env/<name>/errored`,
-`env/<name>/timed_out`, `env/<name>/empty`) and its server's restarts (`env/<name>/restarts`, per `[[env]]` entry;
-each restart is also an `env_restart` alert). An environment with `ENV_ERRORED_LIMIT` of its rollouts errored for
-`ENV_ERRORED_STEPS` steps in a row, or whose server is down for good (`EnvironmentDown`), fails the run with its name
-and its last error.
+environment's own where smaller; envs/environment.py `timed_rollout`), and one past it, or one that raises, fails
+(`EnvironmentDown` aside). A group with a failed rollout is dropped, and its environment is owed the group
+(`MixSampler`): the next group started comes from it again, so a failing environment's share of the batch is not
+filled by the others. Each step logs, per environment, the share of its rollouts that errored, that timed out and
+that came back empty (`env/<name>/errored`, `env/<name>/timed_out`, `env/<name>/empty`) and its server's restarts
+(`env/<name>/restarts`, per `[[env]]` entry; each restart is also an `env_restart` alert). An environment with
+`ENV_ERRORED_LIMIT` of its rollouts errored for `ENV_ERRORED_STEPS` steps in a row, or whose server is down for good
+(`EnvironmentDown`), fails the run with its name and its last error.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ import pytest
 from openai import AsyncOpenAI
 
 from prime_lab.envs import (
+    EnvGroup,
+    Environment,
     EnvironmentLoadError,
     MissingKeyError,
     MultiTurnEnv,
@@ -27,6 +30,9 @@ from prime_lab.envs import (
     load_environment,
     redact,
 )
+from prime_lab.envs.env_server import EnvironmentDown
+from prime_lab.envs.environment import Rollout
+from prime_lab.envs.verifiers_adapter import GroupEnvironment
 from tests.envs.scripted import scripted_endpoint
 
 
@@ -146,6 +152,66 @@ def test_refused_connection_is_an_error_on_each_rollout_quickly() -> None:
     rows = env.get_dataset()
     results = run(env, f"http://127.0.0.1:{free_port()}/v1", rows, rollouts_per_example=3)
     assert all(r.stop_condition == "error" and "Connection" in (r.error or "") for r in results)
+
+
+class Crashing(Environment):
+    """A custom environment: its `rollout` raises on a row whose info says "rollout" (EnvironmentDown on "down"),
+    its own `score` on "score"; other rows come back with reward 1."""
+
+    async def rollout(self, client: Any, model: str, row: dict[str, Any], sampling: SamplingArgs) -> Rollout:
+        if row["info"]["fault"] == "down":
+            raise EnvironmentDown("environment 'crashing' is down")
+        if row["info"]["fault"] == "rollout":
+            raise KeyError("board")
+        return Rollout(example_id=row["example_id"], task=row["task"], prompt=row["prompt"], info=row["info"],
+                       completion=[{"role": "assistant", "content": "hi"}])
+
+    async def score(self, rollout: Rollout) -> None:
+        if rollout.info["fault"] == "score":
+            raise ZeroDivisionError("no judges")
+        rollout.reward = 1.0
+
+
+class CrashingGroup(GroupEnvironment):
+    """A verifiers-style environment (a group at a time) whose `run_group` raises, or is down."""
+
+    def __init__(self, fault: str) -> None:
+        self.env_id, self.system_prompt, self.sampling_args, self.fault = "crashing-group", None, {}, fault
+        self._reset_rows()
+
+    def _split(self, split: str) -> list[dict[str, Any]] | None:
+        return [{"question": "q", "answer": "a"}] if split == "dataset" else None
+
+    async def run_group(self, client: Any, model: str, rows: Sequence[dict[str, Any]],
+                        sampling: SamplingArgs) -> list[Rollout]:
+        raise EnvironmentDown("down for good") if self.fault == "down" else AttributeError("no 'tools'")
+
+
+def test_an_exception_a_rollout_or_its_scoring_raises_is_a_failed_rollout_and_environment_down_goes_through() -> None:
+    """In run_rollouts (an evaluation, GEPA), through an EnvGroup, and a group environment's own run_rollouts: the
+    rollout's exception fails it, blamed on the environment; its scoring's, blamed on the scorer; the others are
+    untouched; an environment down for good (EnvironmentDown) still ends the whole."""
+    from prime_lab.runs.processes import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    env = Crashing(dataset=[{"question": "q", "info": {"fault": f}} for f in ("rollout", "score", "none")])
+    member = Crashing(dataset=[{"question": "q", "info": {"fault": "rollout"}}])
+    for crashed, scored, fine in (run(env, url, env.get_dataset()), run(EnvGroup([env]), url, env.get_dataset())):
+        assert (crashed.stop_condition, crashed.error_source, crashed.reward) == ("error", "environment", 0.0)
+        assert (crashed.error or "").startswith("KeyError: 'board'\n")
+        assert (scored.stop_condition, scored.error_source, scored.reward) == ("error", "scorer", 0.0)
+        assert (scored.error or "").startswith("ZeroDivisionError: no judges\n") and scored.completion
+        assert (fine.error, fine.reward) == (None, 1.0)
+    [grouped] = run(EnvGroup([member], names=["m"]), url, EnvGroup([member], names=["m"]).get_dataset())
+    assert grouped.error_source == "environment" and grouped.task == "m"
+    group = CrashingGroup("raise")
+    failed = run(group, url, group.get_dataset(), rollouts_per_example=2)
+    assert [(r.stop_condition, r.error_source, (r.error or "").splitlines()[0]) for r in failed] == \
+        [("error", "environment", "AttributeError: no 'tools'")] * 2
+    down = Crashing(dataset=[{"question": "q", "info": {"fault": "down"}}])
+    for whole in (down, EnvGroup([down]), CrashingGroup("down")):
+        with pytest.raises(EnvironmentDown):
+            run(whole, url, whole.get_dataset())
 
 
 def test_loader_errors_name_the_id_and_the_valid_args() -> None:

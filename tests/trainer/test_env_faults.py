@@ -28,8 +28,9 @@ from prime_lab.trainer.runtime import guarded_main, load_config
 
 FAULT_ENV = '''
 """Two model turns; between them, the fault of every `every`-th rollout: "raise" (the tool crashes), "hang" (it
-never returns), "down" (its server is gone for good: the rollout raises EnvironmentDown); "silent" blanks the model's
-replies (an empty rollout); "judge": its reward awaits a judge that never answers."""
+never returns), "down" (its server is gone for good: the rollout raises EnvironmentDown), "crash" (the environment's
+own `rollout` raises before the model is asked); "silent" blanks the model's replies (an empty rollout); "judge": its
+reward awaits a judge that never answers."""
 
 import asyncio
 
@@ -48,6 +49,8 @@ class FaultEnv(MultiTurnEnv):
         faulty = self.fault != "none" and self.rollouts % self.every == 0
         if faulty and self.fault == "down":
             raise EnvironmentDown("environment 'fault-env' is down: its server died 4 times; its log ends: boom")
+        if faulty and self.fault == "crash":
+            raise RuntimeError("the simulator crashed")
         result = await super().rollout(client, model, {**row, "info": {**row["info"], "faulty": faulty}}, sampling)
         if faulty and self.fault == "silent":
             for message in result.completion:
@@ -180,6 +183,39 @@ timeout = 2
     assert warnings and all(w.startswith("dropped a group of judged: a rollout failed: rollout timed out after 2 s "
                                          "while its reward functions ran") for w in warnings)
     assert orchestrator.rollouts_in_flight == 0 and not orchestrator.tasks  # every slot given back
+
+
+def test_a_rollout_that_raises_fails_its_group_which_its_environment_is_owed(
+        fault_env: None, builtin_server: Any) -> None:
+    """The environment's own `rollout` raises an ordinary exception (every 3rd rollout): a failed rollout, not the
+    end of the run; its group is dropped and its environment owed one (the next group comes from it), counted under
+    env/<name>/errored, and the run completes with every slot given back."""
+    run = new_run("""
+[[env]]
+id = "fault-env"
+name = "crashy"
+args = { fault = "crash", every = 3 }
+""", steps=2)
+    orchestrator = orchestrator_for(run, builtin_server)
+    draws: list[bool] = []
+    draw = orchestrator.sampler.draw
+
+    def recorded() -> tuple[str, dict[str, Any], bool]:
+        name, row, replacement = draw()
+        draws.append(replacement)
+        return name, row, replacement
+
+    orchestrator.sampler.draw = recorded  # type: ignore[method-assign]
+    assert asyncio.run(orchestrator.loop()) == 0
+    metrics = step_metrics(run)
+    assert sorted(metrics) == [1, 2]
+    assert all(data["env/crashy/errored"] > 0 and data["env/crashy/timed_out"] == 0.0 for data in metrics.values())
+    assert sum(data["rollout/failed_groups"] for data in metrics.values()) > 0 and any(draws)  # owed, drawn again
+    warnings = [e.data["message"] for e in run.event_log().events() if e.kind == "log"
+                and e.data["level"] == "WARNING"]
+    assert warnings and all(w.startswith("dropped a group of crashy: a rollout failed: RuntimeError: the simulator "
+                                         "crashed") for w in warnings)
+    assert orchestrator.rollouts_in_flight == 0 and not orchestrator.tasks
 
 
 def test_empty_rollouts_are_counted_per_environment(fault_env: None, builtin_server: Any) -> None:
