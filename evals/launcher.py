@@ -161,7 +161,8 @@ def evaluate(run: Run, output_dir: Path, job: EvalJob, environment: Environment,
              policy: TrainedPolicy | None = None, prompt: SystemPrompt | None = None, backend: str = "builtin",
              progress: AbstractContextManager[OnProgress] | None = None, announce: Announce = print) -> EvalResult:
     """Evaluate in this process, starting the local sampler it needs; the run ends `completed`, `failed`
-    (EvalLaunchError, also when every rollout failed) or `stopped` (RunStopped, KeyboardInterrupt).
+    (EvalLaunchError, also when every rollout failed; any other exception goes on up, the run failed with its type
+    and message and its traceback in logs/eval.log: `working`) or `stopped` (RunStopped, KeyboardInterrupt).
 
     `progress` is entered once the sampler serves, around the rollouts; what it gives is told of each rollout done.
     """
@@ -176,8 +177,8 @@ def evaluate(run: Run, output_dir: Path, job: EvalJob, environment: Environment,
     what = f"{model_name} with {policy.run_id}'s {policy.source}" if policy is not None else model_name
     announce(f"Evaluation {run.id}: {job.env_id} on {what}"
              + (f", system prompt from {prompt.path}" if prompt else "") + f" -> {output_dir}")
-    try:
-        with working(run, "eval") as cleanup:
+    with working(run, "eval") as cleanup:  # an exception not named here: the run failed with its line (`working`)
+        try:
             cleanup.enter_context(sampling(run))  # system metrics of this process and the sampler it starts
             base_url, served = _endpoint(run, job, policy, backend, cleanup.callback, announce)
             records = {"base_model": policy.base_model if policy is not None else model_name,
@@ -194,16 +195,17 @@ def evaluate(run: Run, output_dir: Path, job: EvalJob, environment: Environment,
             with progress if progress is not None else contextlib.nullcontext() as on_progress:
                 result = run_evaluation(spec, output_dir, run=run, env=environment, on_progress=on_progress,
                                         announce=announce)
-    except EnvironmentDown as exc:  # its server died more often than it may be restarted: one line, no trace
-        raise _failed(run, exc.line()) from None
-    except ModelNotFoundError as exc:
-        raise _failed(run, str(exc)) from None
-    except (ServerStartError, VLLMNotInstalledError) as exc:
-        raise _failed(run, f"the sampler did not start: {exc}", f"the local sampler did not start:\n{exc}") from None
-    except AdapterLoadError as exc:
-        raise _failed(run, f"the sampler did not load the policy: {exc}",
-                      f"the local sampler did not load {policy.run_id}'s {policy.source}:\n{exc}"
-                      if policy is not None else str(exc)) from None
+        except EnvironmentDown as exc:  # its server died more often than it may be restarted: one line, no trace
+            raise _failed(run, exc.line()) from None
+        except ModelNotFoundError as exc:
+            raise _failed(run, str(exc)) from None
+        except (ServerStartError, VLLMNotInstalledError) as exc:
+            raise _failed(run, f"the sampler did not start: {exc}",
+                          f"the local sampler did not start:\n{exc}") from None
+        except AdapterLoadError as exc:
+            raise _failed(run, f"the sampler did not load the policy: {exc}",
+                          f"the local sampler did not load {policy.run_id}'s {policy.source}:\n{exc}"
+                          if policy is not None else str(exc)) from None
     if result.rollouts and result.failed == len(result.rollouts):
         raise _failed(run, every_rollout_failed(result, run.id, spec.base_url, spec.model))
     run.set_state("completed", source="eval")

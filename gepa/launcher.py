@@ -103,7 +103,8 @@ def open_run(run_dir: Path) -> tuple[Run, GepaJob]:
 def search(run: Run, job: GepaJob, *, backend: str = "builtin", on_event: OnEvent | None = None,
            announce: Announce = print) -> GepaOutcome:
     """Run (or continue) the search in this process, starting the local samplers it needs; the run ends
-    `completed`, `failed` (GepaLaunchError) or `stopped` (RunStopped, KeyboardInterrupt)."""
+    `completed`, `failed` (GepaLaunchError; any other exception goes on up, the run failed with its type and message
+    and its traceback in logs/gepa.log: `working`) or `stopped` (RunStopped, KeyboardInterrupt)."""
     from openai import APIError
 
     from prime_lab.envs import EnvironmentLoadError

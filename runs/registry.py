@@ -17,6 +17,7 @@ import secrets
 import shutil
 import signal
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -281,12 +282,21 @@ def _raise_stopped(signum: int, frame: Any) -> None:
     raise RunStopped()
 
 
+def exception_line(exc: BaseException) -> str:
+    """An exception on one line, for a run's reason and a command's error: its type and its message's first line."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 @contextlib.contextmanager
 def working(run: Run, source: str) -> Iterator[contextlib.ExitStack]:
     """This process works `run` (an evaluation, a GEPA search): it is registered as the run's `source` process
     and the run is `starting`; SIGTERM raises RunStopped in it. A stop (RunStopped) or Ctrl-C leaves the run
     `stopped` and goes on up; the yielded stack's callbacks (stopping the samplers the work started) run on the way
-    out, after SIGTERM's previous handler is back. The caller says `running`, `completed` and `failed` itself."""
+    out, after SIGTERM's previous handler is back. The caller says `running`, `completed` and `failed` itself; any
+    other exception, one the caller did not expect, is written with its traceback to the run's log
+    (`logs/<source>.log`) and leaves the run `failed` for its `exception_line` (unless the caller marked it ended
+    already, with its own reason) on its way up."""
     run.register_process(source, os.getpid(), pgid=os.getpgid(0))
     run.set_state("starting", source=source)
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
@@ -298,6 +308,15 @@ def working(run: Run, source: str) -> Iterator[contextlib.ExitStack]:
         raise
     except KeyboardInterrupt:
         run.set_state("stopped", source=source, reason="interrupted")
+        raise
+    except Exception as exc:
+        with contextlib.suppress(OSError):
+            run.logs_dir.mkdir(parents=True, exist_ok=True)
+            with open(run.log_path(source), "a") as log:
+                log.write(f"{time.strftime('%H:%M:%S')} {source} failed: {exception_line(exc)}\n"
+                          f"{traceback.format_exc()}")
+        if run.read_status().get("state") not in FINAL_STATES:
+            run.set_state("failed", source=source, reason=exception_line(exc))
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -76,3 +76,21 @@ def test_an_environment_that_is_down_fails_the_run_in_one_line(tmp_path: Path, l
     [run] = RunRegistry().runs()
     status = run.status()
     assert status["state"] == "failed" and status["reason"] == error.removeprefix("Error: ")
+
+
+def test_an_unexpected_exception_fails_the_run_in_one_line(tmp_path: Path, lab_home: Path) -> None:
+    """An exception no part of the search expects (here the environment's rows cannot be read): one line with its
+    type and message and where its traceback is, exit 1, the run failed with that reason (not left running)."""
+    from prime_lab.runs.registry import RunRegistry
+
+    env = {**os.environ, "PYTHONPATH": str(FIXTURE_ENVS)}
+    proc = prime("gepa", "run", "me/faulty-env", "-a", '{"fault": "rows"}', "-b", "http://127.0.0.1:9/v1",
+                 "-m", "m", cwd=tmp_path, env=env)
+    assert proc.returncode == 1
+    [run] = RunRegistry().runs()
+    log = run.log_path("gepa")
+    [error] = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("GEPA ")]
+    assert error == f"Error: {run.id} failed: RuntimeError: the dataset is gone (its traceback: {log})"
+    status = run.status()
+    assert (status["state"], status["reason"]) == ("failed", "RuntimeError: the dataset is gone")
+    assert "Traceback (most recent call last)" in log.read_text() and "a second line" in log.read_text()

@@ -53,9 +53,29 @@ def test_ctrl_c_is_interrupted_and_sigterm_handler_comes_back(tmp_path: Path) ->
         raise KeyboardInterrupt
     assert stopped == ["sampler"] and signal.getsignal(signal.SIGTERM) is before
     assert (run.state, run.read_status()["reason"]) == ("stopped", "interrupted")
-    with pytest.raises(ValueError), working(run, "gepa"):  # anything else: the caller says what state
-        raise ValueError("bad environment")
-    assert run.state == "starting"
     with pytest.raises(RunStopped), working(run, "gepa"):
         signal.raise_signal(signal.SIGTERM)
     assert run.state == "stopped"
+
+
+def test_an_unexpected_exception_fails_the_run_in_one_line_with_its_traceback_in_the_log(tmp_path: Path) -> None:
+    """Any other exception leaves the run `failed` (not `running`) with its type and message's first line as the
+    reason, its traceback in the run's log, and goes on up after the cleanup; a run its caller already failed (with
+    a reason of its own) keeps that reason."""
+    run = RunRegistry(tmp_path / "runs").create("eval", config_text="", resolved={}, name="eval x")
+    stopped: list[str] = []
+    with pytest.raises(ValueError, match="bad rows"), working(run, "eval") as cleanup:
+        cleanup.callback(stopped.append, "sampler")
+        run.set_state("running", source="eval")
+        raise ValueError("bad rows\nrow 3 has no prompt")
+    status = run.read_status()
+    assert (status["state"], status["reason"], stopped) == ("failed", "ValueError: bad rows", ["sampler"])
+    log = run.log_path("eval").read_text()
+    assert "Traceback (most recent call last)" in log and "ValueError: bad rows\nrow 3 has no prompt" in log
+    with pytest.raises(KeyError), working(run, "eval"):  # no message: its type alone
+        raise KeyError()
+    assert run.read_status()["reason"] == "KeyError"
+    with pytest.raises(RuntimeError), working(run, "eval"):
+        run.set_state("failed", source="eval", reason="the sampler did not start")
+        raise RuntimeError("its own error")
+    assert (run.state, run.read_status()["reason"]) == ("failed", "the sampler did not start")

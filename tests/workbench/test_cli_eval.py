@@ -26,7 +26,7 @@ def test_eval_writes_results_metadata_events_and_a_report(tmp_path: Path, lab_ho
     rows = load_environment("gsm8k", difficulty="easy").get_eval_dataset(3)
     right = [f"<answer>{r['answer']}</answer>" for r in rows]
     # One rollout at a time (-c 1): each example gets one right and one wrong reply, so rewards vary within it.
-    replies: list[str | None] = [x for r in right for x in (r, "<answer>-1</answer>")]
+    replies: list[str | dict[str, Any] | None] = [x for r in right for x in (r, "<answer>-1</answer>")]
     with scripted_endpoint(replies) as ep:
         proc = prime("eval", "run", "gsm8k", "-b", ep.base_url, "-m", "scripted", "-n", "3", "-r", "2", "-c", "1",
                      "-a", '{"difficulty": "easy"}', "-S", '{"top_p": 0.9}', "-t", "32", "-T", "0.5",
@@ -122,7 +122,7 @@ def test_a_scorer_that_raises_is_counted_once_and_blamed(tmp_path: Path, lab_hom
     """A reward function that raises on one example of two: the summary's errors and the verdict's failed rollouts
     are one count, the verdict says the scorer failed; raising on every example fails the run, blaming the scorer
     and not the endpoint (which answered)."""
-    some = _faulty(tmp_path, builtin_server, "scorer", "-n", "2", "-r", "2", scorer_fails=[0])
+    some = _faulty(tmp_path, builtin_server, "scorer", "-n", "2", "-r", "2", fails=[0])
     assert some.returncode == 0, some.stderr
     assert "; errors 2\n" in some.stdout
     assert "problem  2 of 4 rollouts failed (2 in the scorer: a reward function raised), their reward counted as 0" \
@@ -147,6 +147,47 @@ def test_an_environment_that_raises_is_blamed_not_the_endpoint(tmp_path: Path, l
                      "the first error: RuntimeError: the tool crashed (each rollout's error: prime eval samples "
                      f"{run.id})")
     assert "endpoint" not in proc.stderr
+
+
+def test_a_rollout_that_raises_is_a_failed_rollout_blamed_on_the_environment(tmp_path: Path, lab_home: Path,
+                                                                             builtin_server: Any) -> None:
+    """An environment whose own `rollout` raises an ordinary exception on one example of two: the evaluation
+    completes, those rollouts failed, blamed on the environment, no traceback; raising on every example fails the
+    run in one line, blaming the environment."""
+    some = _faulty(tmp_path, builtin_server, "rollout", "-n", "2", "-r", "2", fails=[0])
+    assert some.returncode == 0, some.stderr
+    assert "Traceback" not in some.stderr + some.stdout
+    assert "; errors 2\n" in some.stdout
+    assert "2 of 4 rollouts failed (2 in the environment: its own code or server raised)" in some.stdout
+    [run] = RunRegistry().runs()
+    assert run.status()["state"] == "completed"
+    results = Path(run.status()["output_dir"]) / "results.jsonl"
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    failed = sorted((r["example_id"], r["error"].splitlines()[0], r["error_source"]) for r in rows if r["error"])
+    assert failed == [(0, "RuntimeError: the simulator crashed", "environment")] * 2
+    assert all(r["reward"] == 0.5 for r in rows if not r["error"])
+    every = _faulty(tmp_path, builtin_server, "rollout", "-n", "1", "-r", "2")
+    assert every.returncode == 1
+    [error] = _errors(every.stderr)
+    run = next(r for r in RunRegistry().runs() if r.status()["state"] == "failed")
+    assert error == ("Error: every rollout failed in the environment me/faulty-env (its own code or server raised); "
+                     "the first error: RuntimeError: the simulator crashed (each rollout's error: prime eval "
+                     f"samples {run.id})")
+
+
+def test_an_unexpected_exception_fails_the_run_in_one_line(tmp_path: Path, lab_home: Path,
+                                                           builtin_server: Any) -> None:
+    """An exception no part of the evaluation expects (here the environment's rows cannot be read): one line with
+    its type and message and where its traceback is, exit 1, the run failed with that reason (not left running)."""
+    proc = _faulty(tmp_path, builtin_server, "rows", "-n", "1")
+    assert proc.returncode == 1
+    [run] = RunRegistry().runs()
+    log = run.log_path("eval")
+    [error] = _errors(proc.stderr)
+    assert error == f"Error: {run.id} failed: RuntimeError: the dataset is gone (its traceback: {log})"
+    status = run.status()
+    assert (status["state"], status["reason"]) == ("failed", "RuntimeError: the dataset is gone")
+    assert "Traceback (most recent call last)" in log.read_text() and "a second line" in log.read_text()
 
 
 def test_bad_arguments_are_clear(tmp_path: Path) -> None:

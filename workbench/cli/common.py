@@ -7,9 +7,12 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
+
+if TYPE_CHECKING:
+    from prime_lab.runs.registry import Run
 
 
 class OutputFormat(enum.StrEnum):
@@ -30,6 +33,14 @@ class UserError(Exception):
 
 def fail(message: str, code: int = 1) -> NoReturn:
     raise UserError(message, code)
+
+
+def fail_unexpected(run: Run, role: str, exc: Exception) -> NoReturn:
+    """An exception no part of an in-process run (`prime eval run`, `prime gepa run`) expected, in one line: the
+    run's id, the exception's type and message, and the log its traceback went to (`runs.registry.working`)."""
+    from prime_lab.runs.registry import exception_line
+
+    fail(f"{run.id} failed: {exception_line(exc)} (its traceback: {run.log_path(role)})")
 
 
 def join_at_args(argv: list[str]) -> list[str]:

@@ -16,7 +16,15 @@ import typer
 
 from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.workbench.cli import run_views
-from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, config_path, err, fail, print_json
+from prime_lab.workbench.cli.common import (
+    OUTPUT_OPTION,
+    OutputFormat,
+    config_path,
+    err,
+    fail,
+    fail_unexpected,
+    print_json,
+)
 from prime_lab.workbench.cli.render import live_output, print_table, progress_console
 from prime_lab.workbench.cli.run_verbs import add_run_verbs
 
@@ -133,6 +141,8 @@ def _evaluate(job: EvalJob, environment: Environment, *, policy: TrainedPolicy |
         raise typer.Exit(130) from None
     except EvalLaunchError as exc:
         fail(str(exc))
+    except Exception as exc:  # unexpected: one line; the run failed, the traceback in its log
+        fail_unexpected(target, "eval", exc)
     _summarise(result)
 
 

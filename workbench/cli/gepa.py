@@ -10,7 +10,7 @@ import typer
 
 from prime_lab.gepa.config import GepaSearchSection
 from prime_lab.models.presets import DEFAULT_MODEL
-from prime_lab.workbench.cli.common import config_path, err, fail, write_new_file
+from prime_lab.workbench.cli.common import config_path, err, fail, fail_unexpected, write_new_file
 from prime_lab.workbench.cli.eval import _json_arg
 from prime_lab.workbench.cli.render import live_output
 from prime_lab.workbench.cli.run_verbs import add_run_verbs
@@ -94,7 +94,7 @@ def run(
 
 
 def _search(run: Any, job: Any, backend: str) -> None:
-    from prime_lab.gepa.launcher import search
+    from prime_lab.gepa.launcher import GepaLaunchError, search
     from prime_lab.runs.registry import RunStopped
     from prime_lab.workbench.cli.gepa_progress import GepaProgress
 
@@ -106,6 +106,10 @@ def _search(run: Any, job: Any, backend: str) -> None:
     except (RunStopped, KeyboardInterrupt) as exc:
         err(f"{run.id} stopped; state and outputs so far are in {out} (continue with --resume {run.dir})")
         raise typer.Exit(1 if isinstance(exc, RunStopped) else 130) from None
+    except GepaLaunchError:
+        raise
+    except Exception as exc:  # unexpected: one line; the run failed, the traceback in its log
+        fail_unexpected(run, "gepa", exc)
     meta = outcome.metadata
     seed_score = outcome.state.average(0)
     typer.echo(f"candidates {meta['num_candidates']}  best #{meta['best_idx']} {meta['best_score']:.4f} "
