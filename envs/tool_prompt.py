@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 SETTING = "[sampling] tools_in_system_prompt = true"
+KEY = "tools_in_system_prompt"  # the setting among a job's sampling args (GEPA's, prime eval run's): ours, never sent
 
 SAMPLE_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import AliasChoices, Field, field_validator
 
+from prime_lab.envs.tool_prompt import KEY as TOOLS_KEY
 from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.problems.schema import ConfigSection
 from prime_lab.problems.validation import CheckContext, Validation, validate_file, validate_toml
@@ -53,7 +54,9 @@ class GepaConfig(ConfigSection):
                                                                       "(default: the task model's).")
     api_key_var: str = Field(default="OPENAI_API_KEY", description="Environment variable holding the API key.")
     gepa: GepaSearchSection = Field(default_factory=GepaSearchSection)
-    sampling: dict[str, Any] = Field(default_factory=dict, description="Sampling args of the task model.")
+    sampling: dict[str, Any] = Field(default_factory=dict, description="Sampling args of the task model; "
+                                     "`tools_in_system_prompt = true` (ours, never sent) writes an environment's tool "
+                                     "schemas after the system prompt where the model's chat template drops `tools`.")
 
     @field_validator("env", mode="before")
     @classmethod
@@ -70,7 +73,13 @@ def _one_environment(ctx: CheckContext) -> None:
         ctx.problem(("env",), f"GEPA optimizes the system prompt of one environment; {len(envs)} are given")
 
 
-GEPA_CHECKS = (_one_environment,)
+def _tools_setting(ctx: CheckContext) -> None:
+    value = ctx.get(("sampling", TOOLS_KEY))
+    if value is not None and not isinstance(value, bool):
+        ctx.problem(("sampling", TOOLS_KEY), f"{TOOLS_KEY} is true or false, not {value!r}")
+
+
+GEPA_CHECKS = (_one_environment, _tools_setting)
 
 
 def validate_gepa_config(text: str, file: str | None = None) -> Validation[GepaConfig]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from prime_lab.envs import Environment, Rollout, SamplingArgs, replace_system_prompt
 from prime_lab.envs.environment import DEFAULT_ROLLOUT_TIMEOUT_S
+from prime_lab.envs.tool_prompt import ToolPlan
 from prime_lab.gepa.adapter import Candidate, EvaluationBatch, ReflectiveDataset
 from prime_lab.gepa.reflection import parse_proposal, reflection_prompt
 
@@ -56,6 +57,7 @@ class EnvironmentAdapter:
     reflection_temperature: float | None = None  # None: the endpoint's default
     on_rollout: Any = None  # optional callable(Rollout) -> None, e.g. for a progress display
     rollout_timeout: float | None = DEFAULT_ROLLOUT_TIMEOUT_S  # one rollout's limit (the environment's own if smaller)
+    tools: ToolPlan | None = None  # the environment's tools where the task model's template drops them (runner.py)
 
     def __post_init__(self) -> None:
         self._loop = asyncio.new_event_loop()
@@ -115,6 +117,8 @@ class EnvironmentAdapter:
     def evaluate(self, batch: Sequence[dict[str, Any]], candidate: Candidate,
                  capture_traces: bool) -> EvaluationBatch:
         rows = [replace_system_prompt(r, candidate[SYSTEM_PROMPT]) for r in batch]
+        if self.tools is not None:  # the tools' schemas after the candidate's text, not part of what GEPA rewrites
+            rows = self.tools.rows(rows)
         rollouts = self._run(self._rollouts(rows))
         return EvaluationBatch(scores=[r.reward for r in rollouts], outputs=rollouts,
                                trajectories=[self._trace(r) for r in rollouts] if capture_traces else None)

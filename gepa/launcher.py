@@ -120,7 +120,7 @@ def search(run: Run, job: GepaJob, *, backend: str = "builtin", on_event: OnEven
         try:
             task, reflection = _endpoints(run, job, backend, cleanup.callback, announce)
             run.set_state("running", source="gepa")
-            outcome = run_gepa(spec, task, reflection, run.gepa_dir, run=run, on_event=on_event)
+            outcome = run_gepa(spec, task, reflection, run.gepa_dir, run=run, on_event=on_event, announce=announce)
         except (ServerStartError, VLLMNotInstalledError) as exc:
             raise _failed(run, f"the local sampler did not start: {exc}") from None
         except EnvironmentDown as exc:  # its server died more often than it may be restarted: one line, no trace

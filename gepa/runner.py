@@ -1,6 +1,10 @@
 """One GEPA run: load the environment, split its data, search through the engine, stream `gepa.*` events into
 the run's event log (and each proposal, its text included, into its log), write the outputs (also when
 interrupted), with a test split score seed and best on it, and say plainly when no candidate beat the seed.
+
+An environment with tools on a task model whose chat template drops them is said once, as `prime eval run` and an
+RL run say it (envs/tool_prompt.py); `tools_in_system_prompt` among the sampling args (`[sampling]`, `-S`) writes
+their schemas after each candidate's system prompt (not part of the text GEPA rewrites) and is never sent.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from prime_lab.envs import Environment, SamplingArgs, isolated, load_environment
+from prime_lab.envs.tool_prompt import KEY as TOOLS_KEY
+from prime_lab.envs.tool_prompt import ToolPlan, ToolPrompts
 from prime_lab.gepa.budget import budget_for, proposals_within
 from prime_lab.gepa.config import GepaSearchSection
 from prime_lab.gepa.data_split import train_val_test
@@ -20,11 +26,13 @@ from prime_lab.gepa.env_adapter import SYSTEM_PROMPT, Endpoint, EnvironmentAdapt
 from prime_lab.gepa.outputs import STATE_FILE, write_outputs
 from prime_lab.gepa.state import GepaState
 from prime_lab.models.presets import DEFAULT_MODEL
+from prime_lab.models.resolve import local_tokenizer
 from prime_lab.runs.registry import Run
 
 _D = GepaSearchSection()  # the defaults: gepa/config.py's, the TOML form's
 
 OnEvent = Callable[[str, dict[str, Any]], None]
+TOOLS_SETTING = "[sampling] tools_in_system_prompt = true (prime gepa run: -S '{\"tools_in_system_prompt\": true}')"
 
 
 @dataclass
@@ -69,8 +77,13 @@ class GepaSettings:
         settings.setdefault("num_parallel_proposals", 1)  # runs saved before the setting proposed one at a time
         return cls(**settings)
 
+    @property
+    def tools_in_system_prompt(self) -> bool:
+        """`tools_in_system_prompt` among the sampling args: ours (envs/tool_prompt.py), never sent."""
+        return self.sampling.get(TOOLS_KEY) is True
+
     def sampling_args(self) -> SamplingArgs:
-        return SamplingArgs.from_settings(self.sampling)
+        return SamplingArgs.from_settings({k: v for k, v in self.sampling.items() if k != TOOLS_KEY})
 
 
 @dataclass
@@ -84,9 +97,10 @@ class GepaOutcome:
 
 def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_dir: Path, *,
              run: Run | None = None, env: Environment | None = None, on_event: OnEvent | None = None,
-             max_iterations: int | None = None) -> GepaOutcome:
+             max_iterations: int | None = None, announce: Callable[[str], None] | None = None) -> GepaOutcome:
     """Search (or resume the search saved in `out_dir`); on any exception the state and outputs so far are
-    written before it propagates."""
+    written before it propagates. `announce` is told the warnings for the user (tools the task model's chat
+    template does not show)."""
     if run is not None:  # an environment at its own verifiers release serves this run: its log goes with the run's
         isolated.serve_for(run)
     env = env or load_environment(settings.env_id, **settings.env_args)
@@ -94,10 +108,6 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
     if not train or not val:
         raise ValueError(f"{settings.env_id} gave {len(train)} training and {len(val)} validation rows; "
                          "GEPA needs at least one of each")
-    adapter = EnvironmentAdapter(env, task, reflection, sampling=settings.sampling_args(),
-                                 max_concurrent=settings.max_concurrent, state_columns=settings.state_columns,
-                                 reflection_max_tokens=settings.reflection_max_tokens,
-                                 reflection_temperature=settings.reflection_temperature)
     writer = run.writer("gepa") if run is not None else None
     log = open(run.log_path("gepa"), "a") if run is not None else None  # noqa: SIM115 - closed in finally
 
@@ -120,6 +130,16 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
         if on_event is not None:
             on_event(kind, data)
 
+    def tell(message: str, level: str) -> None:
+        say(message, 0, level)
+        if announce is not None:
+            announce(f"{level}: {message}")
+
+    adapter = EnvironmentAdapter(env, task, reflection, sampling=settings.sampling_args(),
+                                 max_concurrent=settings.max_concurrent, state_columns=settings.state_columns,
+                                 reflection_max_tokens=settings.reflection_max_tokens,
+                                 reflection_temperature=settings.reflection_temperature,
+                                 tools=tool_plan(settings, env, train, tell))
     config = EngineConfig(max_metric_calls=settings.max_metric_calls, minibatch_size=settings.minibatch_size,
                           perfect_score=settings.perfect_score, seed=settings.seed, use_merge=settings.use_merge,
                           max_merge_invocations=settings.max_merge_invocations,
@@ -148,6 +168,17 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
             writer.close()
         if log is not None:
             log.close()
+
+
+def tool_plan(settings: GepaSettings, env: Environment, rows: list[dict[str, Any]],
+              say: Callable[[str, str], None]) -> ToolPlan:
+    """What the search does about the environment's tools (envs/tool_prompt.py): nothing where it has none or the
+    task model's chat template renders them; else said once through `say`, and with `tools_in_system_prompt` their
+    schemas go after each candidate's system prompt. The template is read from the model on this machine (the one a
+    local run starts; an endpoint's model where it is here too)."""
+    return ToolPrompts(settings.model, lambda: local_tokenizer(settings.model),
+                       enabled=settings.tools_in_system_prompt, log=say, setting=TOOLS_SETTING).plan(
+        settings.env_id, env, rows)
 
 
 def iteration_log(data: dict[str, Any]) -> str:

@@ -1,6 +1,7 @@
 """Tools the model can see (envs/tool_prompt.py): a chat template that drops `tools` is found by rendering, an
-evaluation and an RL run on such a model say so once (naming the environment, the model and the setting), and with
-`tools_in_system_prompt` the schemas reach the server in the system prompt, in the format its tool-call parser reads.
+evaluation, an RL run and a GEPA search on such a model say so once (naming the environment, the model and the
+setting), and with `tools_in_system_prompt` the schemas reach the server in the system prompt, in the format its
+tool-call parser reads.
 
 The templates are real: SmolLM2-135M-Instruct's (its tokenizer only) and the tiny model's drop tools; Qwen2.5's
 tool rendering on the tiny model's tokens shows them. The environment is verifiers' own `ToolEnv`
@@ -29,11 +30,15 @@ from prime_lab.envs.tool_prompt import (
 from prime_lab.envs.verifiers_adapter import VerifiersEnvironment, kept_signal_handlers
 from prime_lab.evals.evaluation import EvalSpec, run_evaluation
 from prime_lab.evals.launcher import EvalJob
+from prime_lab.gepa.config import validate_gepa_config
+from prime_lab.gepa.env_adapter import Endpoint
+from prime_lab.gepa.runner import GepaSettings, run_gepa
 from prime_lab.inference.builtin.tool_calls import parse_hermes_tool_calls
 from prime_lab.runs.registry import Run, RunRegistry
 from prime_lab.trainer.config import validate_rl_config
 from prime_lab.trainer.orchestrator import Orchestrator
 from prime_lab.trainer.runtime import load_config
+from tests.envs.scripted import ScriptedEndpoint, scripted_endpoint
 from tests.envs.verifiers_standins import env_folders
 from tests.inference.test_builtin_tools import QWEN_TOOLS_TEMPLATE
 
@@ -199,3 +204,42 @@ def test_the_setting_validates_as_a_boolean() -> None:
     bad = validate_rl_config(base + '[sampling]\nmax_tokens = 8\ntools_in_system_prompt = "yes please"\n')
     [problem] = [p for p in bad.errors if p.key == "sampling.tools_in_system_prompt"]
     assert problem.line == 9
+
+
+def gepa_on_the_tool_env(model_dir: Path, out: Path, sampling: dict[str, Any]) -> tuple[Run, list[str],
+                                                                                          ScriptedEndpoint]:
+    """The seed round of a GEPA search on vf-tool-test with `model_dir` as the task model (its chat template is
+    checked); its requests go to a scripted endpoint that records them (answers without tool calls end a rollout)."""
+    with kept_signal_handlers():
+        env = load_environment("vf-tool-test")
+    run = RunRegistry().create("gepa", config_text="{}", resolved={})
+    settings = GepaSettings(env_id="vf-tool-test", model=str(model_dir), num_train=1, num_val=2, max_metric_calls=10,
+                            sampling=sampling)
+    said: list[str] = []
+    with scripted_endpoint([]) as task:
+        run_gepa(settings, Endpoint(task.base_url, "tiny"), Endpoint(task.base_url, "tiny"), out, run=run, env=env,
+                 max_iterations=0, announce=said.append)
+    assert len(task.requests) == 2  # the seed on the two validation rows
+    return run, said, task
+
+
+def test_a_gepa_search_on_a_template_that_drops_tools_warns_once_and_honours_the_setting(
+        verifiers_envs: None, tiny_model_dir: Path, tmp_path: Path) -> None:
+    run, said, task = gepa_on_the_tool_env(tiny_model_dir, tmp_path / "off", {"max_tokens": 2})
+    [warning] = warnings_about_tools(run)
+    assert said == [f"WARNING: {warning}"] and "environment vf-tool-test has 4 tools" in warning
+    assert str(tiny_model_dir) in warning and "prime gepa run: -S '{\"tools_in_system_prompt\": true}'" in warning
+    assert all("<tools>" not in r["messages"][0]["content"] and r["tools"] for r in task.requests)
+
+    run, said, task = gepa_on_the_tool_env(tiny_model_dir, tmp_path / "on",
+                                           {"max_tokens": 2, "tools_in_system_prompt": True})
+    assert warnings_about_tools(run) == [] and len(said) == 1 and said[0].startswith("INFO: ")
+    for request in task.requests:
+        system = request["messages"][0]["content"]
+        assert system.startswith("You are a helpful assistant. Use the tools")  # the seed candidate, then the block
+        schemas = [json.loads(line) for line in system.split("<tools>\n")[1].split("\n</tools>")[0].splitlines()]
+        assert {s["function"]["name"] for s in schemas} == VF_TOOLS
+        assert "tools_in_system_prompt" not in json.dumps(request)  # ours: never sent
+    bad = validate_gepa_config('[env]\nid = "vf-tool-test"\n[sampling]\ntools_in_system_prompt = "yes"\n')
+    [problem] = [p for p in bad.errors if p.key == "sampling.tools_in_system_prompt"]
+    assert problem.line == 4
