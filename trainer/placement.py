@@ -313,8 +313,9 @@ def check_card(where: str, card: int, shares: Mapping[str, float], needs: Mappin
                 if room * card >= need.total else
                 f"All that is left of the card beside {'them' if others else 'it'} is {gib(room * card)} GiB")
         moves = " (with a second GPU the trainer moves to it)" if trainer else ""
-        elsewhere = (f", serve the teacher elsewhere ([teacher.client] base_url) or on a GPU of its own{moves}"
-                     if role == "teacher" else f", or give the sampler a GPU of its own{moves}" if moves else "")
+        elsewhere = (", serve the teacher elsewhere ([teacher.client] base_url) or leave it a GPU of its own (one "
+                     "the run leaves idle is the teacher's)" if role == "teacher"
+                     else f", or give the sampler a GPU of its own{moves}" if moves else "")
         raise PlacementError(f"the {label(role, need)} does not fit {where} ({gib(card)} GiB): it needs "
                              f"{need.describe()}, but its share is {share:g} of the card, {gib(share * card)} GiB"
                              + (f" (beside it: {others})" if others else "") + f". {hint}; lower [inference] "
