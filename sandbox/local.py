@@ -40,7 +40,9 @@ environment and uid, in the sandbox's folder as cwd (host paths: /app and /tmp a
 network and processes are visible to them.
 
 A sandbox with `run_dir` is recorded in `<run_dir>/sandboxes/<id>` (the sandbox's folder): the run's reaper and
-`prime rl stop` kill the processes listed in its `procs/` (runs/registry.py `end_processes`).
+`prime rl stop` kill the processes listed in its `procs/` (runs/registry.py `end_processes`). It also appends a line
+to `<run_dir>/sandbox_stats.jsonl` when it is created and when each command ends, which the run's `sandbox/*`
+metrics fold (sandbox/stats.py says the format).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger("prime_lab.sandbox")
@@ -76,6 +79,7 @@ OUTPUT_LIMIT = 16 << 20  # bytes of a command's stdout (and of its stderr) kept;
 SANDBOX_UID = 65534  # what root's commands run as (nobody)
 APP, TMP, VENV, BASE = "/app", "/tmp", "/opt/venv", "/opt/python-base"
 ID_PATTERN = re.compile(r"^sbx-[a-z0-9]{10}$")
+STATS_FILE = "sandbox_stats.jsonl"  # in a sandbox's run folder (sandbox/stats.py reads it)
 ISOLATIONS = ("strong", "weak")
 FINAL_RUN_STATES = ("completed", "failed", "stopped")
 ETC_FILES = ("passwd", "group", "hosts", "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf", "protocols",
@@ -141,6 +145,37 @@ def sandbox_home() -> Path:
         return Path(found).expanduser()
     lab = os.environ.get("PRIME_LAB_HOME")
     return (Path(lab).expanduser() if lab else Path.home() / ".prime-lab") / "sandboxes"
+
+
+def data_home(home: Path | None = None) -> Path:
+    """Where sandbox folders and the images' pip environments live: the sandbox home, except for root when uid
+    65534 (what root's commands run as, and what bwrap binds them as) cannot reach it (/root is 0700): then
+    `/var/tmp/prime-lab-sandboxes-<hash of the home>` (root's, 0711), each `<home>/<id>` a link to its folder."""
+    home = home or sandbox_home()
+    if os.geteuid() != 0 or _reachable(home):
+        return home
+    stage = Path(f"/var/tmp/prime-lab-sandboxes-{hashlib.sha256(str(home.absolute()).encode()).hexdigest()[:10]}")
+    with contextlib.suppress(FileExistsError):
+        stage.mkdir(mode=0o711)
+    found = os.lstat(stage)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != 0 or found.st_mode & 0o022:
+        raise SandboxError(f"{stage} is not root's own folder (mode 0711): remove it, or set PRIME_LAB_SANDBOXES to "
+                           f"a folder uid {SANDBOX_UID} can reach")
+    return stage
+
+
+def _reachable(path: Path | str, uid: int = SANDBOX_UID) -> bool:
+    """Whether `uid` (group `uid`) can walk down to `path` (each folder on the way searchable), as bwrap must."""
+    current = Path(os.path.abspath(path))
+    for folder in [*reversed(current.parents), current]:
+        try:
+            found = os.stat(folder)
+        except OSError:
+            return True  # made later, by us, with modes that allow it
+        bit = 0o100 if found.st_uid == uid else 0o010 if found.st_gid == uid else 0o001
+        if not found.st_mode & bit:
+            return False
+    return True
 
 
 # -- bubblewrap and the isolation probe ---------------------------------------------------------------------------
@@ -248,34 +283,46 @@ def _candidates(minor: int | None) -> list[str]:
         which = shutil.which(name)
         if which:
             found.append(which)
-    base = getattr(sys, "_base_executable", None) or sys.executable
-    found.append(base)
+    if minor is not None:  # interpreters that version managers install outside PATH
+        import glob
+
+        pyenv = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+        uv = os.environ.get("UV_PYTHON_INSTALL_DIR") or os.path.expanduser("~/.local/share/uv/python")
+        found += sorted(glob.glob(f"{pyenv}/versions/3.{minor}.*/bin/python3.{minor}"), reverse=True)
+        found += sorted(glob.glob(f"{uv}/cpython-3.{minor}.*/bin/python3.{minor}"), reverse=True)
+    found.append(getattr(sys, "_base_executable", None) or sys.executable)
     return [path for i, path in enumerate(found) if os.path.isfile(path) and path not in found[:i]]
 
 
 def resolve_image(image: str, home: Path | None = None) -> Interpreter:
     """The interpreter (with pip) a docker image maps to, its pip environment made once (a few seconds)."""
     minor = image_minor(image)
-    home = home or sandbox_home()
-    images = home / "images"
+    images = data_home(home) / "images"
     images.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        os.chmod(images, 0o755)
     cache = images / f"python3.{'x' if minor is None else minor}.json"
     with contextlib.suppress(OSError, ValueError, TypeError):
         known = Interpreter(**json.loads(cache.read_text()))
-        if os.path.isfile(known.python) and os.path.isdir(known.base):
+        if os.path.isfile(known.python) and os.path.isdir(known.base) and (
+                os.geteuid() != 0 or _reachable(known.prefix)):
             return known
     chosen: tuple[str, str, str] | None = None
     note = None
-    for path in _candidates(minor):
-        described = _describe(path)
-        if described and (minor is None or described[2].split(".")[1] == str(minor)):
-            chosen = described
-            break
+    def usable(paths: list[str]) -> Iterator[tuple[str, str, str]]:
+        for path in paths:
+            described = _describe(path)
+            if described and (os.geteuid() != 0 or _reachable(described[1])):
+                yield described
+
+    chosen = next((found for found in usable(_candidates(minor))
+                   if minor is None or found[2].split(".")[1] == str(minor)), None)
     if chosen is None:
-        running = ".".join(map(str, sys.version_info[:3]))
-        chosen = _describe(getattr(sys, "_base_executable", None) or sys.executable) or (
-            os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix), running)
-        note = (f"{image} asks for Python 3.{minor}; this machine has no python3.{minor}, so the sandbox runs "
+        chosen = next(usable(_candidates(None)), None)
+        if chosen is None:
+            raise SandboxError(f"no Python interpreter for {image} that uid {SANDBOX_UID} can reach: install "
+                               f"python3{'' if minor is None else f'.{minor}'} (e.g. under /usr)")
+        note = (f"{image} asks for Python 3.{minor}; no python3.{minor} here that sandboxes can use, so it runs "
                 f"Python {chosen[2]} (install python3.{minor} to match)")
     python, prefix, version = chosen
     base = images / f"python{version.rsplit('.', 1)[0]}-{hashlib.sha256(python.encode()).hexdigest()[:8]}"
@@ -329,6 +376,7 @@ def create(spec: SandboxSpec | None = None) -> Sandbox:
     if spec.isolation not in ISOLATIONS:
         raise SandboxError(f"isolation {spec.isolation!r} is not one of {', '.join(ISOLATIONS)}")
     home = sandbox_home()
+    data = data_home(home)
     interpreter = resolve_image(spec.image, home)
     if interpreter.note:
         log.warning("%s", interpreter.note)
@@ -342,19 +390,22 @@ def create(spec: SandboxSpec | None = None) -> Sandbox:
         sandbox_id = "sbx-" + "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(10))
         folder = home / sandbox_id
         try:
-            folder.mkdir(parents=True)
+            (data / sandbox_id).mkdir(parents=True, mode=0o711)
             break
         except FileExistsError:
             continue
+    if data != home:
+        home.mkdir(parents=True, exist_ok=True)
+        folder.symlink_to(data / sandbox_id)
     created = time.time()
     for sub in ("app", "tmp", "venv", "procs", "logs"):
         (folder / sub).mkdir()
-    os.chmod(folder / "tmp", 0o1777)
     strong = spec.isolation == "strong"
     _write_venv(folder / "venv", interpreter, inside=VENV if strong else str(folder / "venv"),
                 base=BASE if strong else interpreter.base)
-    if os.geteuid() == 0:
-        for sub in ("app", "tmp", "venv"):
+    for sub in ("app", "tmp", "venv"):
+        os.chmod(folder / sub, 0o700)
+        if os.geteuid() == 0:
             _chown_tree(folder / sub)
     record = {"id": sandbox_id, "spec": dataclasses.asdict(spec), "created": created,
               "interpreter": dataclasses.asdict(interpreter)}
@@ -363,7 +414,18 @@ def create(spec: SandboxSpec | None = None) -> Sandbox:
         runs = Path(spec.run_dir) / "sandboxes"
         runs.mkdir(parents=True, exist_ok=True)
         (runs / sandbox_id).write_text(str(folder))
+        _count(spec.run_dir, {"time": created, "event": "created", "id": sandbox_id})
     return Sandbox(sandbox_id, spec, folder, created, interpreter)
+
+
+def _count(run_dir: str, record: dict[str, Any]) -> None:
+    """One line of the run's sandbox stats, in one write on an O_APPEND descriptor (processes never tear lines)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(Path(run_dir) / STATS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, (json.dumps(record) + "\n").encode())
+        finally:
+            os.close(fd)
 
 
 def _write_venv(venv: Path, interpreter: Interpreter, *, inside: str, base: str) -> None:
@@ -523,7 +585,7 @@ class Sandbox:
                 os.close(opened)
             raise SandboxGone(f"sandbox {self.id} is gone: {error}") from error
         args += ["--proc", "/proc", "--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
-                 "--chdir", _inside_path(working_dir or APP), *inner]
+                 "--remount-ro", "/", "--chdir", _inside_path(working_dir or APP), *inner]
         kwargs["pass_fds"] = tuple(fds)
         return args, kwargs, fds
 
@@ -638,6 +700,9 @@ class Sandbox:
         with contextlib.suppress(OSError):
             with open(self.folder / "logs" / "commands.log", "a") as handle:
                 handle.write(json.dumps(line) + "\n")
+        if self.spec.run_dir:
+            _count(self.spec.run_dir, {"time": line["time"], "event": "command", "id": self.id, "seconds":
+                                       line["seconds"], "exit_code": code, "timed_out": timed_out, "oom": oom})
         return result
 
     # -- background jobs --------------------------------------------------------------------------------------
@@ -760,11 +825,16 @@ class Sandbox:
 
     def delete(self) -> None:
         """Kill everything running in it (each process group, and what runs under them) and remove its folder."""
-        graveyard = self.folder.with_name(f".deleted-{self.id}-{secrets.token_hex(3)}")
+        real = Path(os.path.realpath(self.folder))
+        graveyard = real.with_name(f".deleted-{self.id}-{secrets.token_hex(3)}")
         try:
-            os.rename(self.folder, graveyard)
+            os.rename(real, graveyard)  # from here on, get() in any process says it is gone
         except FileNotFoundError:
             return
+        finally:
+            if real != self.folder:
+                with contextlib.suppress(OSError):
+                    self.folder.unlink()
         for _ in range(3):
             pids = []
             with contextlib.suppress(OSError):

@@ -1,0 +1,115 @@
+"""What sandboxes did, read back: a run's `sandbox/*` metrics per RL step and a sandbox's log of commands.
+
+The core (sandbox/local.py, stdlib only) writes two records, one JSON object a line, each line one `write` on an
+`O_APPEND` descriptor (so the many processes of a run, each with its own sandboxes, never tear one another's lines):
+
+- the run's stats, `<run_dir>/sandbox_stats.jsonl` (`STATS_FILE`) for a sandbox whose spec names its run: one line
+  per sandbox created, `{"time", "event": "created", "id"}`, and one per command that ended, `{"time",
+  "event": "command", "id", "seconds", "exit_code", "timed_out", "oom"}`. It outlives the sandboxes (each is deleted
+  after its rollout), so the orchestrator folds what was appended since its previous step (`StatsFollower`):
+  `sandbox/created`, `sandbox/commands`, `sandbox/timed_out`, `sandbox/oom` (counts) and `sandbox/command_seconds`
+  (their mean wall time; 0 in a step without commands); a run that never made a sandbox has none of them.
+- a sandbox's own log of commands, `<folder>/logs/commands.log` (`COMMAND_LOG`): one line per command that ended,
+  `{"time" (when it ended), "command", "exit_code", "timed_out", "oom", "seconds", "stdout", "stderr"}` (the last
+  2000 characters of each output), which `prime sandbox logs ID` prints. It goes with its sandbox.
+
+A line that is not a JSON object (one left unfinished by a process killed mid-write) is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STATS_FILE = "sandbox_stats.jsonl"  # in a run's folder
+COMMAND_LOG = "commands.log"  # in a sandbox's logs/
+METRICS = ("sandbox/created", "sandbox/commands", "sandbox/timed_out", "sandbox/oom", "sandbox/command_seconds")
+
+
+def records(lines: Iterable[bytes | str]) -> list[dict[str, Any]]:
+    """The JSON objects among `lines`; anything else (a torn line, a blank one) left out."""
+    out = []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+@dataclass
+class StepStats:
+    """What a run's sandboxes did in one step: made, commands ended, of those timed out and out of memory, and the
+    commands' seconds in all."""
+
+    created: int = 0
+    commands: int = 0
+    timed_out: int = 0
+    oom: int = 0
+    seconds: float = 0.0
+
+    def add(self, record: dict[str, Any]) -> None:
+        event = record.get("event")
+        if event == "created":
+            self.created += 1
+        elif event == "command":
+            self.commands += 1
+            self.timed_out += record.get("timed_out") is True
+            self.oom += record.get("oom") is True
+            seconds = record.get("seconds")
+            if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds >= 0:
+                self.seconds += seconds
+
+    def metrics(self) -> dict[str, float]:
+        return {"sandbox/created": float(self.created), "sandbox/commands": float(self.commands),
+                "sandbox/timed_out": float(self.timed_out), "sandbox/oom": float(self.oom),
+                "sandbox/command_seconds": self.seconds / self.commands if self.commands else 0.0}
+
+
+def fold(items: Iterable[dict[str, Any]]) -> StepStats:
+    stats = StepStats()
+    for record in items:
+        stats.add(record)
+    return stats
+
+
+class StatsFollower:
+    """A run's sandbox stats step by step: `take()` folds the lines appended to `<run_dir>/sandbox_stats.jsonl`
+    since the previous take (a partial last line waits for the next). It starts at the file's end as it is now, so a
+    resumed run does not count an earlier attempt's sandboxes in its first step. Before the run's first sandbox,
+    `take()` is {} (a run without sandboxes gets no sandbox/* metrics); from then on every step has them."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / STATS_FILE
+        try:
+            self.offset = self.path.stat().st_size
+        except OSError:
+            self.offset = 0
+        self.seen = self.offset > 0
+
+    def take(self) -> dict[str, float]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except OSError:
+            chunk = b""
+        whole = chunk[:chunk.rfind(b"\n") + 1]
+        self.offset += len(whole)
+        stats = fold(records(whole.splitlines()))
+        self.seen = self.seen or bool(whole)
+        return stats.metrics() if self.seen else {}
+
+
+def command_log(folder: Path | str) -> list[dict[str, Any]]:
+    """The commands the sandbox in `folder` ran, oldest first ([] where it has run none)."""
+    try:
+        data = (Path(folder) / "logs" / COMMAND_LOG).read_bytes()
+    except OSError:
+        return []
+    return records(data.splitlines())
