@@ -10,13 +10,19 @@ own) and writes each sample to the event bus as one `system` event (source `laun
                "memory_total_bytes": 2}]}
 
 Roles: `supervisor` (the process that samples), `trainer` (`rank` on each of torchrun's ranks; torchrun itself has
-none), `orchestrator`, `sampler` (`rank`: which server), `teacher`, `env_server` (`env`: the environment), `mirror`
-(the W&B mirror) and `other` (with its `name`). A process registered with the run (status.json `processes`) has its
-registered role; one that is not (torchrun's ranks, an environment server's first moments, the mirror) is named by
-its command line; the rest (vLLM's engine core, an environment server's workers) take the role of their nearest named
-ancestor. CPU % is over the time since the previous sample (100 = one core busy); a process's first sample gives its
-average since it started. GPUs come from NVML (`pynvml`, the `nvidia-ml-py` package): no GPU, no driver or an NVML
-error gives `gpus` [].
+none), `orchestrator`, `sampler` (`rank`: which server), `teacher`, `env_server` (`env`: the environment), `sandbox`,
+`mirror` (the W&B mirror) and `other` (with its `name`). A process registered with the run (status.json
+`processes`) has its registered role; one that is not (torchrun's ranks, an environment server's first moments, the
+mirror) is named by its command line; the rest (vLLM's engine core, an environment server's workers) take the role of
+their nearest named ancestor. CPU % is over the time since the previous sample (100 = one core busy); a process's
+first sample gives its average since it started. GPUs come from NVML (`pynvml`, the `nvidia-ml-py` package): no GPU,
+no driver or an NVML error gives `gpus` [].
+
+Sandboxes (sandbox/local.py: each command a `bwrap` process and everything under it, whichever process of the run
+ran it; what runs inside one never takes another role) are one row of role `sandbox`: `count` the run's live
+sandboxes (the records in its `sandboxes/` folder, idle ones included; a sampler without a run counts the outermost
+`bwrap`s), `processes` the processes running in them, their CPU %, RSS and threads added up, `pid` the lowest
+outermost one's (0 while none runs). Once a run has had a sandbox, every sample has the row.
 
 The reader (`SystemSample.from_event_data`, `latest_by_process`) needs neither psutil nor NVML.
 """
@@ -39,7 +45,9 @@ if TYPE_CHECKING:
 SYSTEM = "system"  # the events' kind
 DEFAULT_INTERVAL_S = 5.0
 INTERVAL_VARIABLE = "PRIME_LAB_SYSTEM_INTERVAL_S"  # tests shorten it
-ROLES = ("supervisor", "trainer", "orchestrator", "sampler", "teacher", "env_server", "mirror", "other")
+ROLES = ("supervisor", "trainer", "orchestrator", "sampler", "teacher", "env_server", "sandbox", "mirror", "other")
+SANDBOX = "sandbox"
+SANDBOX_PROGRAM = "bwrap"  # a local sandbox's outermost process (bubblewrap)
 # Modules whose process has its role whether registered or not (`python -m MODULE`); vLLM's are matched by prefix.
 MODULE_ROLES = {"prime_lab.trainer.train": "trainer", "prime_lab.trainer.sft": "trainer",
                 "torch.distributed.run": "trainer", "prime_lab.trainer.orchestrator": "orchestrator",
@@ -68,7 +76,8 @@ def interval_from_env(environ: Mapping[str, str] | None = None) -> float:
 # The reader -------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ProcessSample:
-    """One process in one sample. `cpu_percent`, `rss_bytes` and `threads` are None where the event lacks them."""
+    """One process in one sample. `cpu_percent`, `rss_bytes` and `threads` are None where the event lacks them. The
+    `sandbox` row sums every sandbox's processes: `count` sandboxes, `processes` processes."""
 
     role: str
     pid: int
@@ -78,6 +87,13 @@ class ProcessSample:
     rank: int | None = None
     env: str | None = None
     name: str | None = None
+    count: int | None = None
+    processes: int | None = None
+
+    @property
+    def shown(self) -> str:
+        """The label as tables show it: the sandboxes' row with their count (`sandbox ×3`)."""
+        return f"{self.label} ×{self.count}" if self.count is not None else self.label
 
     @property
     def label(self) -> str:
@@ -100,6 +116,8 @@ class ProcessSample:
         if self.name is not None:
             out["name"] = self.name
         out.update(pid=self.pid, cpu_percent=self.cpu_percent, rss_bytes=self.rss_bytes, threads=self.threads)
+        if self.count is not None:
+            out.update(count=self.count, processes=self.processes)
         return out
 
 
@@ -136,7 +154,8 @@ class SystemSample:
                                            cpu_percent=_float(item.get("cpu_percent")),
                                            rss_bytes=_int(item.get("rss_bytes")), threads=_int(item.get("threads")),
                                            rank=_int(item.get("rank")), env=_text(item.get("env")),
-                                           name=_text(item.get("name"))))
+                                           name=_text(item.get("name")), count=_int(item.get("count")),
+                                           processes=_int(item.get("processes"))))
         gpus = []
         for item in _list(data.get("gpus")):
             index = _int(item.get("index"))
@@ -164,10 +183,11 @@ class SystemSample:
 
     def scalars(self, prefix: str = "system/") -> dict[str, float]:
         """Flat named numbers (W&B's system metrics): `system/trainer.0/cpu_percent`, `.../rss_bytes`,
-        `.../threads`, `system/gpu.0/utilization_percent`, `system/gpu.0/memory_used_bytes`."""
+        `.../threads` (and the sandboxes' `system/sandbox/count`), `system/gpu.0/utilization_percent`,
+        `system/gpu.0/memory_used_bytes`."""
         out: dict[str, float] = {}
         for label, process in self.by_label().items():
-            for key in ("cpu_percent", "rss_bytes", "threads"):
+            for key in ("cpu_percent", "rss_bytes", "threads", "count"):
                 value = getattr(process, key)
                 if value is not None:
                     out[f"{prefix}{label}/{key}"] = float(value)
@@ -247,10 +267,24 @@ def command_role(cmdline: list[str]) -> Role | None:
             return Role(role, name=module.rsplit(".", 1)[-1] if role == "other" else None)
         if module == "vllm" or module.startswith("vllm."):
             return Role("sampler")
+    if cmdline and Path(cmdline[0]).name == SANDBOX_PROGRAM:
+        return Role(SANDBOX)
     for i, arg in enumerate(cmdline[:-2]):
         if Path(arg).name == ENV_DRIVER and cmdline[i + 1] == "serve":
             return Role("env_server", env=cmdline[i + 2])
     return None
+
+
+def run_sandboxes(run: Run) -> Callable[[], int]:
+    """How many sandboxes `run` has live, read anew at each call: sandbox/local.py records each in the run's
+    `sandboxes/` folder while it lives (runs/ cannot import sandbox/, a floor above it)."""
+    def count() -> int:
+        try:
+            return sum(1 for entry in os.scandir(run.dir / "sandboxes") if entry.name.startswith("sbx-"))
+        except OSError:
+            return 0
+
+    return count
 
 
 def run_roles(run: Run) -> Callable[[], dict[int, str]]:
@@ -345,7 +379,8 @@ class SystemSampler:
 
     def __init__(self, emit: Callable[[dict[str, Any]], object], *, interval_s: float = DEFAULT_INTERVAL_S,
                  roles: Callable[[], Mapping[int, str]] = dict, root_pid: int | None = None, nvml: Any = None,
-                 on_close: Callable[[], object] | None = None) -> None:
+                 on_close: Callable[[], object] | None = None,
+                 sandboxes: Callable[[], int] | None = None) -> None:
         import psutil
 
         self._psutil = psutil
@@ -361,6 +396,8 @@ class SystemSampler:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed = False
+        self.sandboxes = sandboxes  # the run's live sandboxes (None: count the outermost bwraps)
+        self._sandboxes_seen = False  # a sample had sandboxes: every later one has their row
 
     @classmethod
     def for_run(cls, run: Run, *, interval_s: float | None = None, nvml: Any = None) -> SystemSampler:
@@ -374,7 +411,7 @@ class SystemSampler:
             writer.emit(SYSTEM, data)
 
         return cls(emit, interval_s=interval_from_env() if interval_s is None else interval_s,
-                   roles=run_roles(run), nvml=nvml, on_close=writer.close)
+                   roles=run_roles(run), nvml=nvml, on_close=writer.close, sandboxes=run_sandboxes(run))
 
     # The thread -------------------------------------------------------------------------------------------------
     def start(self) -> SystemSampler:
@@ -435,6 +472,7 @@ class SystemSampler:
         registered = self.roles()
         memo: dict[int, tuple[Role, bool]] = {}
         rows: list[tuple[tuple[int, int, str, bool, int], dict[str, Any]]] = []
+        sandboxes: list[tuple[int, bool, float, int, int]] = []  # (pid, outermost, cpu, rss, threads)
         now = time.time()
         for pid, seen in tree.items():
             role, inherited = self._role(pid, tree, registered, memo)
@@ -452,11 +490,23 @@ class SystemSampler:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             seen.fresh = False
+            if role.role == SANDBOX:
+                sandboxes.append((pid, not inherited, cpu, int(rss), int(threads)))
+                continue
             row = ProcessSample(role=role.role, pid=pid, cpu_percent=round(cpu, 1), rss_bytes=int(rss),
                                 threads=int(threads), rank=role.rank, env=role.env, name=role.name).to_json()
             order = ROLES.index(role.role) if role.role in ROLES else len(ROLES)
             # a process named in its own right first, then those that took its role (the labels stay put)
             rows.append(((order, -1 if role.rank is None else role.rank, role.env or "", inherited, pid), row))
+        roots = sorted(pid for pid, outermost, *_ in sandboxes if outermost)
+        count = len(roots) if self.sandboxes is None else self.sandboxes()
+        if sandboxes or count or self._sandboxes_seen:  # once a run had sandboxes, a row each sample (0s between)
+            self._sandboxes_seen = True
+            summed = ProcessSample(role=SANDBOX, pid=roots[0] if roots else 0,
+                                   cpu_percent=round(sum(s[2] for s in sandboxes), 1),
+                                   rss_bytes=sum(s[3] for s in sandboxes), threads=sum(s[4] for s in sandboxes),
+                                   count=count, processes=len(sandboxes))
+            rows.append(((ROLES.index(SANDBOX), -1, "", False, 0), summed.to_json()))
         return [row for _, row in sorted(rows, key=lambda item: item[0])]
 
     def _tree(self) -> dict[int, _Seen]:
@@ -502,18 +552,19 @@ class SystemSampler:
 
     def _role(self, pid: int, tree: Mapping[int, _Seen], registered: Mapping[int, str],
               memo: dict[int, tuple[Role, bool]]) -> tuple[Role, bool]:
-        """A process's role, and whether it took it from an ancestor: the root is the supervisor; a registered
-        process has its registered role; else its command line's; else its nearest named ancestor's (not the
-        supervisor's: what the supervisor runs unnamed is `other`)."""
+        """A process's role, and whether it took it from an ancestor: the root is the supervisor; what runs in a
+        sandbox is the sandbox's, whatever its command line says; a registered process has its registered role;
+        else its command line's; else its nearest named ancestor's (not the supervisor's: what the supervisor runs
+        unnamed is `other`)."""
         if pid in memo:
             return memo[pid]
         seen = tree[pid]
-        own = self._own_role(pid, seen, registered)
+        parent = seen.parent
+        up = self._role(parent, tree, registered, memo)[0] if parent is not None and parent in tree else None
+        own = self._own_role(pid, seen, registered) if up is None or up.role != SANDBOX else None
         if own is not None:
             memo[pid] = (own, False)
         else:
-            parent = seen.parent
-            up = self._role(parent, tree, registered, memo)[0] if parent is not None and parent in tree else None
             if up is None or up.role == "supervisor":
                 memo[pid] = (Role("other", name=_name(seen.process)), False)
             else:

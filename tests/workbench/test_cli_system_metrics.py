@@ -71,3 +71,16 @@ def test_logs_leave_the_system_samples_to_metrics_system_but_with_raw() -> None:
     assert "loss" in plain.stdout and "system" not in plain.stdout.lower()
     raw = [json.loads(line) for line in prime("rl", "logs", run.id, "--raw").stdout.splitlines()]
     assert [e["kind"] for e in raw].count("system") == 2
+
+
+def test_system_shows_the_sandboxes_as_one_row_with_their_count() -> None:
+    run = RunRegistry().create("rl", config_text="", resolved={}, model="m", envs=["code-tests"], max_steps=2)
+    sandboxes = process("sandbox", 200, 140.0, GIB // 4, 9, count=3, processes=7)
+    with run.writer("launcher") as writer:
+        writer.emit("system", {"interval_s": 5.0, "processes": [process("supervisor", 100, 0.5, GIB // 10, 3),
+                                                                sandboxes], "gpus": []})
+    proc = prime("--plain", "rl", "metrics", run.id, "--system")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[2].split("\t") == ["sandbox ×3", "-", "140.0", "256.0 MiB", "9"]
+    samples = json.loads(prime("rl", "metrics", run.id, "--system", "-o", "json").stdout)
+    assert samples[0]["processes"][1] == sandboxes  # count and processes kept

@@ -92,7 +92,8 @@ def test_the_system_tab_shows_each_process_and_gpu_of_an_ended_run(tmp_path: Pat
              process("env_server", 14, 5.0, 200 << 20, 4, env="tools")], []))
         launcher.emit("system", system_sample(  # the environment server exited before the last sample
             [process("supervisor", 10, 2.0, 80 << 20, 3), process("trainer", 11, 99.0, 2 * gib, 12, rank=0),
-             process("orchestrator", 12, 25.0, 400 << 20, 8), process("sampler", 13, 160.0, 3 * gib, 20, rank=0)],
+             process("orchestrator", 12, 25.0, 400 << 20, 8), process("sampler", 13, 160.0, 3 * gib, 20, rank=0),
+             process("sandbox", 15, 40.0, 100 << 20, 9, count=2, processes=6)],  # 2 sandboxes' 6 processes
             [{"index": 0, "name": "NVIDIA H100", "utilization_percent": 55.0, "memory_used_bytes": 40 * gib,
               "memory_total_bytes": 80 * gib}]))
 
@@ -104,14 +105,15 @@ def test_the_system_tab_shows_each_process_and_gpu_of_an_ended_run(tmp_path: Pat
             screen = app.screen
             await until(pilot, lambda: screen.query_one(TabbedContent).active == "system")
             table = screen.query_one("#system-processes", DataTable)
-            await until(pilot, lambda: table.row_count == 5)
+            await until(pilot, lambda: table.row_count == 6)
             rows = [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
             assert [row[0] for row in rows] == ["supervisor", "trainer.0", "orchestrator", "sampler.0",
-                                                "env_server.tools"]
+                                                "env_server.tools", "sandbox ×2"]
             assert rows[1][1:5] == ["11", "99.0", "2.0 GiB", "12"]  # the newest sample's values
             assert rows[4][2:] == ["5.0", "200.0 MiB", "4", "exited"]  # its last values, marked
+            assert rows[5][1:5] == ["-", "40.0", "100.0 MiB", "9"]  # the sandboxes summed: no one pid
             summary = str(screen.query_one("#system-summary", Static).render())
-            assert summary.startswith("4 processes · CPU 286% · RSS 5.5 GiB · the run's last sample")
+            assert summary.startswith("10 processes · 2 sandboxes · CPU 326% · RSS 5.6 GiB · the run's last sample")
             gpus = screen.query_one("#system-gpus", DataTable)
             assert gpus.display and [str(c) for c in gpus.get_row_at(0)] == [
                 "0", "NVIDIA H100", "55", "40.0 GiB / 80.0 GiB (50%)"]

@@ -243,7 +243,8 @@ def show_system_metrics(run: Run, limit: int | None, output: OutputFormat) -> No
     samples = [SystemSample.from_event_data(event.data, time=event.time) for event in events]
     latest = latest_by_process(samples)
     print_table(("PROCESS", "PID", "CPU %", "RSS", "THREADS"),
-                [(label, str(p.pid), "-" if p.cpu_percent is None else f"{p.cpu_percent:.1f}",
+                [(p.shown if label == p.label else label, "-" if p.count is not None else str(p.pid),
+                  "-" if p.cpu_percent is None else f"{p.cpu_percent:.1f}",
                   "-" if p.rss_bytes is None else size(p.rss_bytes), "-" if p.threads is None else str(p.threads))
                  for label, p in latest.items()],
                 justify={"PID": "right", "CPU %": "right", "RSS": "right", "THREADS": "right"})

@@ -72,15 +72,20 @@ class SystemPane(Vertical):
         running = [process for _, process, alive in rows if alive]
         cpu = sum(p.cpu_percent or 0.0 for p in running)
         rss = sum(p.rss_bytes or 0 for p in running)
+        boxes = [p for p in running if p.count is not None]  # the sandboxes' row (runs/system_metrics.py)
+        count = sum((p.processes or 0) if p.count is not None else 1 for p in running)
+        sandboxes = f" · {sum(p.count or 0 for p in boxes)} sandboxes" if boxes else ""
         at = time.strftime("%H:%M:%S", time.localtime(newest.time)) if newest.time is not None else "?"
         every = f", every {newest.interval_s:g} s" if newest.interval_s else ""
         last = "the run's last sample" if ended else "sampled"
-        summary.update(f"{len(running)} processes · CPU {cpu:.0f}% · RSS {size(rss)} · {last} {at}{every}"
+        summary.update(f"{count} processes{sandboxes} · CPU {cpu:.0f}% · RSS {size(rss)} · {last} {at}{every}"
                        + ("" if newest.gpus else " · no GPU visible"))
         for label, process, alive in rows:
             style = "" if alive else "dim"
             cells: tuple[tuple[str, Literal["left", "right"]], ...] = (
-                (label, "left"), (str(process.pid), "right"), (number(process.cpu_percent), "right"),
+                (process.shown if label == process.label else label, "left"),
+                ("-" if process.count is not None else str(process.pid), "right"),
+                (number(process.cpu_percent), "right"),
                 (size(process.rss_bytes), "right"),
                 ("-" if process.threads is None else str(process.threads), "right"),
                 ("" if alive else "exited", "left"))
