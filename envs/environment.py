@@ -428,6 +428,11 @@ class MultiTurnEnv(Environment):
     def setup_state(self, row: dict[str, Any]) -> State:
         return {"turn": 0, "answer": row["answer"], "info": row["info"], "task": row["task"]}
 
+    async def cleanup_state(self, state: State) -> None:
+        """Called once when a rollout ends, however it ends (completed, failed, cut at its time limit: then while
+        it is being cancelled): give back what the rollout took (a sandbox its tools opened). It runs before the
+        rollout is scored; an exception it raises is recorded on the rollout."""
+
     async def is_completed(self, messages: Messages, state: State) -> bool:
         return False
 
@@ -481,6 +486,13 @@ class MultiTurnEnv(Environment):
                     break
         except Exception as exc:  # the endpoint or env_response failed: record it on this rollout, go on
             rollout.error, rollout.stop_condition, rollout.error_source = error_text(exc), "error", source
+        finally:
+            try:
+                await self.cleanup_state(state)
+            except Exception as exc:
+                rollout.error = "\n".join([*([rollout.error] if rollout.error else []),
+                                           f"cleaning up the rollout failed: {error_text(exc)}"])
+                rollout.error_source = rollout.error_source or "environment"
         rollout.timing["generation_ms"] = generation_ms
         rollout.timing["total_ms"] = (time.perf_counter() - started) * 1000
         return rollout

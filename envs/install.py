@@ -562,6 +562,7 @@ def install_beside(target: Path, say: Callable[[str], None] | None = None) -> Be
             say(f"pip check lists {len(new)} conflict(s) it did not before this install: " + " ".join(new))
         _remember(site, how.project, before, after)
         remove_record(how.project)  # beside prime-lab now: an earlier install at its own release no longer applies
+        _say_host_code(how.target, [str(f["id"]) for f in found], say)
         return BesideInstall(how, found, new)
 
 
@@ -614,6 +615,16 @@ def environments_of(project: str) -> list[dict[str, object]]:
         raise InstallError(f"checking the installed package failed: {releases._last_lines(out.stderr, 1)}")
     found: list[dict[str, object]] = json.loads(out.stdout.strip().splitlines()[-1])
     return found
+
+
+def _say_host_code(target: Path, ids: list[str], say: Callable[[str], None] | None) -> None:
+    """Say (a warning) where the installed package's own code runs model-written code on this machine, outside the
+    sandbox (envs/host_code.py), unless PRIME_LAB_ALLOW_HOST_CODE accepts it."""
+    from prime_lab.envs import host_code
+
+    line = host_code.at_install(target, ids)
+    if line is not None and callable(say):
+        say(f"warning: {line}")
 
 
 # At the environment's own verifiers release ----------------------------------------------------------------------
@@ -808,6 +819,7 @@ def install_isolated(target: Path, choice: ReleaseChoice, say: Any = None) -> li
                 for record in found:
                     isolated.save_record(record)
                 _remember(env, how.project, before, env.dists())
+                _say_host_code(how.target, [record.name for record in found], say)
                 return found
             take_back_in(env, before, how.project)
         module, checked = failure

@@ -14,6 +14,10 @@ used):
 - `template`: `tools` with `tool_choice: "none"`. vLLM without `--enable-auto-tool-choice` refuses "auto" but takes
   this: the chat template still shows the model its tools, and the calls come back as text.
 - `text`: no `tools` at all, for servers that refuse the field.
+
+A tool that needs its rollout's `state` (a sandbox the rollout opened, what an earlier call left) declares it as a
+keyword-only parameter, `def python(code: str, *, state: State) -> str`: it gets the rollout's state and the model
+never sees the parameter. What such a tool takes, `MultiTurnEnv.cleanup_state` gives back when the rollout ends.
 """
 
 from __future__ import annotations
@@ -32,12 +36,24 @@ _CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
 
+STATE_PARAMETER = "state"  # a tool's keyword-only parameter that gets the rollout's state (hidden from the model)
+
+
+def takes_state(func: Callable[..., Any]) -> bool:
+    """Whether the tool `func` declares a keyword-only `state` parameter (the rollout's state)."""
+    param = inspect.signature(func).parameters.get(STATE_PARAMETER)
+    return param is not None and param.kind is inspect.Parameter.KEYWORD_ONLY
+
+
 def tool_schema(func: Callable[..., Any]) -> dict[str, Any]:
-    """The OpenAI function schema of a Python function (types from hints, description from the docstring)."""
+    """The OpenAI function schema of a Python function (types from hints, description from the docstring); a
+    keyword-only `state` parameter is left out (the rollout's state, which the environment passes)."""
     hints = get_type_hints(func)
     properties: dict[str, Any] = {}
     required: list[str] = []
     for name, param in inspect.signature(func).parameters.items():
+        if name == STATE_PARAMETER and param.kind is inspect.Parameter.KEYWORD_ONLY:
+            continue
         properties[name] = {"type": _JSON_TYPES.get(hints.get(name, str), "string")}
         if param.default is inspect.Parameter.empty:
             required.append(name)
@@ -123,7 +139,7 @@ class ToolEnv(MultiTurnEnv):
         last = messages[-1]
         return last.get("role") == "assistant" and not parse_tool_calls(last)
 
-    async def call_tool(self, name: str, args: Any) -> str:
+    async def call_tool(self, name: str, args: Any, state: State | None = None) -> str:
         if isinstance(args, str):
             return f"Error: {args}"
         tool = self.tools.get(name)
@@ -131,6 +147,8 @@ class ToolEnv(MultiTurnEnv):
             return f"Error: unknown tool '{name}'; available: {', '.join(self.tools)}"
         if not isinstance(args, dict):
             return "Error: arguments must be a JSON object"
+        if takes_state(tool):
+            args = {**args, STATE_PARAMETER: state if state is not None else {}}
         try:
             result = tool(**args)
             if inspect.isawaitable(result):
@@ -141,7 +159,7 @@ class ToolEnv(MultiTurnEnv):
 
     async def env_response(self, messages: Messages, state: State) -> tuple[Messages, State]:
         calls = parse_tool_calls(messages[-1])
-        results = await asyncio.gather(*(self.call_tool(name, args) for name, args, _ in calls))
+        results = await asyncio.gather(*(self.call_tool(name, args, state) for name, args, _ in calls))
         state["tool_calls"] = state.get("tool_calls", 0) + len(calls)
         return [{"role": "tool", "tool_call_id": call_id, "content": result}
                 for (_, _, call_id), result in zip(calls, results, strict=True)], state

@@ -27,6 +27,7 @@ from prime_lab.envs import (
     Environment,
     Rollout,
     SamplingArgs,
+    host_code,
     isolated,
     load_environment,
     redact,
@@ -163,6 +164,8 @@ def run_evaluation(
     results_path.write_text("")
     writer = run.writer("eval") if run is not None else None
     rows = with_tools_shown(spec, env, rows, writer, announce)
+    for line in host_code.warnings_for([spec.env_id]):  # its own code runs what the model writes, on this machine
+        _teller(writer, announce)(line, "WARNING")
     api_key = os.environ.get(spec.api_key_var, "") if spec.api_key_var else ""
     client = AsyncOpenAI(base_url=spec.base_url, api_key=api_key or "EMPTY", max_retries=1,
                          timeout=spec.request_timeout)
@@ -233,15 +236,19 @@ def with_tools_shown(spec: EvalSpec, env: Environment, rows: list[dict[str, Any]
     `tools` and `spec.tools_in_system_prompt` asks; either way said once, as an event and to `announce`
     (envs/tool_prompt.py)."""
     model = spec.model_source or spec.model
+    return ToolPrompts(model, lambda: local_tokenizer(model), enabled=spec.tools_in_system_prompt,
+                       log=_teller(writer, announce), setting=TOOLS_SETTING).rows(spec.env_id, env, rows)
 
+
+def _teller(writer: EventWriter | None, announce: Callable[[str], None] | None) -> Callable[[str, str], None]:
+    """Saying a line to the user: as an event of the run and to `announce`."""
     def say(message: str, level: str) -> None:
         if writer is not None:
             writer.log(message, level)
         if announce is not None:
             announce(f"{level}: {message}")
 
-    return ToolPrompts(model, lambda: local_tokenizer(model), enabled=spec.tools_in_system_prompt, log=say,
-                       setting=TOOLS_SETTING).rows(spec.env_id, env, rows)
+    return say
 
 
 def _system_message(rows: list[dict[str, Any]]) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prime_lab.envs import Environment, SamplingArgs, isolated, load_environment
+from prime_lab.envs import Environment, SamplingArgs, host_code, isolated, load_environment
 from prime_lab.envs.tool_prompt import KEY as TOOLS_KEY
 from prime_lab.envs.tool_prompt import ToolPlan, ToolPrompts
 from prime_lab.gepa.budget import budget_for, proposals_within
@@ -135,6 +135,8 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
         if announce is not None:
             announce(f"{level}: {message}")
 
+    for line in host_code.warnings_for([settings.env_id]):  # its own code runs what the model writes, on this machine
+        tell(line, "WARNING")
     adapter = EnvironmentAdapter(env, task, reflection, sampling=settings.sampling_args(),
                                  max_concurrent=settings.max_concurrent, state_columns=settings.state_columns,
                                  reflection_max_tokens=settings.reflection_max_tokens,

@@ -51,6 +51,7 @@ from prime_lab.envs import (
     Environment,
     Rollout,
     SamplingArgs,
+    host_code,
     isolated,
     load_env_files,
     load_environment,
@@ -233,6 +234,9 @@ class Orchestrator:
         # tools_in_system_prompt their schemas written into the rows' system messages (envs/tool_prompt.py)
         self.tools = ToolPrompts(config.model, lambda: local_tokenizer(str(model_path or model)),
                                  enabled=config.sampling.tools_in_system_prompt, log=self.log)
+        # an environment whose own code runs what the model writes on this machine, outside the sandbox: said once
+        for line in host_code.warnings_for([e.id for e in (*config.env, *(config.eval.env if config.eval else ()))]):
+            self.log(line, "WARNING")
         self.sampler = MixSampler({n: self.rows(n, e.get_dataset()) for n, e in self.envs.items()},
                                   config.env_weights, seed=config.buffer.seed)
         self.filter = GroupFilter(config.buffer, config.difficulty_filter)

@@ -13,7 +13,7 @@ from prime_lab.runs.registry import RunRegistry
 from tests.support import cli
 
 prime = partial(cli.prime, timeout=600)
-ENVS = ["reverse-text", "alphabet-sort", "gsm8k", "wordle", "math-python"]
+ENVS = ["reverse-text", "alphabet-sort", "gsm8k", "wordle", "math-python", "code-tests"]
 # Multi-turn environments capped at two model turns in the SmolLM2 tests, to keep CI time down.
 SHORT_ARGS = {"alphabet-sort": '{"min_turns": 2, "max_turns": 2}', "wordle": '{"max_turns": 2}',
               "math-python": '{"max_turns": 2}'}

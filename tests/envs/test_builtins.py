@@ -17,7 +17,7 @@ from prime_lab.envs.builtin.wordle import feedback
 from tests.envs.scripted import scripted_endpoint
 
 IDS = ["primeintellect/reverse-text", "primeintellect/alphabet-sort", "primeintellect/gsm8k",
-       "primeintellect/wordle", "primeintellect/math-python"]
+       "primeintellect/wordle", "primeintellect/math-python", "primeintellect/code-tests"]
 
 
 def play(env_id: str, replies: list[str | None], **args: Any) -> Any:

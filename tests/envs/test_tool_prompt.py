@@ -88,7 +88,7 @@ def test_an_environment_whose_system_prompt_names_its_tools_needs_nothing() -> N
     env = load_environment("math-python")  # prime-lab's ToolEnv writes its tools into its system prompt
     rows = env.get_eval_dataset(1)
     tools = environment_tools(env)
-    assert [t["function"]["name"] for t in tools] == ["calculate"]
+    assert [t["function"]["name"] for t in tools] == ["python", "calculate"]
     assert plan_tools("math-python", tools, rows[0], model="m", shows_tools=False, enabled=False).action == "none"
     said: list[str] = []
     prompts = ToolPrompts("m", lambda: pytest.fail("no tokenizer is needed"), enabled=True,

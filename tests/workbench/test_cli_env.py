@@ -31,7 +31,8 @@ def test_env_list_shows_installed_environments_and_what_each_id_loads(site: Path
     assert proc.returncode == 0, proc.stderr
     envs = {e["id"]: e for e in json.loads(proc.stdout)}
     assert set(envs) == {"reverse-text", "sums-plugin", "primeintellect/alphabet-sort", "primeintellect/gsm8k",
-                         "primeintellect/math-python", "primeintellect/reverse-text", "primeintellect/wordle"}
+                         "primeintellect/math-python", "primeintellect/reverse-text", "primeintellect/wordle",
+                         "primeintellect/code-tests"}
     installed = envs["reverse-text"]
     assert (installed["source"], installed["module"], installed["distribution"], installed["version"]) == \
         ("installed", "reverse_text", "reverse-text", "0.1.4")
