@@ -231,7 +231,7 @@ class Run:
         dead owner left processes behind, `prime rl restart` before it starts a new supervisor."""
         status = self.read_status()
         targets = [(pid, start) for role, pid, start in self.registered_processes(status)
-                   if role not in SPARED_ROLES and pid != os.getpid()]
+                   if role not in SPARED_ROLES and pid != os.getpid()] + self.sandbox_processes()
         pgid = status.get("pgid")
         if isinstance(pgid, int) and pgid > 1 and pgid != os.getpgrp():
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -244,6 +244,20 @@ class Run:
             if not alive or time.monotonic() >= deadline:
                 return alive
             time.sleep(0.05)
+
+    def sandbox_processes(self) -> list[tuple[int, str | None]]:
+        """(pid, start time) of each command and job running in the run's sandboxes: sandbox/local.py writes each
+        sandbox's folder to `sandboxes/<id>` here and each running command's pid (its process group's leader) to
+        `<folder>/procs/<pid>`, holding its start time (runs/ cannot import sandbox/, a floor above it)."""
+        found: list[tuple[int, str | None]] = []
+        with contextlib.suppress(OSError):
+            for record in (self.dir / "sandboxes").iterdir():
+                with contextlib.suppress(OSError):
+                    for proc in (Path(record.read_text().strip()) / "procs").iterdir():
+                        if proc.name.isdigit():
+                            with contextlib.suppress(OSError):
+                                found.append((int(proc.name), proc.read_text().strip() or None))
+        return found
 
     @property
     def state(self) -> str:

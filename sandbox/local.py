@@ -64,9 +64,9 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger("prime_lab.sandbox")
@@ -75,6 +75,7 @@ DEFAULT_TIMEOUT = 300.0  # seconds per command, as prime_sandboxes' execute_comm
 NPROC = 256  # processes and threads per command (the user namespace's count)
 NOFILE = 1024
 SHM_BYTES = 64 << 20  # /dev/shm, a tmpfs of its own per command
+WATCH_SECONDS = (0.1, 0.1, 0.2, 0.4, 1.0)  # a running command's disk use is measured after these, then every 1 s
 OUTPUT_LIMIT = 16 << 20  # bytes of a command's stdout (and of its stderr) kept; the rest is cut with a note
 SANDBOX_UID = 65534  # what root's commands run as (nobody)
 APP, TMP, VENV, BASE = "/app", "/tmp", "/opt/venv", "/opt/python-base"
@@ -147,14 +148,17 @@ def sandbox_home() -> Path:
     return (Path(lab).expanduser() if lab else Path.home() / ".prime-lab") / "sandboxes"
 
 
+ROOT_STAGE = Path("/var/tmp/prime-lab-sandboxes-root")
+
+
 def data_home(home: Path | None = None) -> Path:
-    """Where sandbox folders and the images' pip environments live: the sandbox home, except for root when uid
-    65534 (what root's commands run as, and what bwrap binds them as) cannot reach it (/root is 0700): then
-    `/var/tmp/prime-lab-sandboxes-<hash of the home>` (root's, 0711), each `<home>/<id>` a link to its folder."""
+    """Where sandbox folders live: the sandbox home, except for root when uid 65534 (what root's commands run as,
+    and what bwrap binds them as) cannot reach it (/root is 0700): then ROOT_STAGE (root's, 0711), each
+    `<home>/<id>` a link to its folder there."""
     home = home or sandbox_home()
     if os.geteuid() != 0 or _reachable(home):
         return home
-    stage = Path(f"/var/tmp/prime-lab-sandboxes-{hashlib.sha256(str(home.absolute()).encode()).hexdigest()[:10]}")
+    stage = ROOT_STAGE
     with contextlib.suppress(FileExistsError):
         stage.mkdir(mode=0o711)
     found = os.lstat(stage)
@@ -162,6 +166,16 @@ def data_home(home: Path | None = None) -> Path:
         raise SandboxError(f"{stage} is not root's own folder (mode 0711): remove it, or set PRIME_LAB_SANDBOXES to "
                            f"a folder uid {SANDBOX_UID} can reach")
     return stage
+
+
+def images_home(home: Path | None = None) -> Path:
+    """Where the images' pip environments are made once: `<data home>/images`, or `PRIME_LAB_SANDBOX_IMAGES`
+    (the test suite shares one across its per-test homes)."""
+    data = data_home(home)
+    found = os.environ.get("PRIME_LAB_SANDBOX_IMAGES")
+    if found and (os.geteuid() != 0 or _reachable(found)):
+        return Path(found).expanduser()
+    return data / "images"
 
 
 def _reachable(path: Path | str, uid: int = SANDBOX_UID) -> bool:
@@ -194,6 +208,7 @@ def bwrap_path() -> str | None:
 
 
 _probed: dict[str, str | None] = {}
+_noted: set[str] = set()  # image notes said in this process
 
 
 def isolation_problem() -> str | None:
@@ -297,7 +312,7 @@ def _candidates(minor: int | None) -> list[str]:
 def resolve_image(image: str, home: Path | None = None) -> Interpreter:
     """The interpreter (with pip) a docker image maps to, its pip environment made once (a few seconds)."""
     minor = image_minor(image)
-    images = data_home(home) / "images"
+    images = images_home(home)
     images.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(OSError):
         os.chmod(images, 0o755)
@@ -378,7 +393,8 @@ def create(spec: SandboxSpec | None = None) -> Sandbox:
     home = sandbox_home()
     data = data_home(home)
     interpreter = resolve_image(spec.image, home)
-    if interpreter.note:
+    if interpreter.note and interpreter.note not in _noted:
+        _noted.add(interpreter.note)
         log.warning("%s", interpreter.note)
     if spec.isolation == "strong":
         problem = isolation_problem()
@@ -401,7 +417,7 @@ def create(spec: SandboxSpec | None = None) -> Sandbox:
     for sub in ("app", "tmp", "venv", "procs", "logs"):
         (folder / sub).mkdir()
     strong = spec.isolation == "strong"
-    _write_venv(folder / "venv", interpreter, inside=VENV if strong else str(folder / "venv"),
+    _write_venv(folder / "venv", interpreter, inside=VENV if strong else str(data / sandbox_id / "venv"),
                 base=BASE if strong else interpreter.base)
     for sub in ("app", "tmp", "venv"):
         os.chmod(folder / sub, 0o700)
@@ -533,12 +549,13 @@ class Sandbox:
         """The host argv, Popen keyword arguments and the fds to close after the start, for `argv` inside."""
         spec = self.spec
         strong = spec.isolation == "strong"
-        venv_bin = f"{VENV if strong else self.folder / 'venv'}/bin"
-        variables = {"PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin", "HOME": APP if strong else
-                     str(self.folder / "app"), "LANG": "C.UTF-8", "MALLOC_ARENA_MAX": "2",
+        real = Path(os.path.realpath(self.folder))  # for root, the link's target (uid 65534 cannot pass the link)
+        venv_bin = f"{VENV if strong else real / 'venv'}/bin"
+        variables = {"PATH": f"{venv_bin}:/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
+                     "HOME": APP if strong else str(real / "app"), "LANG": "C.UTF-8", "MALLOC_ARENA_MAX": "2",
                      "VIRTUAL_ENV": venv_bin[:-4], "PYTHONDONTWRITEBYTECODE": "1"}
         if not strong:
-            variables["TMPDIR"] = str(self.folder / "tmp")
+            variables["TMPDIR"] = str(real / "tmp")
         variables.update(spec.env)
         variables.update(env or {})
         limits = [f"--as={max(64 << 20, int(spec.memory_gb * (1 << 30)))}",
@@ -584,6 +601,7 @@ class Sandbox:
             for opened in fds:
                 os.close(opened)
             raise SandboxGone(f"sandbox {self.id} is gone: {error}") from error
+        kwargs["env"] = {"PATH": "/usr/bin:/bin"}  # bwrap is pid 1 inside: its /proc/1/environ is readable there
         args += ["--proc", "/proc", "--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
                  "--remount-ro", "/", "--chdir", _inside_path(working_dir or APP), *inner]
         kwargs["pass_fds"] = tuple(fds)
@@ -617,7 +635,6 @@ class Sandbox:
         args, kwargs, fds = self._command(argv, working_dir=working_dir, env=env)
         out, err = self._outputs()
         started = time.monotonic()
-        timed_out = False
         with open(out, "wb") as out_file, open(err, "wb") as err_file:
             if stdin is not None:
                 kwargs["stdin"] = subprocess.PIPE
@@ -627,17 +644,23 @@ class Sandbox:
                 for opened in fds:
                     os.close(opened)
             self._record(process.pid)
+            stop = None
             try:
                 if stdin is not None:
                     assert process.stdin is not None
                     with contextlib.suppress(BrokenPipeError):
                         process.stdin.write(stdin)
                     process.stdin.close()
-                process.wait(timeout=limit)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(process.pid)
-                process.wait()
+                for step in _watch_steps():
+                    try:
+                        process.wait(timeout=min(step, max(0.0, started + limit - time.monotonic())))
+                        break
+                    except subprocess.TimeoutExpired:
+                        stop = self._why_stop(started + limit)
+                        if stop:
+                            _kill_group(process.pid)
+                            process.wait()
+                            break
             except BaseException:
                 _kill_group(process.pid)
                 process.wait()
@@ -645,7 +668,7 @@ class Sandbox:
             finally:
                 _kill_group(process.pid)  # what a command left in its group (the namespace ends with it)
                 self._unrecord(process.pid)
-        return self._result(label, process.returncode, timed_out, time.monotonic() - started, out, err)
+        return self._result(label, process.returncode, stop, time.monotonic() - started, out, err)
 
     async def aexecute(self, command: str, *, timeout: float | None = None, working_dir: str | None = None,
                        env: dict[str, str] | None = None) -> CommandResult:
@@ -654,7 +677,6 @@ class Sandbox:
         args, kwargs, fds = self._command(["sh", "-c", command], working_dir=working_dir, env=env)
         out, err = self._outputs()
         started = time.monotonic()
-        timed_out = False
         with open(out, "wb") as out_file, open(err, "wb") as err_file:
             try:
                 process = await asyncio.create_subprocess_exec(*args, stdout=out_file, stderr=err_file, **kwargs)
@@ -662,35 +684,64 @@ class Sandbox:
                 for opened in fds:
                     os.close(opened)
             self._record(process.pid)
+            waiter = asyncio.ensure_future(process.wait())
+            stop = None
             try:
-                await asyncio.wait_for(process.wait(), timeout=limit)
-            except TimeoutError:
-                timed_out = True
-                _kill_group(process.pid)
-                await process.wait()
+                for step in _watch_steps():
+                    done, _ = await asyncio.wait(
+                        {waiter}, timeout=min(step, max(0.0, started + limit - time.monotonic())))
+                    if done:
+                        break
+                    stop = self._why_stop(started + limit)
+                    if stop:
+                        _kill_group(process.pid)
+                        await waiter
+                        break
             except BaseException:
                 _kill_group(process.pid)
                 with contextlib.suppress(BaseException):
-                    await asyncio.shield(process.wait())
+                    await asyncio.shield(waiter)
                 raise
             finally:
                 _kill_group(process.pid)
                 self._unrecord(process.pid)
-        return self._result(command, process.returncode or 0, timed_out, time.monotonic() - started, out, err)
+        return self._result(command, process.returncode, stop, time.monotonic() - started, out, err)
+
+    def _why_stop(self, deadline: float) -> str | None:
+        """Why a running command must stop now: "timeout" past its deadline, "disk" past the disk limit."""
+        if time.monotonic() >= deadline:
+            return "timeout"
+        if self.disk_used() > self.spec.disk_size_gb * (1 << 30):
+            return "disk"
+        return None
+
+    def disk_used(self) -> int:
+        """Bytes on disk under /app, /tmp and the sandbox's Python environment."""
+        total = 0
+        for sub in ("app", "tmp", "venv"):
+            for folder, _dirs, files in os.walk(self.folder / sub):
+                for name in files:
+                    with contextlib.suppress(OSError):
+                        total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+        return total
 
     def _limit(self, timeout: float | None) -> float:
         left = self._live_or_raise()
         return max(0.001, min(DEFAULT_TIMEOUT if timeout is None else float(timeout), left))
 
-    def _result(self, label: str, code: int | None, timed_out: bool, seconds: float, out: Path,
+    def _result(self, label: str, code: int | None, stop: str | None, seconds: float, out: Path,
                 err: Path) -> CommandResult:
         stdout, stderr = _read_output(out), _read_output(err)
         code = 0 if code is None else code
         if code < 0:
             code = 128 - code
+        timed_out = stop == "timeout"
         if timed_out:
             code = 124
-        oom = not timed_out and (code == 128 + signal.SIGKILL or "MemoryError" in stderr
+        if stop == "disk":
+            stderr += (f"\n[sandbox] stopped: /app, /tmp and its Python environment passed the disk limit of "
+                       f"{self.spec.disk_size_gb:g} GB (disk_size_gb); delete files to go on\n")
+        oom = stop is None and (code == 128 + signal.SIGKILL or "MemoryError" in stderr
                                  or "Cannot allocate memory" in stderr or "std::bad_alloc" in stderr
                                  or "out of memory" in stderr.lower())
         result = CommandResult(stdout=stdout, stderr=stderr, exit_code=code, timed_out=timed_out, oom=oom,
@@ -715,7 +766,7 @@ class Sandbox:
                   'echo $code >"$4.tmp" && mv "$4.tmp" "$4"')
         files = [job.stdout_file, job.stderr_file, job.exit_file]
         if self.spec.isolation != "strong":
-            files = [str(self.folder / "tmp" / Path(name).name) for name in files]
+            files = [str(Path(os.path.realpath(self.folder)) / "tmp" / Path(name).name) for name in files]
         args, kwargs, fds = self._command(["sh", "-c", script, "sh", command, *files, f"{max(1, int(left))}"],
                                           working_dir=working_dir, env=env)
         try:
@@ -766,7 +817,7 @@ class Sandbox:
         path = _inside_path(inside)
         for mount, sub in ((APP, "app"), (TMP, "tmp")):
             if path == mount or path.startswith(mount + "/"):
-                return self.folder / sub / path[len(mount):].lstrip("/")
+                return Path(os.path.realpath(self.folder)) / sub / path[len(mount):].lstrip("/")
         if self.spec.isolation != "strong":
             return Path(path)
         return None
@@ -1001,6 +1052,12 @@ def _descendants(roots: list[int]) -> list[int]:
         found.append(pid)
         stack.extend(children.get(pid, []))
     return found
+
+
+def _watch_steps() -> Iterator[float]:
+    yield from WATCH_SECONDS
+    while True:
+        yield WATCH_SECONDS[-1]
 
 
 def _kill_group(pid: int) -> None:

@@ -23,6 +23,8 @@ def lab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home = tmp_path / "prime-lab-home"
     home.mkdir()
     monkeypatch.setenv("PRIME_LAB_HOME", str(home))
+    # Sandboxes' per-image pip environments (sandbox/local.py) are made once per machine, not once per test.
+    monkeypatch.setenv("PRIME_LAB_SANDBOX_IMAGES", str(Path.home() / ".cache" / "prime-lab-test-sandbox-images"))
     yield home
 
 
