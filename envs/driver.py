@@ -21,6 +21,11 @@ A failed `check` or `describe` writes its error with the chain of errors that ca
 prime-lab's hub.py reads: a Hub dataset out of reach gets the same message and fix as in prime-lab's process) and
 the load function's arguments with their values.
 
+Before any of them imports the environment, `import prime_sandboxes` is made to give prime-lab's local sandboxes
+(unless the run's `[sandbox] provider` is "prime"): `local_sandboxes` loads prime-lab's sandbox folder, beside this
+one, by path as the package `_prime_lab_sandbox` (its shim, settings and core import only the standard library) and
+installs its shim.
+
 The server process leads its own process group; when the process that started it dies it ends that whole group
 (verifiers' servers fork workers), so nothing outlives the run, the evaluation or the GEPA run it serves.
 """
@@ -39,8 +44,11 @@ import sys
 import threading
 import time
 import traceback
+import types
 from typing import Any
 
+SANDBOX_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sandbox")
+SANDBOX_PACKAGE = "_prime_lab_sandbox"  # prime-lab's sandbox folder, by path: `prime_lab` is not importable here
 SERVER_MODULES = (  # where each release keeps its classic environment server
     "verifiers.serve.server.zmq_env_server",  # 0.1.12 - 0.3.0
     "verifiers.legacy.serve.server.zmq_env_server",  # 0.3.1
@@ -72,6 +80,20 @@ def jsonable(obj: Any) -> Any:
         with contextlib.suppress(Exception):
             return jsonable(item())
     return str(obj)
+
+
+def local_sandboxes() -> None:
+    """`import prime_sandboxes` gives prime-lab's local sandboxes (prime-lab's sandbox/shim.py, by path)."""
+    if not os.path.isfile(os.path.join(SANDBOX_FOLDER, "shim.py")):
+        return
+    package = types.ModuleType(SANDBOX_PACKAGE)
+    package.__path__ = [SANDBOX_FOLDER]
+    sys.modules.setdefault(SANDBOX_PACKAGE, package)
+    try:
+        importlib.import_module(f"{SANDBOX_PACKAGE}.shim").install()
+    except Exception as exc:  # noqa: BLE001 - said in the server's log; the environment still loads
+        print(f"driver: prime-lab's local sandboxes could not be installed in this interpreter "
+              f"({type(exc).__name__}: {exc}); prime_sandboxes stays Prime's hosted client", file=sys.stderr)
 
 
 # check -------------------------------------------------------------------------------------------------------------
@@ -353,6 +375,7 @@ def serve(module: str, args: dict[str, Any], address: str, log_dir: str) -> None
 
 def main(argv: list[str]) -> int:
     command, module, *rest = argv
+    local_sandboxes()
     if command in ("check", "describe"):  # the answer goes to a file: the environment may print on stdout
         *args, out = rest
         if command == "check":

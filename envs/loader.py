@@ -7,7 +7,8 @@ does not mention `load_environment` (some unrelated package with the same name) 
 `environments()` lists both, with what each id resolves to. Problems (no such environment, no `load_environment`,
 an argument it does not take, a Hub dataset out of reach, a key it needs that is not set) raise
 `EnvironmentLoadError` with a one-line message that names the id and what to do. Environments load with the Hub
-offline unless the user chose (`hub.py`).
+offline unless the user chose (`hub.py`). `import prime_sandboxes` in an environment gives the local sandboxes unless
+`[sandbox] provider = "prime"` (sandbox/shim.py, installed before an environment's module is imported).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from prime_lab.envs.installed import (
     read_signature,
 )
 from prime_lab.envs.secrets import missing_key_message
+from prime_lab.sandbox import shim
 
 # The built-in environments' package (`envs/builtin/`), found by name: its modules are imported when listed.
 BUILTIN_PACKAGE = "prime_lab.envs.builtin"
@@ -82,8 +84,11 @@ def resolve(env_id: str) -> Resolution:
 
 
 def _find_module(env_id: str) -> tuple[ModuleType, str]:
-    """The environment's module, imported, and the name of its load function."""
+    """The environment's module, imported, and the name of its load function. Before it is imported,
+    `import prime_sandboxes` is made to give the sandboxes `[sandbox] provider` names (local ones by default:
+    sandbox/shim.py)."""
     where = resolve(env_id)
+    shim.install()
     try:
         return importlib.import_module(where.module), where.function
     except Exception as exc:

@@ -41,6 +41,7 @@ from prime_lab.problems.schema import ConfigSection
 from prime_lab.problems.validation import Validation, validate_file
 from prime_lab.runs.events import EventWriter
 from prime_lab.runs.registry import Run, RunError, RunRegistry
+from prime_lab.sandbox.config import SandboxConfig
 
 SAMPLE_EVENTS = 3  # rollouts sent whole as `sample` events (the rest are summarised)
 TOOLS_SETTING = "[sampling] tools_in_system_prompt = true (prime eval run: -S '{\"tools_in_system_prompt\": true}')"
@@ -284,6 +285,7 @@ class EvalFileConfig(ConfigSection):
     base_url: str | None = None
     adapter: str | None = None  # RUN[:STEP], as --adapter
     system_prompt_file: str | None = None  # a file (relative to this config) or a GEPA run's id
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)  # where its sandboxes run (as --sandbox)
 
     @field_validator("num_examples")
     @classmethod

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.runs.registry import Run, RunRegistry, working
 from prime_lab.runs.system_metrics import sampling
+from prime_lab.sandbox.config import SandboxConfig, applied
 
 if TYPE_CHECKING:
     from prime_lab.envs import Environment, Rollout, SamplingArgs
@@ -58,6 +59,7 @@ class EvalJob:
     base_url: str | None = None  # None: start a local sampler
     adapter: str | None = None  # RUN[:STEP]: a trained policy, served by a sampler started here
     system_prompt_file: str | None = None  # a file or a GEPA run's id
+    sandbox: dict[str, Any] = field(default_factory=dict)  # the [sandbox] settings as given (--sandbox, [sandbox])
     # how to run it
     max_tokens: int | None = None  # over sampling's
     temperature: float | None = None  # over sampling's
@@ -69,7 +71,13 @@ class EvalJob:
         """The run's config.json and resolved.json: the settings as given, under the keys they have always had."""
         return {"env": self.env_id, "model": self.model, "num_examples": self.num_examples,
                 "rollouts": self.rollouts_per_example, "env_args": self.env_args, "sampling": self.sampling,
-                "base_url": self.base_url, "adapter": self.adapter, "system_prompt_file": self.system_prompt_file}
+                "base_url": self.base_url, "adapter": self.adapter, "system_prompt_file": self.system_prompt_file,
+                **({"sandbox": self.sandbox} if self.sandbox else {})}
+
+    def sandbox_settings(self, run: Run | None = None) -> AbstractContextManager[None]:
+        """Its `[sandbox]` settings (and its run) for the environments this process loads and the servers it starts,
+        for the time of a block (sandbox/config.py)."""
+        return applied(SandboxConfig.model_validate(self.sandbox), run.dir if run is not None else None)
 
     @property
     def tools_in_system_prompt(self) -> bool:
@@ -96,7 +104,8 @@ def job_from_config(cfg: EvalFileConfig, path: Path) -> EvalJob:
         prompt = str(path.parent / prompt)
     return EvalJob(env_id=cfg.env.id, model=cfg.model, env_args=cfg.env.args, num_examples=cfg.num_examples,
                    rollouts_per_example=cfg.rollouts_per_example, sampling=cfg.sampling, base_url=cfg.base_url,
-                   adapter=cfg.adapter, system_prompt_file=prompt)
+                   adapter=cfg.adapter, system_prompt_file=prompt,
+                   sandbox=cfg.sandbox.model_dump(exclude_unset=True))
 
 
 def read_config(path: Path) -> EvalJob:
@@ -178,6 +187,7 @@ def evaluate(run: Run, output_dir: Path, job: EvalJob, environment: Environment,
     announce(f"Evaluation {run.id}: {job.env_id} on {what}"
              + (f", system prompt from {prompt.path}" if prompt else "") + f" -> {output_dir}")
     with working(run, "eval") as cleanup:  # an exception not named here: the run failed with its line (`working`)
+        cleanup.enter_context(job.sandbox_settings(run))
         try:
             cleanup.enter_context(sampling(run))  # system metrics of this process and the sampler it starts
             base_url, served = _endpoint(run, job, policy, backend, cleanup.callback, announce)

@@ -1,4 +1,4 @@
-"""The TOML form of `prime gepa run @config.toml`: `[env]` (or one `[[env]]`), `[gepa]`, `[sampling]`.
+"""The TOML form of `prime gepa run @config.toml`: `[env]` (or one `[[env]]`), `[gepa]`, `[sampling]`, `[sandbox]`.
 
 Validated through problems.validation, so every problem carries its file, line, dotted key and a did-you-mean.
 These are GEPA's only defaults: `prime gepa run ENV` (its flags over them) and `GepaSettings` take theirs from here.
@@ -15,6 +15,7 @@ from prime_lab.envs.tool_prompt import KEY as TOOLS_KEY
 from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.problems.schema import ConfigSection
 from prime_lab.problems.validation import CheckContext, Validation, validate_file, validate_toml
+from prime_lab.sandbox.config import SandboxConfig
 
 
 class GepaEnvSection(ConfigSection):
@@ -57,6 +58,8 @@ class GepaConfig(ConfigSection):
     sampling: dict[str, Any] = Field(default_factory=dict, description="Sampling args of the task model; "
                                      "`tools_in_system_prompt = true` (ours, never sent) writes an environment's tool "
                                      "schemas after the system prompt where the model's chat template drops `tools`.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Where the environment's sandboxes run "
+                                   "(sandbox/config.py).")
 
     @field_validator("env", mode="before")
     @classmethod

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from prime_lab.gepa.env_adapter import Endpoint
 from prime_lab.gepa.runner import GepaOutcome, GepaSettings, OnEvent, run_gepa
 from prime_lab.runs.registry import Run, RunRegistry, working
 from prime_lab.runs.system_metrics import sampling
+from prime_lab.sandbox.config import SandboxConfig, applied
 
 Announce = Callable[[str], None]
 
@@ -37,15 +39,22 @@ class GepaJob:
     base_url: str | None = None
     reflection_base_url: str | None = None
     api_key_var: str | None = None
+    sandbox: dict[str, Any] = field(default_factory=dict)  # the [sandbox] settings as given
 
     def to_json(self) -> dict[str, Any]:
         return {"settings": self.settings.to_json(), "base_url": self.base_url,
-                "reflection_base_url": self.reflection_base_url, "api_key_var": self.api_key_var}
+                "reflection_base_url": self.reflection_base_url, "api_key_var": self.api_key_var,
+                **({"sandbox": self.sandbox} if self.sandbox else {})}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GepaJob:
         return cls(GepaSettings.from_json(data["settings"]), data.get("base_url"), data.get("reflection_base_url"),
-                   data.get("api_key_var"))
+                   data.get("api_key_var"), dict(data.get("sandbox") or {}))
+
+    def sandbox_settings(self, run: Run | None = None) -> AbstractContextManager[None]:
+        """Its `[sandbox]` settings (and its run) for the environment this process loads and the server it starts,
+        for the time of a block (sandbox/config.py)."""
+        return applied(SandboxConfig.model_validate(self.sandbox), run.dir if run is not None else None)
 
 
 def job_from_config(cfg: GepaConfig) -> GepaJob:
@@ -58,7 +67,8 @@ def job_from_config(cfg: GepaConfig) -> GepaJob:
                             num_parallel_proposals=g.num_parallel_proposals,
                             reflection_temperature=g.reflection_temperature, use_merge=g.use_merge,
                             max_merge_invocations=g.max_merge_invocations, sampling=cfg.sampling)
-    return GepaJob(settings, cfg.base_url, cfg.reflection_base_url, cfg.api_key_var)
+    return GepaJob(settings, cfg.base_url, cfg.reflection_base_url, cfg.api_key_var,
+                   cfg.sandbox.model_dump(exclude_unset=True))
 
 
 def job_for_env(env_id: str) -> GepaJob:
@@ -81,7 +91,8 @@ def create_run(job: GepaJob, *, config_text: str = "", output_dir: Path | None =
 
     spec = job.settings
     try:
-        load_environment(spec.env_id, **spec.env_args)
+        with job.sandbox_settings():  # [sandbox] provider: which prime_sandboxes the environment imports
+            load_environment(spec.env_id, **spec.env_args)
     except EnvironmentLoadError as exc:
         raise GepaLaunchError(str(exc)) from None
     resolved = job.to_json()
@@ -117,6 +128,7 @@ def search(run: Run, job: GepaJob, *, backend: str = "builtin", on_event: OnEven
     announce(f"GEPA {run.id}: {spec.env_id} on {spec.model} (budget {spec.max_metric_calls} calls) -> {run.dir}")
     with working(run, "gepa") as cleanup:
         cleanup.enter_context(sampling(run))  # system metrics of this process and the samplers it starts
+        cleanup.enter_context(job.sandbox_settings(run))
         try:
             task, reflection = _endpoints(run, job, backend, cleanup.callback, announce)
             run.set_state("running", source="gepa")

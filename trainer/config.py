@@ -4,7 +4,8 @@ Sources: the Hosted Training config reference (top-level fields, [sampling], [[e
 [buffer], [checkpoints], [adapters], [infrastructure], [tailscale]) and prime-rl's self-hosted fields ([lora],
 [sampling] temperature/top_p/stop, [[env]] weight, gradient_accumulation_steps, warmup_steps, [difficulty_filter],
 [kl_penalty], `model_name`, `num_gpus`, `tensor_parallel_size`, the single [env] table). Local sections:
-[inference] (which sampler engine) and [trainer] (micro-batching, sequence length, device, loss knobs).
+[inference] (which sampler engine), [trainer] (micro-batching, sequence length, device, loss knobs) and [sandbox]
+(where environments' sandboxes run: sandbox/config.py, shared with the evaluation and GEPA configs).
 
 `validate_rl_config(text)` returns every problem at once (see `problems.validation`); nothing here raises on bad input.
 """
@@ -19,6 +20,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from prime_lab.problems.schema import ConfigSection
 from prime_lab.problems.validation import CheckContext, Validation, validate_file, validate_toml
+from prime_lab.sandbox.config import SandboxConfig
 
 ENV_ID_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
 TAILSCALE_HOSTNAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,29}$")
@@ -361,6 +363,7 @@ class RLConfig(ConfigSection):
     tailscale: TailscaleConfig = Field(default_factory=TailscaleConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     _env_list = field_validator("env", mode="before")(_one_table_as_list)
 

@@ -759,8 +759,11 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         import os
 
+        from prime_lab.sandbox.config import apply as apply_sandbox
+
         api_key = os.environ.get(args.api_key_var, "prime-lab") if args.api_key_var else "prime-lab"
         config = load_config(run)
+        apply_sandbox(config.sandbox, run.dir)  # [sandbox] for the environments loaded here and their servers
         teacher = endpoint_of(config, args.teacher_url, args.teacher_model) if config.teacher is not None else None
         orchestrator = Orchestrator(run, config, args.base_url, args.model, resume=args.resume,
                                     api_key=api_key, teacher=teacher, model_path=args.model_path)

@@ -60,6 +60,9 @@ def run(
     rollouts: int = typer.Option(3, "-r", "--rollouts-per-example", min=1, help="Rollouts per example."),
     env_args: str | None = typer.Option(None, "-a", "--env-args", help="load_environment() args as JSON."),
     sampling_args: str | None = typer.Option(None, "-S", "--sampling-args", help="Sampling args as JSON."),
+    sandbox: str | None = typer.Option(None, "--sandbox", metavar="JSON",
+                                       help='[sandbox] settings as JSON, e.g. \'{"network": true}\' (sandboxed code: '
+                                            'provider, network, isolation, memory_gb, timeout).'),
     concurrency: int = typer.Option(32, "-c", "--max-concurrent", min=1, help="Rollouts in flight at once."),
     base_url: str | None = typer.Option(None, "-b", "--api-base-url", help="Use this OpenAI-compatible endpoint."),
     api_key_var: str = typer.Option("OPENAI_API_KEY", "-k", "--api-key-var", help="Env var with the API key."),
@@ -85,6 +88,7 @@ def run(
 
     given_env_args = _json_arg(env_args, "-a/--env-args")
     given_sampling = _json_arg(sampling_args, "-S/--sampling-args")
+    given_sandbox = _json_arg(sandbox, "--sandbox")
     if env.startswith("@") or env.endswith(".toml"):
         # the file's settings; --adapter and --system-prompt-file given on the command line win over its own
         job = _read_config(config_path(env))
@@ -96,6 +100,7 @@ def run(
                                adapter=adapter, system_prompt_file=system_prompt_file)
     job.max_tokens, job.temperature, job.max_concurrent = max_tokens, temperature, concurrency
     job.api_key_var, job.seed = api_key_var, seed
+    job.sandbox = _sandbox_settings({**job.sandbox, **given_sandbox})
     if num_examples == 0 or num_examples < -1:
         fail("-n/--num-examples must be -1 (all) or at least 1")
     if backend not in ("builtin", "vllm"):
@@ -107,10 +112,22 @@ def run(
     try:
         load_env_files(env_file)
         inject_secrets([job.env_id])  # `prime secret`: under the shell's variables and --env-file's
-        environment = load_environment(job.env_id, **job.env_args)
+        with job.sandbox_settings():  # [sandbox] provider: which prime_sandboxes the environment imports
+            environment = load_environment(job.env_id, **job.env_args)
     except (EnvironmentLoadError, MissingKeyError) as exc:
         fail(str(exc))
     _evaluate(job, environment, policy=policy, prompt=prompt, output_dir=output_dir, backend=backend, verbose=verbose)
+
+
+def _sandbox_settings(given: dict[str, Any]) -> dict[str, Any]:
+    """`--sandbox` over the file's [sandbox], checked as a [sandbox] table (one line where it is not one)."""
+    from prime_lab.sandbox.config import parse
+
+    try:
+        parse(given, "--sandbox")
+    except ValueError as exc:
+        fail(str(exc))
+    return given
 
 
 def _read_config(path: Path) -> EvalJob:

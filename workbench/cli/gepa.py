@@ -11,7 +11,7 @@ import typer
 from prime_lab.gepa.config import GepaSearchSection
 from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.workbench.cli.common import config_path, err, fail, fail_unexpected, write_new_file
-from prime_lab.workbench.cli.eval import _json_arg
+from prime_lab.workbench.cli.eval import _json_arg, _sandbox_settings
 from prime_lab.workbench.cli.render import live_output
 from prime_lab.workbench.cli.run_verbs import add_run_verbs
 
@@ -37,6 +37,8 @@ def run(
     state_columns: list[str] = typer.Option([], "--state-columns", help="State fields for reflection (repeat)."),
     env_args: str | None = typer.Option(None, "-a", "--env-args", help="load_environment() args as JSON."),
     sampling_args: str | None = typer.Option(None, "-S", "--sampling-args", help="Sampling args as JSON."),
+    sandbox: str | None = typer.Option(None, "--sandbox", metavar="JSON",
+                                       help='[sandbox] settings as JSON, e.g. \'{"network": true}\'.'),
     max_tokens: int | None = typer.Option(None, "-t", "--max-tokens", min=1, help="Max tokens per turn."),
     temperature: float | None = typer.Option(None, "-T", "--temperature", min=0.0, help="Sampling temperature."),
     concurrency: int | None = typer.Option(None, "-c", "--max-concurrent", min=1,
@@ -84,6 +86,7 @@ def run(
             # -t/-T set one key each of the sampling args, over [sampling] or -S (as in `prime eval run`)
             job.settings.sampling.update({k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature))
                                           if v is not None})
+            job.sandbox = _sandbox_settings({**job.sandbox, **_json_arg(sandbox, "--sandbox")})
             job.base_url = base_url or job.base_url
             job.api_key_var = api_key_var or job.api_key_var
             inject_secrets([job.settings.env_id])

@@ -112,11 +112,12 @@ def check_environments(cfg: RLConfig, extra_env: dict[str, str]) -> None:
     ends this command with its one-line error before the run is registered, not the run a minute later. Nothing
     loaded here reaches the run (an isolated environment is only described by its interpreter, no server starts)."""
     from prime_lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
+    from prime_lab.sandbox.config import applied
 
     entries: list[tuple[str, dict[str, Any]]] = [(e.id, e.args) for e in cfg.env]
     entries += [(e.id, e.args) for e in (cfg.eval.env if cfg.eval is not None else [])]
     loaded: set[str] = set()
-    with _process_environment(extra_env), redirect_stdout(sys.stderr):  # stdout is for the run id
+    with _process_environment(extra_env), applied(cfg.sandbox), redirect_stdout(sys.stderr):  # stdout: the run id
         try:
             if cfg.env_file:
                 load_env_files(cfg.env_file, base=Path.cwd())
