@@ -33,6 +33,10 @@ that came back empty (`env/<name>/errored`, `env/<name>/timed_out`, `env/<name>/
 (`env/<name>/restarts`, per `[[env]]` entry; each restart is also an `env_restart` alert). An environment with
 `ENV_ERRORED_LIMIT` of its rollouts errored for `ENV_ERRORED_STEPS` steps in a row, or whose server is down for good
 (`EnvironmentDown`), fails the run with its name and its last error.
+
+Sandboxes (sandbox/local.py): each step's metrics carry what the run's sandboxes did since the previous step
+(`sandbox/created`, `sandbox/commands`, `sandbox/timed_out`, `sandbox/oom`, `sandbox/command_seconds`; from
+`<run_dir>/sandbox_stats.jsonl`, sandbox/stats.py), from the run's first sandbox on.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ from prime_lab.runs.evaluations import Failures, with_failures
 from prime_lab.runs.events import EventWriter
 from prime_lab.runs.processes import answers_health
 from prime_lab.runs.registry import Run
+from prime_lab.sandbox.stats import StatsFollower
 from prime_lab.trainer.batch import Sample, rollout_samples, write_batch
 from prime_lab.trainer.buffer import GroupFilter, MixSampler
 from prime_lab.trainer.config import RLConfig
@@ -275,6 +280,7 @@ class Orchestrator:
         self.last_errors: dict[str, str] = {}  # each environment's last rollout error (its first line)
         self.errored_steps: dict[str, list[tuple[int, float]]] = {}  # (step, errored share) in a row >= limit
         self.tallies: dict[str, EnvTally] = {}  # each environment's rollouts seen while the last batch filled
+        self.sandbox_stats = StatsFollower(run.dir)  # what the run's sandboxes did since the previous step
 
     def log(self, message: str, level: str = "INFO", step: int | None = None) -> None:
         log_both(self.events, message, level, step)
@@ -717,6 +723,7 @@ class Orchestrator:
                 if len(self.samplers) > 1:  # the largest share of the step's rollouts one server got
                     counts = self.samplers.take_counts()
                     metrics["sampler/max_share"] = max(counts) / max(1, sum(counts))
+                metrics.update(self.sandbox_stats.take())
                 self.events.metrics(metrics, step)
                 self.run.update_status(reward=metrics["reward/mean"])  # the runs list's REWARD column
                 self.emit_samples(step, samples)

@@ -431,3 +431,66 @@ def test_an_eval_mean_counts_every_failed_rollout_as_0() -> None:
                                    rollout(0.0, f"{TIMED_OUT} 2 s")])
     assert (mean, failures) == (1.5 / 4, Failures(4, failed=1, timed_out=1))
     assert eval_outcome([]) == (0.0, Failures(0))
+
+
+SANDBOX_ENV = '''
+"""Each rollout runs one command in a sandbox of its own, made and deleted around it (as verifiers' SandboxEnv
+does), for the run PRIME_LAB_RUN_DIR names (as an environment's processes are told); every `every`-th command runs
+past its time limit."""
+
+import os
+
+from prime_lab.envs import MultiTurnEnv, Rubric
+from prime_lab.envs.parsers import last_assistant_text
+from prime_lab.sandbox import local
+
+
+class SandboxedEnv(MultiTurnEnv):
+    def __init__(self, every, **kwargs):
+        super().__init__(max_turns=2, **kwargs)
+        self.every, self.commands = every, 0
+
+    async def env_response(self, messages, state):
+        self.commands += 1
+        slow = self.commands % self.every == 0
+        sandbox = local.create(local.SandboxSpec(run_dir=os.environ["PRIME_LAB_RUN_DIR"]))
+        try:
+            result = await sandbox.aexecute("sleep 5" if slow else "echo ran", timeout=0.5)
+        finally:
+            sandbox.delete()
+        return [{"role": "user", "content": result.stdout or "too slow"}], state
+
+
+def load_environment(every=4, num_examples=64):
+    rows = [{"question": f"Say something. {i}", "info": {}} for i in range(num_examples)]
+
+    async def reward(completion):
+        return len(last_assistant_text(completion)) % 3 / 2
+
+    return SandboxedEnv(every, dataset=rows, rubric=Rubric([reward]))
+'''
+
+
+def test_each_step_says_what_the_runs_sandboxes_did(tmp_path_factory: pytest.TempPathFactory, builtin_server: Any,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """sandbox/created, commands, timed_out, oom and command_seconds in the orchestrator's metrics each step: what
+    the run's sandboxes appended to its sandbox_stats.jsonl since the step before (sandbox/stats.py)."""
+    folder = tmp_path_factory.getbasetemp() / "sandbox-envs"
+    folder.mkdir(exist_ok=True)
+    (folder / "sandboxed_env.py").write_text(SANDBOX_ENV)
+    monkeypatch.syspath_prepend(str(folder))
+    run = new_run('[[env]]\nid = "sandboxed-env"\n', steps=2)
+    monkeypatch.setenv("PRIME_LAB_RUN_DIR", str(run.dir))
+    orchestrator = orchestrator_for(run, builtin_server)
+    assert asyncio.run(orchestrator.loop()) == 0
+    metrics = step_metrics(run)
+    assert sorted(metrics) == [1, 2]
+    counts = {key: [metrics[step][key] for step in (1, 2)] for key in (
+        "sandbox/created", "sandbox/commands", "sandbox/timed_out", "sandbox/oom", "sandbox/command_seconds")}
+    assert counts["sandbox/created"] == counts["sandbox/commands"], counts  # one command in each sandbox
+    assert counts["sandbox/commands"][0] >= BATCH and sum(counts["sandbox/timed_out"]) >= 2, counts
+    assert counts["sandbox/oom"] == [0.0, 0.0], counts
+    for commands, seconds in zip(counts["sandbox/commands"], counts["sandbox/command_seconds"], strict=True):
+        assert 0 < seconds < 5 if commands else seconds == 0.0, counts  # a step without commands: 0s
+    lines = (run.dir / "sandbox_stats.jsonl").read_text().splitlines()
+    assert sum(counts["sandbox/commands"]) <= sum('"command"' in line for line in lines)  # later ones: no step
