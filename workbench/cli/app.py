@@ -17,6 +17,7 @@ from prime_lab.workbench.cli.lab import lab_app
 from prime_lab.workbench.cli.plain import PLAIN_OPTION, plain_help, split_plain
 from prime_lab.workbench.cli.render import set_plain
 from prime_lab.workbench.cli.rl import rl_app
+from prime_lab.workbench.cli.sandbox import sandbox_app
 from prime_lab.workbench.cli.secret import secret_app
 from prime_lab.workbench.cli.serve import serve
 from prime_lab.workbench.cli.sft import sft_app
@@ -51,6 +52,8 @@ app.add_typer(eval_app, name="eval", help="Evaluate models on environments (vf-e
 app.add_typer(gepa_app, name="gepa", help="GEPA prompt optimization (headless; the same events as the TUI).")
 app.add_typer(env_app, name="env", help="Environments: list (installed and built-in), init, install, uninstall.")
 app.add_typer(secret_app, name="secret", help="Secrets (API keys) environments get as variables, stored locally.")
+app.add_typer(sandbox_app, name="sandbox", help="Local sandboxes, where environments run model-written code: list, "
+                                                "exec, logs, kill.")
 app.command("serve")(serve)
 app.add_typer(lab_app, name="lab", help="The Textual workbench (prime lab [PATH]), and a workspace: setup, doctor.")
 
