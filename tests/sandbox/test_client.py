@@ -40,6 +40,7 @@ from prime_lab.sandbox import client as ours
 from prime_lab.sandbox import local, settings, shim
 from prime_lab.sandbox.config import SandboxConfig, applied, parse
 from prime_lab.trainer.config import validate_rl_config
+from tests.support import cli
 
 
 @pytest.fixture(scope="module")
@@ -277,3 +278,9 @@ def test_the_sandbox_table_is_one_schema_in_the_rl_eval_and_gepa_configs(tmp_pat
     assert json.loads(json.dumps(SandboxConfig().resolved("/runs/x").environ())) == {
         settings.PROVIDER: "local", settings.NETWORK: "0", settings.ISOLATION: "strong", settings.TIMEOUT: "300",
         settings.RUN_DIR: "/runs/x"}
+
+
+def test_a_bad_sandbox_flag_is_one_line() -> None:
+    done = cli.prime("eval", "run", "reverse-text", "--sandbox", '{"network": "yes"}')
+    assert done.returncode != 0
+    assert "--sandbox: network: " in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
