@@ -18,11 +18,12 @@ their nearest named ancestor. CPU % is over the time since the previous sample (
 first sample gives its average since it started. GPUs come from NVML (`pynvml`, the `nvidia-ml-py` package): no GPU,
 no driver or an NVML error gives `gpus` [].
 
-Sandboxes (sandbox/local.py: each command a `bwrap` process and everything under it, whichever process of the run
-ran it; what runs inside one never takes another role) are one row of role `sandbox`: `count` the run's live
-sandboxes (the records in its `sandboxes/` folder, idle ones included; a sampler without a run counts the outermost
-`bwrap`s), `processes` the processes running in them, their CPU %, RSS and threads added up, `pid` the lowest
-outermost one's (0 while none runs). Once a run has had a sandbox, every sample has the row.
+Sandboxes (sandbox/local.py: each command a `bwrap` process, or with weak isolation the process the run's sandbox
+records name, and everything under it, whichever process of the run ran it; what runs inside one never takes another
+role) are one row of role `sandbox`: `count` the run's live sandboxes (the records in its `sandboxes/` folder, idle
+ones included; a sampler without a run counts the outermost processes), `processes` the processes running in them,
+their CPU %, RSS and threads added up, `pid` the lowest outermost one's (0 while none runs). Once a run has had a
+sandbox, every sample has the row.
 
 The reader (`SystemSample.from_event_data`, `latest_by_process`) needs neither psutil nor NVML.
 """
@@ -254,6 +255,8 @@ def registered_role(name: str) -> Role:
         return Role("env_server", env=name.removeprefix("env-"))
     if name == "wandb":
         return Role("mirror")
+    if name == SANDBOX:
+        return Role(SANDBOX)
     return Role("other", name=name)
 
 
@@ -275,16 +278,18 @@ def command_role(cmdline: list[str]) -> Role | None:
     return None
 
 
-def run_sandboxes(run: Run) -> Callable[[], int]:
-    """How many sandboxes `run` has live, read anew at each call: sandbox/local.py records each in the run's
-    `sandboxes/` folder while it lives (runs/ cannot import sandbox/, a floor above it)."""
-    def count() -> int:
+def run_sandboxes(run: Run) -> Callable[[], tuple[int, set[int]]]:
+    """How many sandboxes `run` has live and the pids of the commands running in them, read anew at each call:
+    sandbox/local.py records each sandbox in the run's `sandboxes/` folder while it lives, and each command's pid
+    in the sandbox's folder (`Run.sandbox_processes`; runs/ cannot import sandbox/, a floor above it)."""
+    def found() -> tuple[int, set[int]]:
         try:
-            return sum(1 for entry in os.scandir(run.dir / "sandboxes") if entry.name.startswith("sbx-"))
+            count = sum(1 for entry in os.scandir(run.dir / "sandboxes") if entry.name.startswith("sbx-"))
         except OSError:
-            return 0
+            count = 0
+        return count, {pid for pid, _ in run.sandbox_processes()} if count else set()
 
-    return count
+    return found
 
 
 def run_roles(run: Run) -> Callable[[], dict[int, str]]:
@@ -380,7 +385,7 @@ class SystemSampler:
     def __init__(self, emit: Callable[[dict[str, Any]], object], *, interval_s: float = DEFAULT_INTERVAL_S,
                  roles: Callable[[], Mapping[int, str]] = dict, root_pid: int | None = None, nvml: Any = None,
                  on_close: Callable[[], object] | None = None,
-                 sandboxes: Callable[[], int] | None = None) -> None:
+                 sandboxes: Callable[[], tuple[int, set[int]]] | None = None) -> None:
         import psutil
 
         self._psutil = psutil
@@ -396,7 +401,7 @@ class SystemSampler:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed = False
-        self.sandboxes = sandboxes  # the run's live sandboxes (None: count the outermost bwraps)
+        self.sandboxes = sandboxes  # the run's live sandboxes and their commands' pids (None: count the bwraps)
         self._sandboxes_seen = False  # a sample had sandboxes: every later one has their row
 
     @classmethod
@@ -470,6 +475,8 @@ class SystemSampler:
         psutil = self._psutil
         tree = self._tree()
         registered = self.roles()
+        live, recorded = self.sandboxes() if self.sandboxes is not None else (None, set())
+        registered = {**registered, **dict.fromkeys(recorded, SANDBOX)}  # a sandbox's command, bwrap or not
         memo: dict[int, tuple[Role, bool]] = {}
         rows: list[tuple[tuple[int, int, str, bool, int], dict[str, Any]]] = []
         sandboxes: list[tuple[int, bool, float, int, int]] = []  # (pid, outermost, cpu, rss, threads)
@@ -499,7 +506,7 @@ class SystemSampler:
             # a process named in its own right first, then those that took its role (the labels stay put)
             rows.append(((order, -1 if role.rank is None else role.rank, role.env or "", inherited, pid), row))
         roots = sorted(pid for pid, outermost, *_ in sandboxes if outermost)
-        count = len(roots) if self.sandboxes is None else self.sandboxes()
+        count = len(roots) if live is None else live
         if sandboxes or count or self._sandboxes_seen:  # once a run had sandboxes, a row each sample (0s between)
             self._sandboxes_seen = True
             summed = ProcessSample(role=SANDBOX, pid=roots[0] if roots else 0,

@@ -336,31 +336,35 @@ def test_latest_by_process_keeps_each_process_last_values() -> None:
 # Sandboxes --------------------------------------------------------------------------------------------------------
 def test_a_runs_sandboxes_are_one_row_whatever_runs_in_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Real sandboxes (sandbox/local.py), made by this process as an orchestrator makes them for its rollouts: every
-    process of theirs (bwrap, the shell, a command line that would be a sampler's outside) sums into the `sandbox`
-    row, which counts the run's live sandboxes, the idle one too; once they are gone the row stays, at 0."""
+    process of theirs (bwrap, the shell, a command line that would be a sampler's outside; with weak isolation, no
+    bwrap: the command the sandbox recorded) sums into the `sandbox` row, which counts the run's live sandboxes, the
+    idle one too; once they are gone the row stays, at 0."""
     from prime_lab.sandbox import local
 
     monkeypatch.setenv("PRIME_LAB_SANDBOXES", str(tmp_path / "sandboxes"))
     run = RunRegistry(tmp_path / "runs").create("rl", config_text="", resolved={}, model="m", envs=[], max_steps=1)
     sampler = SystemSampler(lambda data: None, sandboxes=system_metrics.run_sandboxes(run))  # this process's tree
     assert SANDBOX not in {p["role"] for p in sampler.processes()}  # no sandbox yet: no row
-    busy, idle = (local.create(local.SandboxSpec(run_dir=str(run.dir))) for _ in range(2))
+    busy, idle, weak = (local.create(local.SandboxSpec(run_dir=str(run.dir), isolation=isolation))
+                        for isolation in ("strong", "strong", "weak"))
     try:
-        busy.start_job(f"python3 -c {SLEEP!r} -m vllm.entrypoints.openai.api_server")
+        for sandbox in (busy, weak):
+            sandbox.start_job(f"python3 -c {SLEEP!r} -m vllm.entrypoints.openai.api_server")
         deadline = time.monotonic() + 20
-        while not any("vllm" in " ".join(psutil.Process(pid).cmdline()) for pid in busy.processes()):
+        while not all(any("vllm" in " ".join(psutil.Process(pid).cmdline()) for pid in sandbox.processes())
+                      for sandbox in (busy, weak)):
             assert time.monotonic() < deadline, busy.processes()
             time.sleep(0.02)
-        inside = busy.processes()
+        inside = busy.processes() + weak.processes()
         rows = sampler.processes()
         (row,) = [p for p in rows if p["role"] == SANDBOX]  # one row for all of them
         assert not [p for p in rows if p["pid"] in inside and p is not row]  # none of theirs a `sampler`
-        assert (row["count"], row["processes"], row["pid"]) == (2, len(inside), min(inside)), (row, inside)
+        assert (row["count"], row["processes"], row["pid"]) == (3, len(inside), min(inside)), (row, inside)
         rss = sum(psutil.Process(pid).memory_info().rss for pid in inside)
         assert abs(row["rss_bytes"] - rss) < rss // 4 and row["threads"] >= len(inside)
-        assert SystemSample.from_event_data({"processes": rows}).by_label()["sandbox"].shown == "sandbox ×2"
+        assert SystemSample.from_event_data({"processes": rows}).by_label()["sandbox"].shown == "sandbox ×3"
     finally:
-        busy.delete()
-        idle.delete()
+        for sandbox in (busy, idle, weak):
+            sandbox.delete()
     assert [(p["role"], p["count"], p["processes"], p["cpu_percent"], p["rss_bytes"]) for p in sampler.processes()
             if p["role"] == SANDBOX] == [(SANDBOX, 0, 0, 0.0, 0)]
