@@ -196,17 +196,28 @@ def timed_out(sandbox_id: str, command: str, timeout: float) -> Exception:
                   text=f"Command '{command}' timed out after {seconds}s in sandbox {sandbox_id}")
 
 
-def command_response(sandbox_id: str, command: str, timeout: float, result: local.CommandResult,
-                     memory_gb: float) -> Any:
+NETWORK_FAILURES = re.compile(r"Network is unreachable|Temporary failure in name resolution|Could not resolve host|"
+                              r"Name or service not known|Failed to establish a new connection|No route to host")
+
+
+def network_hint(sandbox: local.Sandbox, result: local.CommandResult) -> None:
+    """A command that failed for want of the network, in a sandbox without one: the setting that opens it, once."""
+    if result.exit_code != 0 and not sandbox.spec.network and NETWORK_FAILURES.search(result.stderr[-20000:]):
+        say_once(f"a command in sandbox {sandbox.id} ({sandbox.spec.name}) could not reach the network: local "
+                 "sandboxes have none unless [sandbox] network = true (--sandbox '{\"network\": true}')")
+
+
+def command_response(sandbox: local.Sandbox, command: str, timeout: float, result: local.CommandResult) -> Any:
     """A command's result as prime_sandboxes' `CommandResponse`; past its timeout CommandTimeoutError, out of
     memory SandboxOOMError."""
     if result.timed_out:
-        raise timed_out(sandbox_id, command, timeout)
+        raise timed_out(sandbox.id, command, timeout)
     if result.oom:
-        message = (f"Command '{command}' ran out of memory in sandbox {sandbox_id} (its limit: {memory_gb:g} GB; "
-                   "[sandbox] memory_gb sets it)")
-        raise _error("SandboxOOMError", sandbox_id, "RUNNING", "OOM_KILLED", command=command, message=message,
+        message = (f"Command '{command}' ran out of memory in sandbox {sandbox.id} (its limit: "
+                   f"{sandbox.spec.memory_gb:g} GB; [sandbox] memory_gb sets it)")
+        raise _error("SandboxOOMError", sandbox.id, "RUNNING", "OOM_KILLED", command=command, message=message,
                      text=message)
+    network_hint(sandbox, result)
     return _model("CommandResponse", {"stdout": result.stdout, "stderr": result.stderr,
                                       "exit_code": result.exit_code})
 
@@ -371,7 +382,11 @@ class _LocalSandboxes:
     def _job(self, sandbox_id: str, job: Any) -> Any:
         handle = local_job(job)
         try:
-            return job_status(handle.job_id, self._sandbox(sandbox_id).job_status(handle))
+            sandbox = self._sandbox(sandbox_id)
+            result = sandbox.job_status(handle)
+            if result is not None:
+                network_hint(sandbox, result)
+            return job_status(handle.job_id, result)
         except local.SandboxGone as exc:
             raise _gone(sandbox_id, exc) from None
         except local.SandboxError as exc:
@@ -472,7 +487,7 @@ class SandboxClient(_LocalSandboxes):
             result = sandbox.execute(command, timeout=seconds, working_dir=working_dir, env=env)
         except local.SandboxGone as exc:
             raise _gone(sandbox_id, exc, command) from None
-        return command_response(sandbox_id, command, seconds, result, sandbox.spec.memory_gb)
+        return command_response(sandbox, command, seconds, result)
 
     def start_background_job(self, sandbox_id: str, command: str, working_dir: str | None = None,
                              env: dict[str, str] | None = None, user: str | None = None) -> Any:
@@ -572,7 +587,7 @@ class AsyncSandboxClient(_LocalSandboxes):
             result = await sandbox.aexecute(command, timeout=seconds, working_dir=working_dir, env=env)
         except local.SandboxGone as exc:
             raise _gone(sandbox_id, exc, command) from None
-        return command_response(sandbox_id, command, seconds, result, sandbox.spec.memory_gb)
+        return command_response(sandbox, command, seconds, result)
 
     async def start_background_job(self, sandbox_id: str, command: str, working_dir: str | None = None,
                                    env: dict[str, str] | None = None, user: str | None = None) -> Any:

@@ -140,8 +140,12 @@ def test_the_run_settings_win_over_the_request_and_an_allowlist_opens_nothing(
         with pytest.raises(CommandTimeoutError):  # no timeout given: [sandbox] timeout
             client.execute_command(box.id, "sleep 30")
         client.create(request(network_allowlist=["github.com"]))
+        reach = "python -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=0.5)\""
+        assert client.execute_command(box.id, reach, timeout=10).exit_code == 1
     said = capfd.readouterr().err
-    assert said.count("local sandboxes have none unless [sandbox] network = true") == 1
+    assert said.count("an environment asks for network access (network_allowlist); local sandboxes have none unless "
+                      "[sandbox] network = true") == 1
+    assert f"a command in sandbox {box.id} (probe) could not reach the network" in said
     assert settings.RUN_DIR not in os.environ  # the block's settings are gone after it
 
 
