@@ -18,29 +18,41 @@ spec.env), a session of its own (`--new-session`), killed when its caller dies (
 userland (/usr and the /bin, /lib symlinks or folders, a short list of /etc files: no pip.conf, gitconfig or npmrc)
 is bound read-only; nothing else of the host is there: not $HOME, the secret store, the runs, the checkout or another
 sandbox. Inside, `prlimit` sets hard rlimits before the shell starts: address space (`memory_gb`), processes (256:
-counted per user namespace, so per command), file size (`disk_size_gb`), open files (1024), no core files. Run as
-root, commands run as uid 65534 (the kernel does not apply RLIMIT_NPROC to uid 0), the sandbox's folders owned by it.
+counted per user namespace, so per command), file size (`disk_size_gb`), open files (1024), no core files. /app,
+/tmp and /opt/venv together are held to `disk_size_gb` by measuring them while a command runs (after 0.1, 0.2,
+0.4, 1 s, then each second): past it the command is stopped, with a line in its stderr.
+
+Run as root, commands run as uid 65534 (the kernel does not apply RLIMIT_NPROC to uid 0) and their folders are owned
+by it; bwrap binds paths as that uid, so where it cannot reach the home (/root is 0700) the folders live in
+/var/tmp/prime-lab-sandboxes-root (root's, 0711; `<home>/<id>` is a link there), as do the images' pip
+environments and, when it sits where uid 65534 cannot run it, a copy of bwrap.
 
 A command's wall clock (`timeout`, default 300 s as Prime's client; never past the sandbox's `timeout_minutes`)
 kills its process group: exit code 124 as `timeout` gives, `timed_out=True`. When a command returns, its PID
 namespace ends: a process it left in the background is killed with it. Only `start_job` keeps a process running
-after the call, until it finishes, the sandbox's lifetime ends, it is deleted, or the process that started it exits.
+after the call, until it finishes, the sandbox's lifetime ends, it is deleted, or the thread that started it exits
+(bwrap's --die-with-parent is the parent-death signal, which Linux sends when that thread ends). Each command has
+its own namespaces, so a job's processes and ports are not visible to a later command (with `network`, the ports
+are: it shares the host's network).
 `oom=True` when the command hit the memory limit (Python's MemoryError, a failed allocation, or a SIGKILL that was
 not the timeout).
 
 Images: there is no container engine, so `python:3.X[-slim|-bookworm|...]` maps to a host interpreter of that minor
-version (one on PATH, under /usr, or the one running this), with pip from a virtual environment made once per
-interpreter under `<home>/images/`; where no interpreter of that minor version exists the host's own is used and
-the sandbox records a one-line note (`info()["image_note"]`, and a warning on the `prime_lab.sandbox` logger). Any
-other image raises ImageNotSupported.
+version (under /usr, on PATH, pyenv's or uv's, or the one running this), with pip from a virtual environment made
+once per interpreter under `<home>/images/` (`PRIME_LAB_SANDBOX_IMAGES` moves it; the test suite shares one), seen
+through a .pth from each sandbox's own small environment, where `pip install` lands; where no interpreter of that
+minor version exists the host's own is used and the sandbox records a one-line note (`info()["image_note"]`, and a
+warning on the `prime_lab.sandbox` logger, once per process). Any other image raises ImageNotSupported.
 
 Where user namespaces are blocked (some containers), create() raises IsolationUnavailable at once, unless the spec
 says `isolation="weak"`: then commands run without namespaces, with the same rlimits, wall clock, cleared
-environment and uid, in the sandbox's folder as cwd (host paths: /app and /tmp are not remapped); the host's files,
-network and processes are visible to them.
+environment and uid, in the sandbox's folder as cwd (host paths: /app and /tmp are not remapped, HOME and TMPDIR
+point at its folders); the host's files, network and processes are visible to them, and a process that leaves the
+command's process group (setsid) outlives it.
 
-A sandbox with `run_dir` is recorded in `<run_dir>/sandboxes/<id>` (the sandbox's folder): the run's reaper and
-`prime rl stop` kill the processes listed in its `procs/` (runs/registry.py `end_processes`). It also appends a line
+A sandbox with `run_dir` is recorded in `<run_dir>/sandboxes/<id>` (the sandbox's folder): `Run.end_processes` (the
+run's reaper, restart) kills the processes listed in its `procs/` (runs/ cannot import this floor); once the run's
+status is final, get() and list_sandboxes() delete its sandboxes. It also appends a line
 to `<run_dir>/sandbox_stats.jsonl` when it is created and when each command ends, which the run's `sandbox/*`
 metrics fold (sandbox/stats.py says the format).
 """
@@ -527,6 +539,9 @@ def list_sandboxes(labels: dict[str, str] | None = None) -> list[Sandbox]:
             try:
                 sandbox = get(entry.name)
             except SandboxGone:
+                if entry.is_symlink() and not os.path.exists(entry.path):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)  # root's link to a folder a crashed delete() removed
                 continue
             if labels and any(sandbox.spec.labels.get(key) != value for key, value in labels.items()):
                 continue
