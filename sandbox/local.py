@@ -251,6 +251,7 @@ def _staged_bwrap(path: str) -> str:
 
 _probed: dict[str, str | None] = {}
 _noted: set[str] = set()  # image notes said in this process
+_swept: set[str] = set()  # data homes swept of ended sandboxes by this process
 
 
 def isolation_problem() -> str | None:
@@ -434,6 +435,9 @@ def create(spec: SandboxSpec | None = None) -> Sandbox:
         raise SandboxError(f"isolation {spec.isolation!r} is not one of {', '.join(ISOLATIONS)}")
     home = sandbox_home()
     data = data_home(home)
+    if str(data) not in _swept:
+        _swept.add(str(data))
+        _sweep(data)
     interpreter = resolve_image(spec.image, home)
     if interpreter.note and interpreter.note not in _noted:
         _noted.add(interpreter.note)
@@ -474,6 +478,21 @@ def create(spec: SandboxSpec | None = None) -> Sandbox:
         (runs / sandbox_id).write_text(str(folder))
         _count(spec.run_dir, {"time": created, "event": "created", "id": sandbox_id})
     return Sandbox(sandbox_id, spec, folder, created, interpreter)
+
+
+def _sweep(data: Path) -> None:
+    """Delete the sandboxes in `data` that are over (lifetime, run) but were never deleted: a process that died
+    before its delete(), or, for root's shared folder, a home that is gone (a test's temporary one)."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(data):
+            if not ID_PATTERN.match(entry.name) or entry.is_symlink():
+                continue
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                record = json.loads(Path(entry.path, "sandbox.json").read_text())
+                sandbox = Sandbox(entry.name, SandboxSpec(**record["spec"]), Path(entry.path),
+                                  float(record["created"]), Interpreter(**record["interpreter"]))
+                if sandbox.ended():
+                    sandbox.delete()
 
 
 def _count(run_dir: str, record: dict[str, Any]) -> None:
@@ -573,6 +592,8 @@ class Sandbox:
         if time.time() >= self.expires:
             return f"its lifetime of {self.spec.timeout_minutes:g} minutes ended"
         if self.spec.run_dir:
+            if not os.path.isdir(self.spec.run_dir):
+                return f"its run's folder {self.spec.run_dir} is gone"
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 state = json.loads((Path(self.spec.run_dir) / "status.json").read_text()).get("state")
                 if state in FINAL_RUN_STATES:

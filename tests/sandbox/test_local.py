@@ -158,6 +158,10 @@ def test_get_list_and_delete_from_another_process(sandbox: Sandbox) -> None:
 @needs_namespaces
 def test_the_lifetime_ends_commands_then_the_sandbox() -> None:
     sandbox = local.create(SandboxSpec(timeout_minutes=1.5 / 60))
+    forgotten = local.create(SandboxSpec(timeout_minutes=1 / 60))  # never deleted, and its home goes (as a test's)
+    real = os.path.realpath(forgotten.folder)
+    if real != str(forgotten.folder):  # root: the folder is in the shared /var/tmp one, the home held a link
+        forgotten.folder.unlink()
     started = time.monotonic()
     result = sandbox.execute("sleep 30", timeout=60)
     assert result.timed_out and time.monotonic() - started < 5, result
@@ -166,6 +170,9 @@ def test_the_lifetime_ends_commands_then_the_sandbox() -> None:
     with pytest.raises(local.SandboxGone, match="lifetime"):
         sandbox.execute("true")
     assert not os.path.exists(sandbox.folder) and sandbox.id not in [s.id for s in local.list_sandboxes()]
+    local._swept.clear()  # as in a fresh process: its first create sweeps the folders of ended sandboxes
+    local.create(SandboxSpec()).delete()
+    assert not os.path.exists(real)
 
 
 def test_images_map_to_an_interpreter_or_are_refused() -> None:

@@ -314,14 +314,18 @@ def test_the_runs_reaper_ends_its_sandboxes(tmp_path: Path) -> None:
     run_dir.mkdir(parents=True)
     (run_dir / "status.json").write_text(json.dumps({"id": "rl-sbx001", "state": "running", "processes": {}}))
     sandbox = local.create(SandboxSpec(run_dir=str(run_dir)))
-    marker = f"run-job-{uuid.uuid4().hex[:8]}"
-    sandbox.start_job(f"python -c 'import time; time.sleep(300)' {marker}")
-    deadline = time.monotonic() + 10
-    while not leftovers(marker) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert leftovers(marker)
-    assert Run(run_dir).end_processes(grace=5) == []
-    assert gone(marker)
-    (run_dir / "status.json").write_text(json.dumps({"id": "rl-sbx001", "state": "failed"}))
-    with pytest.raises(local.SandboxGone, match="failed"):
-        local.get(sandbox.id)
+    try:
+        marker = f"run-job-{uuid.uuid4().hex[:8]}"
+        sandbox.start_job(f"python -c 'import time; time.sleep(300)' {marker}")
+        deadline = time.monotonic() + 10
+        while not leftovers(marker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert leftovers(marker)
+        assert Run(run_dir).end_processes(grace=5) == []
+        assert gone(marker)
+        (run_dir / "status.json").write_text(json.dumps({"id": "rl-sbx001", "state": "failed"}))
+        with pytest.raises(local.SandboxGone, match="failed"):
+            local.get(sandbox.id)
+        assert not os.path.exists(sandbox.folder)
+    finally:
+        sandbox.delete()
