@@ -855,12 +855,11 @@ class Sandbox:
             self._live_or_raise()
             raise SandboxError(f"no job {job.job_id} in sandbox {self.id}") from error
         pid = int(meta["pid"])
-        try:
-            code_text = exit_file.read_text().strip()
-        except OSError:
-            code_text = None
+        code_text = _read_exit(exit_file)
+        if code_text is None:
             if _pid_running(pid, self._recorded_start(pid)):
                 return None
+            code_text = _read_exit(exit_file)  # it may have ended between the first read and the check
         self._unrecord(pid)
         code = int(code_text) if code_text and code_text.lstrip("-").isdigit() else 128 + signal.SIGKILL
         stdout = _read_output(tmp / f"job_{job.job_id}.stdout")
@@ -1073,6 +1072,14 @@ def _read_output(path: Path) -> str:
     if size > OUTPUT_LIMIT:
         text += f"\n[... {size - OUTPUT_LIMIT} more bytes cut: the sandbox keeps {OUTPUT_LIMIT >> 20} MiB]"
     return text
+
+
+def _read_exit(path: Path) -> str | None:
+    """A job's exit file's text, or None while there is none (the job writes it last, in one rename)."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
 
 
 def _start_time(pid: int) -> str | None:

@@ -122,6 +122,26 @@ def test_background_jobs(sandbox: Sandbox) -> None:
     assert sandbox.processes() == []
 
 
+
+@needs_namespaces
+def test_a_job_that_ends_while_its_status_is_read_keeps_its_exit_code(sandbox: Sandbox,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """job_status reads the exit file, then looks at the job's process: a job that ends between the two is its own
+    exit code, not a killed one (137)."""
+    job = sandbox.start_job("while [ ! -e /tmp/go ]; do sleep 0.01; done; exit 5")
+    running = local._pid_running
+
+    def ends_in_between(pid: int, start: str | None) -> bool:  # the job ends after its exit file was read
+        (Path(os.path.realpath(sandbox.folder)) / "tmp" / "go").write_text("")
+        while running(pid, start):
+            time.sleep(0.01)
+        return running(pid, start)
+
+    monkeypatch.setattr(local, "_pid_running", ends_in_between)
+    result = sandbox.job_status(job)
+    assert result is not None and result.exit_code == 5 and not result.oom, result
+
+
 GET_AND_LIST = """
 import json, sys
 from prime_lab.sandbox import local
