@@ -14,13 +14,15 @@ by path with `-I`) loads it by path. A sandbox is a folder, `<home>/<id>/` (home
 No process lives while a sandbox is idle: each command is one `bwrap` run with its own user, PID, IPC, UTS, cgroup
 and (unless `spec.network`) network namespaces, no capabilities (`--cap-drop ALL`), no further user namespaces
 (`--disable-userns`), a cleared environment (`--clearenv`; then PATH, HOME=/app, LANG, MALLOC_ARENA_MAX and
-spec.env), a session of its own (`--new-session`), killed when its caller dies (`--die-with-parent`). The host's
-userland (/usr and the /bin, /lib symlinks or folders, a short list of /etc files: no pip.conf, gitconfig or npmrc)
-is bound read-only; nothing else of the host is there: not $HOME, the secret store, the runs, the checkout or another
-sandbox. Inside, `prlimit` sets hard rlimits before the shell starts: address space (`memory_gb`), processes (256:
-counted per user namespace, so per command), file size (`disk_size_gb`), open files (1024), no core files. /app,
-/tmp and /opt/venv together are held to `disk_size_gb` by measuring them while a command runs (after 0.1, 0.2,
-0.4, 1 s, then each second): past it the command is stopped, with a line in its stderr.
+spec.env), a session of its own (`--new-session`), killed when its caller dies (`--die-with-parent`); bwrap itself
+is not inside (`--as-pid-1`: pid 1 is a shell that runs the command), so no command line there holds its argv
+(where it is installed, its binds and variables). The host's userland (/usr and the /bin, /lib symlinks or folders,
+a short list of /etc files: no pip.conf, gitconfig or npmrc) is bound read-only; nothing else of the host is there:
+not $HOME, the secret store, the runs, the checkout or another sandbox. Inside, `prlimit` sets hard rlimits before
+the shell starts: address space (`memory_gb`), processes (256: counted per user namespace, so per command), file
+size (`disk_size_gb`), open files (1024), no core files. /app, /tmp and /opt/venv together are held to
+`disk_size_gb` by measuring them while a command runs (after 0.1, 0.2, 0.4, 1 s, then each second): past it the
+command is stopped, with a line in its stderr.
 
 Run as root, commands run as uid 65534 (the kernel does not apply RLIMIT_NPROC to uid 0) and their folders are owned
 by it; bwrap binds paths as that uid, so where it cannot reach the home (/root is 0700) the folders live in
@@ -100,6 +102,10 @@ FINAL_RUN_STATES = ("completed", "failed", "stopped")
 ETC_FILES = ("passwd", "group", "hosts", "resolv.conf", "nsswitch.conf", "ssl", "ld.so.cache", "localtime",
              "alternatives", "python3")
 USERLAND = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# pid 1 inside (bwrap --as-pid-1: bwrap's own argv, host paths in it, is not in the sandbox's /proc): a shell that
+# runs the command as its child, so the command keeps a process's signals (pid 1 ignores those it has no handler
+# for), reaps what is orphaned to it while it waits (dash's wait takes any child) and exits with its exit code
+INIT = ("sh", "-c", 'exec 3<&0; "$@" <&3 3<&- & exec 2>/dev/null; wait $!', "sh")  # no "Killed" of its own
 _IMAGE = re.compile(r"^(?:(?:docker\.io/)?library/)?python(?::(?P<tag>[A-Za-z0-9_.-]+))?(?:@sha256:[0-9a-f]+)?$")
 _TAG = re.compile(r"^3(?:\.(?P<minor>\d+))?(?:\.\d+)*(?:[a-z]+\d*)?(?:-[A-Za-z0-9_.-]+)?$")
 
@@ -668,9 +674,9 @@ class Sandbox:
             for opened in fds:
                 os.close(opened)
             raise SandboxGone(f"sandbox {self.id} is gone: {error}") from error
-        kwargs["env"] = {"PATH": "/usr/bin:/bin"}  # bwrap is pid 1 inside: its /proc/1/environ is readable there
+        kwargs["env"] = {"PATH": "/usr/bin:/bin"}  # bwrap's own environment: nothing of the host's
         args += ["--proc", "/proc", "--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
-                 "--remount-ro", "/", "--chdir", _inside_path(working_dir or APP), *inner]
+                 "--remount-ro", "/", "--chdir", _inside_path(working_dir or APP), "--as-pid-1", *INIT, *inner]
         kwargs["pass_fds"] = tuple(fds)
         return args, kwargs, fds
 

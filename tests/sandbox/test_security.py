@@ -207,6 +207,18 @@ def test_host_processes_are_invisible_and_untouchable(sandbox: Sandbox) -> None:
         host.wait()
 
 
+
+def test_no_host_path_in_a_processs_command_line(sandbox: Sandbox) -> None:
+    """`ps` inside shows the sandbox's own processes only, not bwrap's argv (where bwrap lives: the checkout's
+    virtual environment, the user's home; its binds and variables), in /proc/*/cmdline or as /proc/1/exe."""
+    result = sandbox.execute("ps -eo pid,args; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done; "
+                             "readlink /proc/1/exe; echo done", env={"GREETING": "hello-4d2e"}, timeout=20)
+    assert result.stdout.endswith("done\n") and "hello-4d2e" not in result.stdout, result
+    host = [str(REPO), sys.prefix, os.path.dirname(local.bwrap_path() or "/nowhere/bwrap"),
+            os.path.realpath(sandbox.folder), "bwrap", "--bind", "--setenv", "GREETING"]
+    for text in host:
+        assert text not in result.stdout, (text, result.stdout)
+
 FORKS = """
 import os, time
 n = 0
