@@ -27,15 +27,17 @@ command is stopped, with a line in its stderr.
 Run as root, commands run as uid 65534 (the kernel does not apply RLIMIT_NPROC to uid 0) and their folders are owned
 by it; bwrap binds paths as that uid, so where it cannot reach the home (/root is 0700) the folders live in
 /var/tmp/prime-lab-sandboxes-root (root's, 0711; `<home>/<id>` is a link there), as do the images' pip
-environments and, when it sits where uid 65534 cannot run it, a copy of bwrap.
+environments and, when it sits where uid 65534 cannot run it, a copy of bwrap. A process's first create() there
+deletes the sandboxes whose link is gone (a removed home: a test's temporary one) or that are over, and finishes
+a delete() whose process died midway.
 
 A command's wall clock (`timeout`, default 300 s as Prime's client; never past the sandbox's `timeout_minutes`)
-kills its process group: exit code 124 as `timeout` gives, `timed_out=True`. When a command returns, its PID
-namespace ends: a process it left in the background is killed with it. Only `start_job` keeps a process running
-after the call, until it finishes, the sandbox's lifetime ends, it is deleted, or the thread that started it exits
-(bwrap's --die-with-parent is the parent-death signal, which Linux sends when that thread ends). Each command has
-its own namespaces, so a job's processes and ports are not visible to a later command (with `network`, the ports
-are: it shares the host's network).
+kills its process group and everything under it: exit code 124 as `timeout` gives, `timed_out=True`. When a
+command returns, its PID namespace ends: a process it left in the background is killed with it. Only `start_job`
+keeps a process running after the call, until it finishes, the sandbox's lifetime ends, it is deleted, or the
+thread that started it exits (bwrap's --die-with-parent is the parent-death signal, which Linux sends when that
+thread ends). Each command has its own namespaces, so a job's processes and ports are not visible to a later
+command (with `network`, the ports are: it shares the host's network).
 `oom=True` when the command hit the memory limit (Python's MemoryError, a failed allocation, or a SIGKILL that was
 not the timeout).
 
@@ -95,6 +97,7 @@ OUTPUT_LIMIT = 16 << 20  # bytes of a command's stdout (and of its stderr) kept;
 SANDBOX_UID = 65534  # what root's commands run as (nobody)
 APP, TMP, VENV, BASE = "/app", "/tmp", "/opt/venv", "/opt/python-base"
 ID_PATTERN = re.compile(r"^sbx-[a-z0-9]{10}$")
+GRAVEYARD = ".deleted-"  # a deleted sandbox's folder is renamed .deleted-<id>-<hex>, then removed
 STATS_FILE = "sandbox_stats.jsonl"  # in a sandbox's run folder (sandbox/stats.py reads it)
 ISOLATIONS = ("strong", "weak")
 FINAL_RUN_STATES = ("completed", "failed", "stopped")
@@ -476,7 +479,7 @@ def create(spec: SandboxSpec | None = None) -> Sandbox:
         if os.geteuid() == 0:
             _chown_tree(folder / sub)
     record = {"id": sandbox_id, "spec": dataclasses.asdict(spec), "created": created,
-              "interpreter": dataclasses.asdict(interpreter)}
+              "interpreter": dataclasses.asdict(interpreter), "link": str(folder) if data != home else None}
     (folder / "sandbox.json").write_text(json.dumps(record, indent=1))
     if spec.run_dir:
         runs = Path(spec.run_dir) / "sandboxes"
@@ -487,17 +490,22 @@ def create(spec: SandboxSpec | None = None) -> Sandbox:
 
 
 def _sweep(data: Path) -> None:
-    """Delete the sandboxes in `data` that are over (lifetime, run) but were never deleted: a process that died
-    before its delete(), or, for root's shared folder, a home that is gone (a test's temporary one)."""
+    """Delete the sandboxes in `data` that are over but were never deleted (a process that died before its
+    delete()): past their lifetime, their run final or gone, or, in root's shared folder, their home's link gone
+    (a test's temporary home, removed); and finish the deletes that a process died in."""
     with contextlib.suppress(OSError):
         for entry in os.scandir(data):
+            if entry.name.startswith(GRAVEYARD) and not entry.is_symlink():
+                _bury(Path(entry.path))
+                continue
             if not ID_PATTERN.match(entry.name) or entry.is_symlink():
                 continue
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 record = json.loads(Path(entry.path, "sandbox.json").read_text())
                 sandbox = Sandbox(entry.name, SandboxSpec(**record["spec"]), Path(entry.path),
                                   float(record["created"]), Interpreter(**record["interpreter"]))
-                if sandbox.ended():
+                link = record.get("link")
+                if sandbox.ended() or (link and not os.path.islink(link)):
                     sandbox.delete()
 
 
@@ -729,11 +737,11 @@ class Sandbox:
                         break
                     stop = self._why_stop(started + limit)
                     if stop:
-                        _kill_group(process.pid)
+                        _end_tree(process.pid)
                         process.wait()
                         break
             except BaseException:
-                _kill_group(process.pid)
+                _end_tree(process.pid)
                 process.wait()
                 raise
             finally:
@@ -765,11 +773,11 @@ class Sandbox:
                         break
                     stop = self._why_stop(started + limit)
                     if stop:
-                        _kill_group(process.pid)
+                        _end_tree(process.pid)
                         await waiter
                         break
             except BaseException:
-                _kill_group(process.pid)
+                _end_tree(process.pid)
                 with contextlib.suppress(BaseException):
                     await asyncio.shield(waiter)
                 raise
@@ -947,7 +955,7 @@ class Sandbox:
     def delete(self) -> None:
         """Kill everything running in it (each process group, and what runs under them) and remove its folder."""
         real = Path(os.path.realpath(self.folder))
-        graveyard = real.with_name(f".deleted-{self.id}-{secrets.token_hex(3)}")
+        graveyard = real.with_name(f"{GRAVEYARD}{self.id}-{secrets.token_hex(3)}")
         try:
             os.rename(real, graveyard)  # from here on, get() in any process says it is gone
         except FileNotFoundError:
@@ -956,27 +964,7 @@ class Sandbox:
             if real != self.folder:
                 with contextlib.suppress(OSError):
                     self.folder.unlink()
-        for _ in range(3):
-            pids = []
-            with contextlib.suppress(OSError):
-                for entry in os.scandir(graveyard / "procs"):
-                    if entry.name.isdigit():
-                        pid = int(entry.name)
-                        with contextlib.suppress(OSError):
-                            if _pid_running(pid, (graveyard / "procs" / entry.name).read_text() or None):
-                                pids.append(pid)
-            everything = _descendants(pids)
-            if not everything:
-                break
-            for pid in pids:
-                _kill_group(pid)
-            for pid in everything:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 2
-            while time.monotonic() < deadline and any(_pid_running(pid, None) for pid in everything):
-                time.sleep(0.005)
-        shutil.rmtree(graveyard, ignore_errors=True)
+        _bury(graveyard)
         if self.spec.run_dir:
             with contextlib.suppress(OSError):
                 (Path(self.spec.run_dir) / "sandboxes" / self.id).unlink()
@@ -996,6 +984,32 @@ class Sandbox:
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
+def _bury(graveyard: Path) -> None:
+    """Kill what a deleted sandbox's folder records as running (and everything under it), then remove the folder.
+    Any process may bury a folder another is burying: each kills before it removes."""
+    for _ in range(3):
+        pids = []
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(graveyard / "procs"):
+                if entry.name.isdigit():
+                    pid = int(entry.name)
+                    with contextlib.suppress(OSError):
+                        if _pid_running(pid, (graveyard / "procs" / entry.name).read_text() or None):
+                            pids.append(pid)
+        everything = _descendants(pids)
+        if not everything:
+            break
+        for pid in pids:
+            _kill_group(pid)
+        _kill_and_wait(everything)
+    deadline = time.monotonic() + 2
+    while True:  # a process that was dying as the folder was walked may have written one more file
+        shutil.rmtree(graveyard, ignore_errors=True)
+        if not os.path.lexists(graveyard) or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+
+
 class _Symlink(Exception):
     """A path component is a symlink: the host does not follow it; the read or write goes through the sandbox."""
 
@@ -1164,3 +1178,20 @@ def _watch_steps() -> Iterator[float]:
 def _kill_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+
+
+def _kill_and_wait(pids: list[int], seconds: float = 2) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_pid_running(pid, None) for pid in pids):
+        time.sleep(0.005)
+
+
+def _end_tree(pid: int) -> None:
+    """Kill a command stopped before it ended: its bwrap's group and every process under it, waiting until they are
+    gone (killing bwrap alone leaves its namespace running for a few ms more, writing to /app and /tmp)."""
+    tree = _descendants([pid])
+    _kill_group(pid)
+    _kill_and_wait(tree)

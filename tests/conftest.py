@@ -26,6 +26,12 @@ def lab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     # Sandboxes' per-image pip environments (sandbox/local.py) are made once per machine, not once per test.
     monkeypatch.setenv("PRIME_LAB_SANDBOX_IMAGES", str(Path.home() / ".cache" / "prime-lab-test-sandbox-images"))
     yield home
+    if (home / "sandboxes").is_dir():  # what a test (or a process it ran) left: root's live in a shared /var/tmp
+        from prime_lab.sandbox import local
+
+        monkeypatch.setenv("PRIME_LAB_SANDBOXES", str(home / "sandboxes"))
+        for sandbox in local.list_sandboxes():
+            sandbox.delete()
 
 
 @pytest.fixture

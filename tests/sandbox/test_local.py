@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from prime_lab.runs.registry import pid_alive
 from prime_lab.sandbox import local
 from prime_lab.sandbox.local import Sandbox, SandboxSpec
 
@@ -193,6 +195,41 @@ def test_the_lifetime_ends_commands_then_the_sandbox() -> None:
     local._swept.clear()  # as in a fresh process: its first create sweeps the folders of ended sandboxes
     local.create(SandboxSpec()).delete()
     assert not os.path.exists(real)
+
+
+
+def job_pid(sandbox: Sandbox, job: local.Job) -> int:
+    return int(json.loads((sandbox.folder / "logs" / f"job_{job.job_id}.json").read_text())["pid"])
+
+
+@needs_namespaces
+def test_nothing_is_left_of_a_stopped_command_a_crashed_delete_or_a_removed_home(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root's sandboxes live in a shared /var/tmp folder, which a test session must not fill: a command stopped at
+    its timeout writes nothing after it returns (its delete leaves no half-removed folder), and a process's first
+    create removes what a delete that died midway left and the sandboxes of a home that was removed."""
+    data = local.data_home()
+    for _ in range(3):
+        writer = local.create(SandboxSpec())
+        stopped = writer.execute("i=0; while :; do echo x > /tmp/f$i; i=$((i+1)); done", timeout=0.2)
+        files = len(os.listdir(Path(os.path.realpath(writer.folder)) / "tmp"))
+        time.sleep(0.05)
+        assert stopped.timed_out and len(os.listdir(Path(os.path.realpath(writer.folder)) / "tmp")) == files
+        writer.delete()
+        assert not list(data.glob(f".deleted-{writer.id}-*"))
+    crashed = local.create(SandboxSpec())
+    pid = job_pid(crashed, crashed.start_job("sleep 60"))
+    graveyard = data / f".deleted-{crashed.id}-000000"
+    os.rename(os.path.realpath(crashed.folder), graveyard)  # delete()'s first step; its process died there
+    home = tmp_path / "removed-home"
+    monkeypatch.setenv("PRIME_LAB_SANDBOXES", str(home))
+    forgotten = local.create(SandboxSpec())  # never deleted; then its home goes, as a test's temporary one does
+    real = os.path.realpath(forgotten.folder)
+    shutil.rmtree(home)
+    monkeypatch.delenv("PRIME_LAB_SANDBOXES")
+    local._swept.clear()  # as in a fresh process
+    local.create(SandboxSpec()).delete()
+    assert not os.path.exists(graveyard) and not os.path.exists(real) and not pid_alive(pid)
 
 
 def test_images_map_to_an_interpreter_or_are_refused() -> None:
