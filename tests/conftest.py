@@ -6,6 +6,7 @@ server serves a whole test session.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,8 +24,10 @@ def lab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home = tmp_path / "prime-lab-home"
     home.mkdir()
     monkeypatch.setenv("PRIME_LAB_HOME", str(home))
-    # Sandboxes' per-image pip environments (sandbox/local.py) are made once per machine, not once per test.
-    monkeypatch.setenv("PRIME_LAB_SANDBOX_IMAGES", str(Path.home() / ".cache" / "prime-lab-test-sandbox-images"))
+    # Sandboxes' per-image pip environments (sandbox/local.py) are made once per machine, not once per test: in
+    # ~/.cache, or where PRIME_LAB_SANDBOX_IMAGES already points; root's where uid 65534 reaches (/var/tmp).
+    images = os.environ.get("PRIME_LAB_SANDBOX_IMAGES") or str(Path.home() / ".cache" / "prime-lab-test-sandbox-images")
+    monkeypatch.setenv("PRIME_LAB_SANDBOX_IMAGES", images)
     yield home
     if (home / "sandboxes").is_dir():  # what a test (or a process it ran) left: root's live in a shared /var/tmp
         from prime_lab.sandbox import local
