@@ -10,8 +10,8 @@ where an argument is built at run time (a variable, an f-string with a field, a 
 `sys.executable`, count as literals. It is a static check: code that reaches a runner some other way
 (`getattr(os, name)`, a helper of another package) is not seen.
 
-What is read: an installed environment's module (a package: its folder, tests left out; a module inside a package:
-that package's folder), an isolated environment's installed target, a folder, wheel or sdist at `prime env install`.
+What is read: an installed environment's module (a package: its folder, its tests/ left out; a module inside a
+package: that package's folder), an isolated environment's installed target, a folder, wheel or sdist at `prime env install`.
 Built-in environments run model code in the sandbox only and are not read.
 
 The line (`warning`) is said at `prime env install` and when a run, an evaluation or a GEPA run loads the
@@ -149,9 +149,7 @@ def scan_source(text: str, path: str = "<source>") -> list[HostCall]:
 
 def _wanted(relative: str) -> bool:
     parts = relative.replace("\\", "/").split("/")
-    name = parts[-1]
-    return name.endswith(".py") and not name.startswith("test_") and not name.endswith("_test.py") \
-        and not _SKIPPED_DIRS & set(parts[:-1])
+    return parts[-1].endswith(".py") and parts[-1] != "conftest.py" and not _SKIPPED_DIRS & set(parts[:-1])
 
 
 def _sources(target: Path) -> Iterator[tuple[str, str]]:

@@ -93,13 +93,21 @@ def test_env_install_refuses_what_is_not_a_package(tmp_path: Path) -> None:
     assert empty.returncode == 1 and "has no pyproject.toml" in empty.stderr
 
 
-def init_install_and_eval(name: str, tmp_path: Path, *flags: str) -> dict[str, Any]:
-    """`prime env init` + `prime env install`, then the package's own tests, `prime env list` and an evaluation."""
+def init_install_and_eval(name: str, tmp_path: Path, *flags: str, host_code: bool = False) -> dict[str, Any]:
+    """`prime env init` + `prime env install`, then the package's own tests, `prime env list` and an evaluation;
+    with `host_code`, the module also has a function that exec()s a completion (never called): said at install and
+    once in the evaluation."""
     assert prime("env", "init", name, *flags, cwd=tmp_path).returncode == 0
     folder = tmp_path / name
+    module = name.replace("-", "_")
+    if host_code:
+        with (folder / f"{module}.py").open("a") as source:
+            source.write("\n\ndef run_reply(completion):\n    exec(completion[-1]['content'], {})\n")
+    outside = f"{name} runs model-written code on this machine, outside the sandbox"
     installed = prime("env", "install", str(folder), cwd=tmp_path)
     assert installed.returncode == 0, installed.stderr
-    module = name.replace("-", "_")
+    assert (f"warning: {outside} (exec(completion[-1]['content'], {{}}) at {module}.py:" in installed.stderr) == \
+        host_code, installed.stderr
     assert installed.stdout.split() == [name, module]
     constraints = Path(__file__).resolve().parents[2] / "constraints.txt"
     assert f"(editable, constraints {constraints})" in installed.stderr
@@ -112,6 +120,7 @@ def init_install_and_eval(name: str, tmp_path: Path, *flags: str) -> dict[str, A
     with scripted_endpoint(["<answer>right</answer>"] * rows) as ep:
         proc = prime("eval", "run", name, "-b", ep.base_url, "-m", "m", "-n", str(rows), "-r", "1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count(outside) == (1 if host_code else 0), proc.stderr
     assert len(ep.requests) == rows and "Write the word in capital letters" in ep.requests[0]["messages"][0]["content"]
     [run] = RunRegistry().runs()
     assert run.status()["state"] == "completed"
@@ -120,7 +129,7 @@ def init_install_and_eval(name: str, tmp_path: Path, *flags: str) -> dict[str, A
 
 def test_a_new_environment_installs_and_runs_by_id_at_once(tmp_path: Path, uninstall_after: list[str]) -> None:
     uninstall_after.append("plab-sums-test")
-    info = init_install_and_eval("plab-sums-test", tmp_path)
+    info = init_install_and_eval("plab-sums-test", tmp_path, host_code=True)
     assert [a["name"] for a in info["args"]] == ["num_train_examples", "num_eval_examples", "seed", "system_prompt"]
 
 
