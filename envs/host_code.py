@@ -11,7 +11,8 @@ where an argument is built at run time (a variable, an f-string with a field, a 
 (`getattr(os, name)`, a helper of another package) is not seen.
 
 What is read: an installed environment's module (a package: its folder, its tests/ left out; a module inside a
-package: that package's folder), an isolated environment's installed target, a folder, wheel or sdist at `prime env install`.
+package: that package's folder), an isolated environment's installed target, a folder, wheel or sdist at
+`prime env install`.
 Built-in environments run model code in the sandbox only and are not read.
 
 The line (`warning`) is said at `prime env install` and when a run, an evaluation or a GEPA run loads the

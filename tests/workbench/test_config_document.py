@@ -96,7 +96,8 @@ def test_the_forms_show_sfts_tables_and_rls_loss_and_teacher() -> None:
     rl = {section.title: section for section in sections(RLConfig)}
     [loss] = [field for field in rl["Core"].fields if field.key == "loss"]
     assert loss.kind == "choice" and loss.choices == ("rl", "sft", "opd") and loss.default == "'rl'"
-    assert [f.key for f in rl["[teacher]"].fields] == ["teacher.model", "teacher.backend"]
+    assert [f.key for f in rl["[teacher]"].fields] == ["teacher.model", "teacher.backend",
+                                                        "teacher.gpu_memory_utilization"]
     assert "teacher.sampling.temperature" in [f.key for f in rl["[teacher.sampling]"].fields]
     assert "teacher.client.base_url" in [f.key for f in rl["[teacher.client]"].fields]
 
