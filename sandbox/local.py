@@ -13,10 +13,11 @@ by path with `-I`) loads it by path. A sandbox is a folder, `<home>/<id>/` (home
 
 No process lives while a sandbox is idle: each command is one `bwrap` run with its own user, PID, IPC, UTS, cgroup
 and (unless `spec.network`) network namespaces, no capabilities (`--cap-drop ALL`), no further user namespaces
-(`--disable-userns`), a cleared environment (`--clearenv`; then PATH, HOME=/app, LANG, MALLOC_ARENA_MAX and
-spec.env), a session of its own (`--new-session`), killed when its caller dies (`--die-with-parent`); bwrap itself
-is not inside (`--as-pid-1`: pid 1 is a shell that runs the command), so no command line there holds its argv
-(where it is installed, its binds and variables). The host's userland (/usr and the /bin, /lib symlinks or folders,
+(`--disable-userns`), a cleared environment (`--clearenv`; then PATH, HOME=/app, LANG, MALLOC_ARENA_MAX, with
+`spec.network` the host's package index variables (pip_index_settings), and spec.env), a session of its own
+(`--new-session`), killed when its caller dies (`--die-with-parent`); bwrap itself is not inside (`--as-pid-1`:
+pid 1 is a shell that runs the command), so no command line there holds its argv (where it is installed, its binds
+and variables). The host's userland (/usr and the /bin, /lib symlinks or folders,
 a short list of /etc files: no pip.conf, gitconfig or npmrc) is bound read-only; nothing else of the host is there:
 not $HOME, the secret store, the runs, the checkout or another sandbox. Inside, `prlimit` sets hard rlimits before
 the shell starts: address space (`memory_gb`), processes (256: counted per user namespace, so per command), file
@@ -81,7 +82,8 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,10 @@ DEFAULT_TIMEOUT = 300.0  # seconds per command, as prime_sandboxes' execute_comm
 NPROC = 256  # processes and threads per command (the user namespace's count)
 NOFILE = 1024
 SHM_BYTES = 64 << 20  # /dev/shm, a tmpfs of its own per command
+# the host's package index settings a sandbox with network gets (pip.conf is not bound): URLs only, none with a
+# user or password in it (model code could send it out), and a PIP_CERT inside what is bound (/etc/ssl, /usr)
+PIP_URLS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS")
+PIP_HOSTS, PIP_CERT = "PIP_TRUSTED_HOST", "PIP_CERT"
 WATCH_SECONDS = (0.1, 0.1, 0.2, 0.4, 1.0)  # a running command's disk use is measured after these, then every 1 s
 OUTPUT_LIMIT = 16 << 20  # bytes of a command's stdout (and of its stderr) kept; the rest is cut with a note
 SANDBOX_UID = 65534  # what root's commands run as (nobody)
@@ -285,6 +291,24 @@ def isolation_problem() -> str | None:
             problem = f"bubblewrap at {bwrap} does not run: {error}"
     _probed[key] = problem
     return problem
+
+
+def pip_index_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """The host's PIP_INDEX_URL, PIP_EXTRA_INDEX_URL and PIP_FIND_LINKS (their http(s) URLs without credentials),
+    PIP_TRUSTED_HOST and a PIP_CERT under /etc/ssl or /usr: what `pip install` in a sandbox with network needs to
+    reach the registry this machine uses."""
+    settings: dict[str, str] = {}
+    for name in PIP_URLS:
+        parts = [(url, urllib.parse.urlsplit(url)) for url in environ.get(name, "").split()]
+        urls = [url for url, part in parts if part.scheme in ("http", "https") and "@" not in part.netloc]
+        if urls:
+            settings[name] = " ".join(urls)
+    if environ.get(PIP_HOSTS, "").strip():
+        settings[PIP_HOSTS] = environ[PIP_HOSTS]
+    cert = environ.get(PIP_CERT, "")
+    if cert.startswith(("/etc/ssl/", "/usr/")) and ".." not in cert:
+        settings[PIP_CERT] = cert
+    return settings
 
 
 def _namespace_flags(*, network: bool) -> list[str]:
@@ -636,6 +660,8 @@ class Sandbox:
                      "VIRTUAL_ENV": venv_bin[:-4], "PYTHONDONTWRITEBYTECODE": "1"}
         if not strong:
             variables["TMPDIR"] = str(real / "tmp")
+        if spec.network:
+            variables.update(pip_index_settings(os.environ))
         variables.update(spec.env)
         variables.update(env or {})
         limits = [f"--as={max(64 << 20, int(spec.memory_gb * (1 << 30)))}",

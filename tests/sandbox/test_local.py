@@ -10,9 +10,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -295,6 +298,36 @@ def test_network_true_shares_the_hosts_network() -> None:
             assert result.stdout == "connected\n", result
     finally:
         sandbox.delete()
+
+
+@needs_namespaces
+def test_a_sandbox_with_network_gets_the_hosts_package_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip.conf is not bound: the host's PIP_INDEX_URL (a real index on 127.0.0.1 here) reaches a sandbox only with
+    network, and an index URL with credentials, a local path or a cert outside what is bound never does."""
+    simple = tmp_path / "index" / "simple" / "stubpkg"
+    simple.mkdir(parents=True)
+    wheel = stub_wheel(simple)
+    (simple / "index.html").write_text(f'<a href="{wheel.name}">{wheel.name}</a>')
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=str(tmp_path / "index")))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    index = f"http://127.0.0.1:{server.server_address[1]}/simple"
+    monkeypatch.setenv("PIP_INDEX_URL", index)
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://user:token@example.invalid/simple file:///opt/pypi/simple")
+    monkeypatch.setenv("PIP_FIND_LINKS", "/opt/wheels")
+    monkeypatch.setenv("PIP_CERT", str(tmp_path / "ca.pem"))
+    show = "echo ${PIP_INDEX_URL-none} ${PIP_EXTRA_INDEX_URL-none} ${PIP_FIND_LINKS-none} ${PIP_CERT-none}"
+    networked, closed = local.create(SandboxSpec(network=True)), local.create(SandboxSpec())
+    try:
+        assert networked.execute(show).stdout == f"{index} none none none\n"
+        installed = networked.execute("pip install -q --disable-pip-version-check stubpkg && "
+                                      "python -c 'import stubpkg; print(stubpkg.VALUE)'", timeout=120)
+        assert installed.stdout == "42\n", installed
+        assert closed.execute(show).stdout == "none none none none\n"
+    finally:
+        networked.delete()
+        closed.delete()
+        server.shutdown()
+        server.server_close()
 
 
 def test_without_namespaces_it_says_so_at_once_and_weak_runs(tmp_path: Path,
