@@ -24,7 +24,8 @@ the load function's arguments with their values.
 Before any of them imports the environment, `import prime_sandboxes` is made to give prime-lab's local sandboxes
 (unless the run's `[sandbox] provider` is "prime"): `local_sandboxes` loads prime-lab's sandbox folder, beside this
 one, by path as the package `_prime_lab_sandbox` (its shim, settings and core import only the standard library) and
-installs its shim.
+installs its shim; so does a worker verifiers' server starts with multiprocessing's spawn (0.3.1), which runs this
+file as `__mp_main__` before it loads the environment.
 
 The server process leads its own process group; when the process that started it dies it ends that whole group
 (verifiers' servers fork workers), so nothing outlives the run, the evaluation or the GEPA run it serves.
@@ -400,6 +401,9 @@ def main(argv: list[str]) -> int:
     print(f"driver: unknown command {command!r}", file=sys.stderr)
     return 2
 
+
+if __name__ == "__mp_main__":  # a process started with multiprocessing's spawn (verifiers 0.3.1's env workers) runs
+    local_sandboxes()  # this file under that name before it loads the environment: prime_sandboxes is local there too
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

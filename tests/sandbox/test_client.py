@@ -253,6 +253,35 @@ def test_in_a_release_interpreter_the_driver_makes_prime_sandboxes_local(tmp_pat
     assert local.list_sandboxes() == []
 
 
+def test_a_process_the_release_interpreter_spawns_gets_local_sandboxes_too(tmp_path: Path) -> None:
+    """verifiers 0.3.1's server loads the environment in workers it starts with multiprocessing's spawn: a fresh
+    interpreter that runs driver.py again (as __mp_main__), not its main(); prime_sandboxes is local there too."""
+    modules = tmp_path / "modules"
+    write_module(modules, "spawned_child", """
+        def client_module():
+            import prime_sandboxes
+
+            return prime_sandboxes.AsyncSandboxClient.__module__
+    """)
+    write_module(modules, "spawning_env", """
+        import multiprocessing
+
+        import spawned_child
+
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            __doc__ = pool.apply(spawned_child.client_module)
+
+
+        def load_environment():
+            raise NotImplementedError
+    """)
+    with applied(None):
+        environ = dict(os.environ)
+    answer = run_driver(bare_interpreter(tmp_path, modules), "check", "spawning_env", env=environ, timeout=120)
+    assert answer.get("ok"), answer
+    assert answer["doc"] == "_prime_lab_sandbox.client"
+
+
 def test_the_sandbox_table_is_one_schema_in_the_rl_eval_and_gepa_configs(tmp_path: Path) -> None:
     rl = validate_rl_config(textwrap.dedent("""
         model = "smollm2-135m"
