@@ -67,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import json
@@ -324,6 +325,22 @@ def _drop_kwargs() -> dict[str, Any]:
     if os.geteuid() != 0:
         return {}
     return {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}
+
+
+def _for_loop(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Popen arguments for the running event loop: one not asyncio's own (uvloop: verifiers 0.3.1's env workers
+    run it) takes no user, group or extra_groups, so the drop to the sandbox uid is done in the child instead."""
+    if "user" not in kwargs or isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop):
+        return kwargs
+    rest = {key: value for key, value in kwargs.items() if key not in ("user", "group", "extra_groups")}
+    return {**rest, "preexec_fn": functools.partial(_drop_to, kwargs["user"])}
+
+
+def _drop_to(uid: int) -> None:
+    """In a child before its exec: what Popen's user, group and extra_groups do."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
 
 
 # -- images -------------------------------------------------------------------------------------------------------
@@ -784,7 +801,8 @@ class Sandbox:
         started = time.monotonic()
         with open(out, "wb") as out_file, open(err, "wb") as err_file:
             try:
-                process = await asyncio.create_subprocess_exec(*args, stdout=out_file, stderr=err_file, **kwargs)
+                process = await asyncio.create_subprocess_exec(*args, stdout=out_file, stderr=err_file,
+                                                               **_for_loop(kwargs))
             finally:
                 for opened in fds:
                     os.close(opened)

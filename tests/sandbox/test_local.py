@@ -95,6 +95,19 @@ def test_aexecute_and_its_cancellation(sandbox: Sandbox) -> None:
 
 
 @needs_namespaces
+def test_aexecute_on_uvloop(sandbox: Sandbox) -> None:
+    """verifiers 0.3.1's env workers run uvloop, whose subprocesses take no user or group: root's commands still run
+    as the sandbox uid, and past their timeout are stopped."""
+    import uvloop
+
+    result = uvloop.run(sandbox.aexecute("id -u"))
+    assert result.exit_code == 0, result
+    assert result.stdout == f"{local.SANDBOX_UID if os.geteuid() == 0 else os.geteuid()}\n"
+    stopped = uvloop.run(sandbox.aexecute("sleep 30", timeout=0.5))
+    assert stopped.timed_out and stopped.exit_code == 124 and stopped.seconds < 5
+
+
+@needs_namespaces
 def test_files_in_and_out(sandbox: Sandbox) -> None:
     sandbox.write_file("data/in.txt", b"hello sandbox")
     sandbox.write_file("/tmp/t.bin", bytes(range(256)))
