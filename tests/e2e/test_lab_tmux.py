@@ -22,7 +22,7 @@ def test_prime_lab_opens_the_default_config_navigates_and_quits(lab_home: Path) 
         pane.send("C-t")  # back to the form, whose Escape goes back to the home screen: configs and runs
         pane.wait_for("Rollouts per example")
         pane.send("Escape")
-        pane.wait_for("configs/gepa/reverse-text.toml", "configs/rl/alphabet-sort.toml")
+        pane.wait_for("configs/eval/code-tests.toml", "configs/gepa/reverse-text.toml")
         pane.send("q")
         deadline = time.monotonic() + 20
         while pane.alive() and time.monotonic() < deadline:
