@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prime_lab.envs.tool_prompt import KEY as TOOLS_KEY
 from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.runs.registry import Run, RunRegistry, working
 from prime_lab.runs.system_metrics import sampling
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
 
 Announce = Callable[[str], None]
-TOOLS_IN_SYSTEM_PROMPT = "tools_in_system_prompt"  # a sampling arg of ours: the tools' schemas into the system prompt
 OnProgress = Callable[[int, int, "Rollout"], None]  # rollouts done, rollouts in all, the one just finished
 
 
@@ -82,14 +82,14 @@ class EvalJob:
     @property
     def tools_in_system_prompt(self) -> bool:
         """`tools_in_system_prompt` among the sampling args: ours (envs/tool_prompt.py), never sent."""
-        return self.sampling.get(TOOLS_IN_SYSTEM_PROMPT) is True
+        return self.sampling.get(TOOLS_KEY) is True
 
     def sampling_args(self) -> SamplingArgs:
         """The sampling args given (the keys SamplingArgs has; the others go to the endpoint as `extra_body`, but
         `tools_in_system_prompt`), with max_tokens and temperature over them."""
         from prime_lab.envs import SamplingArgs
 
-        args = SamplingArgs.from_settings({k: v for k, v in self.sampling.items() if k != TOOLS_IN_SYSTEM_PROMPT})
+        args = SamplingArgs.from_settings({k: v for k, v in self.sampling.items() if k != TOOLS_KEY})
         if self.max_tokens is not None:
             args.max_tokens = self.max_tokens
         if self.temperature is not None:
