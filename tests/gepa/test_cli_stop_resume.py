@@ -14,7 +14,7 @@ from typing import Any
 from prime_lab.runs.events import Event, EventLog
 from prime_lab.runs.registry import Run
 from tests.gepa.reflection_standin import reflection_standin
-from tests.support.cli import PRIME, prime
+from tests.support.cli import PRIME, prime, without_site_reports
 
 BUDGET = 40
 
@@ -51,7 +51,7 @@ def test_sigterm_mid_round_then_resume_spends_nothing_twice(builtin_server: Any,
         try:
             wait_for_a_round_in_flight(proc, run_dir)
             proc.send_signal(signal.SIGTERM)
-            _, stderr = proc.communicate(timeout=60)
+            stderr = without_site_reports(proc.communicate(timeout=60)[1])
         finally:
             if proc.poll() is None:
                 proc.kill()

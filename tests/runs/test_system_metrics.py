@@ -5,6 +5,7 @@ NVML is real where it answers (here: no GPU, so `gpus` is []); a fake module sta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -334,6 +335,32 @@ def test_latest_by_process_keeps_each_process_last_values() -> None:
 
 
 # Sandboxes --------------------------------------------------------------------------------------------------------
+def _command_lines(pids: list[int]) -> dict[int, list[str]]:
+    found = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found[pid] = psutil.Process(pid).cmdline()
+    return found
+
+
+def _settled_processes(jobs: dict[Any, Any], timeout: float = 30) -> list[int]:
+    """Every process of the sandboxes in `jobs` once each one's job runs its python (the last process of the chain
+    bwrap, sh, timeout, sh, python3) and two looks 0.1 s apart find the same processes; each sandbox's processes,
+    command lines and job result if that does not happen within `timeout` s."""
+    deadline = time.monotonic() + timeout
+    last: list[int] = []
+    while True:
+        lines = {sandbox: _command_lines(sandbox.processes()) for sandbox in jobs}
+        now = sorted(pid for found in lines.values() for pid in found)
+        ready = all(any(argv and "python" in Path(argv[0]).name and "vllm" in " ".join(argv) for argv in found.values())
+                    for found in lines.values())
+        if ready and now == last:
+            return now
+        last = now
+        assert time.monotonic() < deadline, [(lines[sandbox], sandbox.job_status(job)) for sandbox, job in jobs.items()]
+        time.sleep(0.1)
+
+
 def test_a_runs_sandboxes_are_one_row_whatever_runs_in_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Real sandboxes (sandbox/local.py), made by this process as an orchestrator makes them for its rollouts: every
     process of theirs (bwrap, the shell, a command line that would be a sampler's outside; with weak isolation, no
@@ -348,14 +375,9 @@ def test_a_runs_sandboxes_are_one_row_whatever_runs_in_them(tmp_path: Path, monk
     busy, idle, weak = (local.create(local.SandboxSpec(run_dir=str(run.dir), isolation=isolation))
                         for isolation in ("strong", "strong", "weak"))
     try:
-        for sandbox in (busy, weak):
-            sandbox.start_job(f"python3 -c {SLEEP!r} -m vllm.entrypoints.openai.api_server")
-        deadline = time.monotonic() + 20
-        while not all(any("vllm" in " ".join(psutil.Process(pid).cmdline()) for pid in sandbox.processes())
-                      for sandbox in (busy, weak)):
-            assert time.monotonic() < deadline, busy.processes()
-            time.sleep(0.02)
-        inside = busy.processes() + weak.processes()
+        jobs = {sandbox: sandbox.start_job(f"python3 -c {SLEEP!r} -m vllm.entrypoints.openai.api_server")
+                for sandbox in (busy, weak)}
+        inside = _settled_processes(jobs)
         rows = sampler.processes()
         (row,) = [p for p in rows if p["role"] == SANDBOX]  # one row for all of them
         assert not [p for p in rows if p["pid"] in inside and p is not row]  # none of theirs a `sampler`
