@@ -15,12 +15,19 @@ same way; an answered ping starts the count again, so a server that is alive and
 caller stops waiting for (a rollout past its time limit, a cancelled task) is cancelled on the server too, as
 verifiers' own client does, so its rollouts and their model requests stop there (every release but 0.1.10, whose
 server has no cancel: `takes_cancel`). Restarting it is the environment's (isolated.py).
+
+verifiers 0.3.1's server loads the environment again in each env worker, a process it starts with multiprocessing's
+spawn, and starts a worker that dies again every few seconds, forever, while the server answers pings: a worker that
+cannot load its environment would hold each request until its caller's time limit (300 s a rollout). While a request
+waits, the worker logs are read (`WorkerWatch`): a worker whose latest start died with a traceback before it loaded
+fails the request at once with `EnvironmentCannotLoad`, naming the worker's error and its log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import tempfile
 import time
@@ -60,6 +67,11 @@ class EnvironmentDown(RuntimeError):
         if not last:
             return head
         return f"{head[:-1]} end with: {last[:300]}" if head.endswith(":") else f"{head} ({last[:300]})"
+
+
+class EnvironmentCannotLoad(EnvironmentDown):
+    """The environment loaded in its interpreter's `describe` but not in verifiers' env worker: starting it again
+    cannot help, so what waits on it fails, and the run, evaluation or GEPA run with it. One line."""
 
 
 class EnvServerDied(EnvServerError):
@@ -148,6 +160,7 @@ class EnvServerProcess(ServerProcess):
         super().__init__(driver_command(python, "serve", module, json.dumps(dict(args)), self.address, str(log_dir)),
                          port=port, log_path=log_path, env=env, name=name)
         self.log_dir = log_dir
+        self.workers = WorkerWatch(log_path, log_dir)  # verifiers' env workers, read while a request waits
         self.health = health  # its health check (`health_check`)
         self.cancels = cancels  # it takes verifiers' cancel (`takes_cancel`)
         self.killed_because: str | None = None  # set when this side killed it (hung)
@@ -163,6 +176,11 @@ class EnvServerProcess(ServerProcess):
 
     def is_healthy(self, timeout: float = 2.0) -> bool:
         return ping(self.address, timeout, self.health)
+
+    def start(self) -> EnvServerProcess:
+        self.workers = WorkerWatch(self.log_path, self.log_dir)  # from the logs' ends: a restarted server appends
+        super().start()
+        return self
 
     def tail(self) -> str:
         """The last lines of its log and of the logs verifiers' server writes beside it."""
@@ -230,6 +248,11 @@ class EnvServerClient:
                 code = self.server.poll()
                 if code is not None:
                     raise EnvServerDied(self._died(code))
+                failure = self.server.workers.failure()
+                if failure is not None:
+                    raise EnvironmentCannotLoad(f"{self.server.name} cannot load in verifiers' env worker (a "
+                                                f"process of its own, which verifiers starts again every few "
+                                                f"seconds): {failure}")
                 await self._watch(socket)
         except asyncio.CancelledError:
             if not future.done():
@@ -294,6 +317,93 @@ class EnvServerClient:
             if not future.done() and not future.get_loop().is_closed():
                 future.cancel()
         self._pending.clear()
+
+
+WORKER_HEADER = re.compile(r"^Process (?:.*-)?(\d+):$")  # multiprocessing's, before a process's traceback
+LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d[ T]\d\d:\d\d|driver: |prime-lab )")  # a line no traceback holds
+NOT_EXCEPTION = ("Traceback (most recent call last):", "The above exception", "During handling of the above")
+WORKER_LOG = re.compile(r"^env_worker_(\d+)\.log$")  # verifiers 0.3.1's, one per worker, in the server's log folder
+WORKER_LOADING = "Loading environment"  # verifiers' load_environment, at each start of a worker
+WORKER_LOADED = "Initialized worker"  # verifiers' env worker, once its environment loaded
+
+
+class WorkerWatch:
+    """What verifiers' env workers (0.3.1) wrote since their server started, read a little at each `failure()`:
+    each worker's starts (`Loading environment` in its own log, env_worker_N.log) and whether the latest loaded
+    (`Initialized worker`), and the tracebacks of worker processes that died (multiprocessing's `Process NAME-N:`
+    header and traceback, in the server's own log). Every worker start writes one Loading line and every death by
+    an exception one traceback: a worker with as many tracebacks as starts, whose latest start did not load, cannot
+    load its environment (verifiers would start it again forever)."""
+
+    def __init__(self, server_log: Path, log_dir: Path) -> None:
+        self.server_log, self.log_dir = server_log, log_dir
+        self.offsets: dict[Path, int] = {}
+        self.partial: dict[Path, bytes] = {}
+        for path in (server_log, *log_dir.glob("env_worker_*.log")):
+            try:
+                self.offsets[path] = path.stat().st_size
+            except OSError:
+                pass
+        self.starts: dict[int, int] = {}
+        self.loaded: dict[int, bool] = {}
+        self.deaths: dict[int, int] = {}
+        self.errors: dict[int, str] = {}  # each worker's last traceback's last exception line
+        self.block: int | None = None  # the worker whose traceback the server log is in
+        self.block_grew = False  # that traceback got lines at this read (it may not be whole yet)
+
+    def _new_lines(self, path: Path) -> list[str]:
+        """The whole lines appended to `path` since the last read."""
+        offset = self.offsets.get(path, 0)
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+        except OSError:
+            return []
+        self.offsets[path] = offset + len(chunk)
+        data = self.partial.pop(path, b"") + chunk
+        whole, _, rest = data.rpartition(b"\n")
+        if rest:
+            self.partial[path] = rest
+        return whole.decode("utf-8", "replace").splitlines() if whole else []
+
+    def _read(self) -> None:
+        for path in self.log_dir.glob("env_worker_*.log"):
+            match = WORKER_LOG.match(path.name)
+            if match is None:
+                continue
+            worker = int(match.group(1))
+            for line in self._new_lines(path):
+                if WORKER_LOADING in line:
+                    self.starts[worker] = self.starts.get(worker, 0) + 1
+                    self.loaded[worker] = False
+                elif WORKER_LOADED in line:
+                    self.loaded[worker] = True
+        self.block_grew = False
+        for line in self._new_lines(self.server_log):
+            header = WORKER_HEADER.match(line)
+            if header is not None:
+                self.block = int(header.group(1))
+                self.deaths[self.block] = self.deaths.get(self.block, 0) + 1
+                self.block_grew = True
+            elif self.block is not None and LOG_LINE.match(line):
+                self.block = None
+            elif self.block is not None:
+                self.block_grew = True
+                if line.strip() and not line[0].isspace() and not line.startswith(NOT_EXCEPTION):
+                    self.errors[self.block] = line.strip()
+
+    def failure(self) -> str | None:
+        """The first worker that cannot load its environment, as "its error (its log: PATH)", or None."""
+        self._read()
+        for worker, deaths in sorted(self.deaths.items()):
+            if worker == self.block and self.block_grew:
+                continue  # its traceback is still being written: its last line is read next time
+            if deaths >= max(1, self.starts.get(worker, 0)) and not self.loaded.get(worker, False):
+                error = self.errors.get(worker, "it died before its environment loaded")
+                return (f"{error[:500]} (its log: {self.log_dir / f'env_worker_{worker}.log'}; the traceback in "
+                        f"{self.server_log})")
+        return None
 
 
 def group_request(inputs: Sequence[Mapping[str, Any]], base_url: str, key_var: str, model: str,

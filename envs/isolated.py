@@ -12,7 +12,8 @@ A server that dies (or hangs, and is killed: env_server.py) is started again at 
 at most MAX_RESTARTS times per environment; each restart is announced (`serve_into`'s `on_restart`, a WARNING line),
 and the groups it was serving are sent once more to the new one. Past the bound, `run_group` raises EnvironmentDown
 with the server's last log lines: the run, evaluation or GEPA run fails, naming the environment, rather than go on
-without it.
+without it. So does an environment that verifiers' env worker cannot load (`EnvironmentCannotLoad`, env_server.py),
+at once: no restart loads it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 from prime_lab.envs import hub
 from prime_lab.envs.arguments import EnvironmentLoadError
 from prime_lab.envs.env_server import (
+    EnvironmentCannotLoad,
     EnvironmentDown,
     EnvServerClient,
     EnvServerDied,
@@ -416,6 +418,11 @@ class IsolatedEnvironment(GroupEnvironment):
                                 self.env_id)
             if not response.get("success", False) or response.get("outputs") is None:
                 raise EnvServerError(str(response.get("error") or "the server answered without outputs"))
+        except EnvironmentCannotLoad as exc:  # a restart loads it no better: down for good, its server stopped
+            with self._start_lock:
+                self._down = self._down or str(exc)
+                self.close()
+            raise
         except EnvServerError as exc:
             elapsed = (time.perf_counter() - started) * 1000
             message = f"environment '{self.env_id}' (verifiers {self.release}, in its own interpreter): {exc}"

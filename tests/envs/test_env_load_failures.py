@@ -1,14 +1,16 @@
 """An environment that cannot load says why in the same words in both interpreters: prime-lab's own, and an
-environment's own (driver.py, here run by this project's interpreter); and the driver describes the environment's
-own rollout time limit."""
+environment's own (driver.py, here run by this project's interpreter); the driver describes the environment's
+own rollout time limit; and one that verifiers' env worker cannot load fails in seconds with the worker's error."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +19,9 @@ from typing import Any
 import pytest
 
 from prime_lab.envs import EnvironmentLoadError, driver, hub, isolated, loader
-from prime_lab.envs.env_server import run_driver
+from prime_lab.envs.env_server import EnvironmentCannotLoad, EnvironmentDown, WorkerWatch, run_driver
+from prime_lab.envs.environment import SamplingArgs
+from prime_lab.runs.processes import free_port
 
 MISSING = "nobody-prime-lab/not-on-this-machine"  # a Hub dataset no cache holds
 
@@ -51,6 +55,20 @@ from datasets import Dataset
 def load_environment(limit: float = 90):
     rows = Dataset.from_list([{"question": "2+2?", "answer": "4"}])
     return vf.SingleTurnEnv(dataset=rows, timeout_seconds=limit)
+'''
+
+WORKER_FAILS = '''
+"""Loads where prime-lab checks it; raises in verifiers' env worker, a process started with spawn."""
+import multiprocessing
+
+import verifiers as vf
+from datasets import Dataset
+
+
+def load_environment():
+    if multiprocessing.current_process().name != "MainProcess":
+        raise RuntimeError("WORKER_ONLY_KEY is not set in this process")
+    return vf.SingleTurnEnv(dataset=Dataset.from_list([{"question": "2+2?", "answer": "4"}]))
 '''
 
 
@@ -202,3 +220,77 @@ def test_describe_gives_the_environment_s_own_time_limit(tmp_path: Path, modules
                         json.dumps({"limit": 45}), env=offline_environment(), timeout=60)
     assert "error" not in answer, answer
     assert answer["timeout_seconds"] == 45.0 and len(answer["dataset"]) == 1
+
+
+@pytest.mark.slow  # describe, then verifiers' server and its spawned worker (verifiers imported 3 times, ~10 s)
+def test_an_environment_its_env_worker_cannot_load_fails_in_seconds_naming_the_worker_s_error(
+        tmp_path: Path, modules: Path) -> None:
+    """verifiers 0.3.1's server loads the environment again in a worker of its own and starts a worker that dies
+    again every few seconds: the group fails within seconds (not at the 300 s rollout limit, blaming the model
+    endpoint) in one line naming the environment, the worker's last exception line and its log; the next group
+    fails at once, no server started again."""
+    write(modules, "hubprobe_worker_env", WORKER_FAILS)
+    env = isolated.IsolatedEnvironment(isolated.IsolatedRecord(
+        name="hubprobe-worker-env", module="hubprobe_worker_env", distribution="hubprobe-worker-env", version="0.1.0",
+        release="0.3.1", python=str(own_interpreter(tmp_path, modules)), target=str(modules), reason="a test"),
+        "hubprobe-worker-env", {})
+    rows = env.get_eval_dataset(1)
+
+    async def group() -> None:
+        from openai import AsyncOpenAI
+
+        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{free_port()}/v1", api_key="EMPTY")
+        await asyncio.wait_for(env.run_group(client, "m", rows, SamplingArgs(max_tokens=4)), 90)
+
+    started = time.monotonic()
+    with pytest.raises(EnvironmentCannotLoad) as raised:
+        asyncio.run(group())
+    assert time.monotonic() - started < 45
+    line = raised.value.line()
+    assert line == str(raised.value) and "\n" not in line
+    assert line.startswith("environment 'hubprobe-worker-env' (verifiers 0.3.1) cannot load in verifiers' env worker")
+    assert ": RuntimeError: Failed to load environment 'hubprobe_worker_env': WORKER_ONLY_KEY is not set in this " \
+           "process (its log: " in line
+    assert server_log_dir(line).joinpath("env_worker_0.log").is_file()
+    again = time.monotonic()
+    with pytest.raises(EnvironmentDown, match="WORKER_ONLY_KEY"):
+        asyncio.run(group())
+    assert time.monotonic() - again < 2 and env._server is None
+
+
+def server_log_dir(line: str) -> Path:
+    return Path(line.split("(its log: ", 1)[1].split(";", 1)[0]).parent
+
+
+def test_the_worker_watch_tells_a_worker_that_cannot_load_from_one_that_died_after_loading(tmp_path: Path) -> None:
+    """Each start of a worker logs `Loading environment`; each death by an exception puts multiprocessing's
+    traceback in the server's log. A worker that loaded and later died, started again and loaded, is no failure;
+    one whose latest start died before loading is, named by its traceback's last line once that traceback is whole."""
+    server_log, log_dir = tmp_path / "env-x.log", tmp_path / "env-x.d"
+    log_dir.mkdir()
+    server_log.write_text("an earlier server's\nProcess x-0:\nTraceback (most recent call last):\nValueError: old\n")
+    watch = WorkerWatch(server_log, log_dir)  # from the logs' ends
+    worker = log_dir / "env_worker_0.log"
+
+    def append(path: Path, text: str) -> None:
+        with path.open("a") as fh:
+            fh.write(text)
+
+    started = "t - INFO - Loading environment: x\n"
+    loaded = "t - INFO - Initialized worker x-0 on ipc://w\n"
+    died = ("Process x-0:\nTraceback (most recent call last):\n  File \"w.py\"\nOSError: lost its socket\n"
+            "2026-01-01 10:00:00 - router - WARNING - Worker 0 died, restarting\n")
+    append(worker, started + loaded)
+    append(server_log, "driver: serving\n" + died)
+    append(worker, started + loaded)
+    assert watch.failure() is None
+    append(server_log, died)
+    append(worker, started)
+    assert watch.failure() is None  # started again, loading
+    append(server_log, "Process x-0:\nTraceback (most recent call last):\n  File \"env.py\"\nKeyError: 'a'\n\n"
+                       "The above exception was the direct cause of the following exception:\n\nTraceback (most")
+    assert watch.failure() is None  # still being written
+    append(server_log, " recent call last):\n  File \"w.py\"\nRuntimeError: Failed to load environment 'x': 'a'\n")
+    assert watch.failure() is None  # whole now, but it may go on: the next read says
+    assert watch.failure() == (f"RuntimeError: Failed to load environment 'x': 'a' (its log: {worker}; the "
+                               f"traceback in {server_log})")
