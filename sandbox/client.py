@@ -42,17 +42,23 @@ JOB_POLL_S = (0.02, 1.0)  # a local job's status is a file: polled from the firs
 
 Names = list[str]  # ids or labels (the clients' own `list` method hides the builtin in their bodies)
 
-_said: set[str] = set()
+_said: set[tuple[str, str]] = set()
 _said_lock = threading.Lock()
 
 
-def say_once(message: str) -> None:
-    """A line on stderr (a run's process log), once per process."""
+def say_once(message: str, run_dir: str | None = None, key: str | None = None) -> None:
+    """A line for the user, once per process and run (`key`: what makes two messages one; default the message): a
+    notice in the run's sandbox stats (stats.py: `prime eval run` prints it, an RL run shows it as an alert; the
+    process may be an environment server, whose log nobody reads), or on stderr outside a run."""
+    key = key or message
     with _said_lock:
-        if message in _said:
+        if (run_dir or "", key) in _said:
             return
-        _said.add(message)
-    print(f"prime-lab sandbox: {message}", file=sys.stderr, flush=True)
+        _said.add((run_dir or "", key))
+    if run_dir and os.path.isdir(run_dir):
+        local._count(run_dir, {"time": time.time(), "event": "notice", "key": key, "message": message})
+    else:
+        print(f"prime-lab sandbox: {message}", file=sys.stderr, flush=True)
 
 
 # prime_sandboxes' own classes, imported when first needed -------------------------------------------------------
@@ -152,12 +158,12 @@ def spec_for(data: dict[str, Any], settings: Settings) -> local.SandboxSpec:
     """The local sandbox a request asks for, under this machine's `[sandbox]` settings."""
     if (data.get("network_allowlist") or data.get("network_denylist")) and not settings.network:
         say_once("an environment asks for network access (network_allowlist); local sandboxes have none unless "
-                 "[sandbox] network = true")
+                 "[sandbox] network = true", settings.run_dir)
     elif data.get("network_allowlist") or data.get("network_denylist"):
         say_once("[sandbox] network = true opens the whole network: a request's network_allowlist and "
-                 "network_denylist are not enforced locally")
+                 "network_denylist are not enforced locally", settings.run_dir)
     if int(_float(data.get("gpu_count"), 0)) > 0:
-        say_once("an environment asks for a GPU in its sandbox; local sandboxes have none")
+        say_once("an environment asks for a GPU in its sandbox; local sandboxes have none", settings.run_dir)
     env = {**(data.get("environment_vars") or {}), **(data.get("secrets") or {})}
     return local.SandboxSpec(
         name=str(data.get("name") or "sandbox"), image=str(data.get("docker_image") or DEFAULT_IMAGE),
@@ -204,7 +210,8 @@ def network_hint(sandbox: local.Sandbox, result: local.CommandResult) -> None:
     """A command that failed for want of the network, in a sandbox without one: the setting that opens it, once."""
     if result.exit_code != 0 and not sandbox.spec.network and NETWORK_FAILURES.search(result.stderr[-20000:]):
         say_once(f"a command in sandbox {sandbox.id} ({sandbox.spec.name}) could not reach the network: local "
-                 "sandboxes have none unless [sandbox] network = true (--sandbox '{\"network\": true}')")
+                 "sandboxes have none unless [sandbox] network = true (--sandbox '{\"network\": true}')",
+                 sandbox.spec.run_dir, key="network")
 
 
 def command_response(sandbox: local.Sandbox, command: str, timeout: float, result: local.CommandResult) -> Any:

@@ -9,6 +9,10 @@ The core (sandbox/local.py, stdlib only) writes two records, one JSON object a l
   after its rollout), so the orchestrator folds what was appended since its previous step (`StatsFollower`):
   `sandbox/created`, `sandbox/commands`, `sandbox/timed_out`, `sandbox/oom` (counts) and `sandbox/command_seconds`
   (their mean wall time; 0 in a step without commands); a run that never made a sandbox has none of them.
+- notices, in the same file: `{"time", "event": "notice", "key", "message"}`, a line a user must read (client.py's
+  `say_once`: a command that failed for want of the network names `[sandbox] network = true`), written by whichever
+  process made the sandbox (an environment server's log is read by nobody). `NoticeFollower` gives each key once:
+  `prime eval run` prints it and keeps it in metadata.json, an RL run's launcher makes it a `sandbox` alert.
 - a sandbox's own log of commands, `<folder>/logs/commands.log` (`COMMAND_LOG`): one line per command that ended,
   `{"time" (when it ended), "command", "exit_code", "timed_out", "oom", "seconds", "stdout", "stderr"}` (the last
   2000 characters of each output), which `prime sandbox logs ID` prints. It goes with its sandbox.
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 STATS_FILE = "sandbox_stats.jsonl"  # in a run's folder
+NOTICE = "notice"  # a line of it that is said to the user
 COMMAND_LOG = "commands.log"  # in a sandbox's logs/
 METRICS = ("sandbox/created", "sandbox/commands", "sandbox/timed_out", "sandbox/oom", "sandbox/command_seconds")
 
@@ -86,24 +91,57 @@ class StatsFollower:
 
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / STATS_FILE
-        try:
-            self.offset = self.path.stat().st_size
-        except OSError:
-            self.offset = 0
+        self.offset = _size(self.path)
         self.seen = self.offset > 0
 
     def take(self) -> dict[str, float]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                chunk = fh.read()
-        except OSError:
-            chunk = b""
-        whole = chunk[:chunk.rfind(b"\n") + 1]
-        self.offset += len(whole)
-        stats = fold(records(whole.splitlines()))
+        whole, self.offset = _appended(self.path, self.offset)
+        stats = fold(whole)
         self.seen = self.seen or bool(whole)
         return stats.metrics() if self.seen else {}
+
+
+class NoticeFollower:
+    """A run's sandbox notices: `take()` gives the messages appended since the previous take, each key once (every
+    process that makes sandboxes says each once). `from_start=False` starts at the file's end (a resumed run's
+    processes say theirs again)."""
+
+    def __init__(self, run_dir: Path, from_start: bool = True) -> None:
+        self.path = Path(run_dir) / STATS_FILE
+        self.offset = 0 if from_start else _size(self.path)
+        self.keys: set[str] = set()
+        self.messages: list[str] = []  # every one taken so far
+
+    def take(self) -> list[str]:
+        whole, self.offset = _appended(self.path, self.offset)
+        new = []
+        for record in whole:
+            key, message = record.get("key"), record.get("message")
+            if record.get("event") == NOTICE and isinstance(message, str) and str(key or message) not in self.keys:
+                self.keys.add(str(key or message))
+                new.append(message)
+        self.messages += new
+        return new
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _appended(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """The records of the whole lines appended to `path` after `offset`, and the offset after them (a partial last
+    line waits for the next read)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+    except OSError:
+        chunk = b""
+    whole = chunk[:chunk.rfind(b"\n") + 1]
+    return records(whole.splitlines()), offset + len(whole)
 
 
 def command_log(folder: Path | str) -> list[dict[str, Any]]:

@@ -37,7 +37,7 @@ from prime_lab.envs.verifiers_adapter import VerifiersEnvironment
 from prime_lab.evals.launcher import read_config
 from prime_lab.gepa.config import validate_gepa_config
 from prime_lab.sandbox import client as ours
-from prime_lab.sandbox import local, settings, shim
+from prime_lab.sandbox import local, settings, shim, stats
 from prime_lab.sandbox.config import SandboxConfig, applied, parse
 from prime_lab.trainer.config import validate_rl_config
 from tests.support import cli
@@ -131,6 +131,7 @@ def test_the_async_client_raises_prime_sandboxes_timeout_and_oom_errors() -> Non
 def test_the_run_settings_win_over_the_request_and_an_allowlist_opens_nothing(
         capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
+    run_dir.mkdir()
     with applied(SandboxConfig(memory_gb=0.5, timeout=1), run_dir):
         client = ours.SandboxClient()
         box = client.create(request(memory_gb=4, network_allowlist=["pypi.org"]))
@@ -142,11 +143,16 @@ def test_the_run_settings_win_over_the_request_and_an_allowlist_opens_nothing(
         client.create(request(network_allowlist=["github.com"]))
         reach = "python -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=0.5)\""
         assert client.execute_command(box.id, reach, timeout=10).exit_code == 1
-    said = capfd.readouterr().err
-    assert said.count("an environment asks for network access (network_allowlist); local sandboxes have none unless "
-                      "[sandbox] network = true") == 1
-    assert f"a command in sandbox {box.id} (probe) could not reach the network" in said
+    # said once each, to the run (its console or its alerts read them: stats.NoticeFollower), not on stderr
+    notices = stats.NoticeFollower(run_dir).take()
+    assert notices[0] == ("an environment asks for network access (network_allowlist); local sandboxes have none "
+                          "unless [sandbox] network = true")
+    assert notices[1].startswith(f"a command in sandbox {box.id} (probe) could not reach the network") \
+        and len(notices) == 2
+    assert "prime-lab sandbox" not in capfd.readouterr().err
     assert settings.RUN_DIR not in os.environ  # the block's settings are gone after it
+    ours.say_once("outside a run", None)
+    assert capfd.readouterr().err == "prime-lab sandbox: outside a run\n"
 
 
 def write_module(folder: Path, name: str, text: str) -> None:
