@@ -14,8 +14,14 @@ path, isolated from the caller's `PYTHONPATH` and from this folder's modules (`R
   protocol (`run_group` / `run_rollout` requests carrying the inputs, a `client_config` the server builds its own
   OpenAI client from, the model, sampling args and state columns; `b"ping"` for health; an empty payload cancels the
   request of that id: its task is cancelled, and with it the group's rollouts and their model requests). Releases
-  that ship a server (`ZMQEnvServer`, 0.1.10 on) run their own; older ones (0.1.8, 0.1.9) run ours, which speaks the
-  same protocol, so prime-lab's client is one whatever the release.
+  that ship a server (`ZMQEnvServer`, 0.1.10 on) run their own; older ones (0.1.5 - 0.1.9) run ours, which speaks the
+  same protocol, so prime-lab's client is one whatever the release. 0.1.8 and 0.1.9 run a group with their own
+  `run_group`; 0.1.5 - 0.1.7 have none, and ours runs each rollout and scores it as their own evaluation does
+  (`rollout`, then `rubric.score_rollout`), rebuilding from the state's `responses` the trajectory (each model call's
+  tokens and logprobs) that later releases keep.
+
+The environment is built before any event loop runs (an environment's `load_environment` may run its own with
+`asyncio.get_event_loop().run_until_complete(...)`, as gpu_puzzles does), on the standard library's loop.
 
 A failed `check` or `describe` writes its error with the chain of errors that caused it (`errors`, in the lines
 prime-lab's hub.py reads: a Hub dataset out of reach gets the same message and fix as in prime-lab's process) and
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import importlib
 import inspect
@@ -181,10 +188,14 @@ def dataset_rows(env: Any, split: str) -> list[dict[str, Any]] | None:
 
 
 def rubric_of(env: Any) -> dict[str, Any]:
+    """Its reward functions' names and weights: `_get_reward_funcs()` (0.1.8 on), `get_reward_funcs()` (0.1.5 -
+    0.1.7, whose Rubric keeps `reward_funcs`)."""
     rubric = env.rubric
-    try:
-        funcs, weights = list(rubric._get_reward_funcs()), list(rubric._get_reward_weights())
-    except Exception:  # a rubric of another shape
+    for own in ("_get_reward_", "get_reward_"):
+        with contextlib.suppress(Exception):  # a rubric of another shape
+            funcs, weights = list(getattr(rubric, own + "funcs")()), list(getattr(rubric, own + "weights")())
+            break
+    else:
         funcs, weights = list(getattr(rubric, "reward_funcs", []) or []), []
     names = [getattr(f, "__name__", type(f).__name__) for f in funcs]
     return {"names": names, "weights": [float(w) for w in weights] if len(weights) == len(names) else None}
@@ -263,7 +274,7 @@ def run_verifiers_server(cls: Any, module: str, args: dict[str, Any], address: s
 
 
 def state_output(state: Any, columns: list[str]) -> dict[str, Any]:
-    """A finished state of a release without `state_to_output` (0.1.8, 0.1.9) as a RolloutOutput-shaped dict."""
+    """A finished state of a release without `state_to_output` (0.1.5 - 0.1.9) as a RolloutOutput-shaped dict."""
     keys = ("example_id", "prompt", "completion", "answer", "task", "info", "reward", "metrics", "is_truncated",
             "stop_condition", "timing", "error")
     out = {k: jsonable(state.get(k)) for k in keys}
@@ -272,8 +283,86 @@ def state_output(state: Any, columns: list[str]) -> dict[str, Any]:
     return out
 
 
+def _get(obj: Any, name: str) -> Any:
+    """A field of a value that is a dict or an object (openai's models keep vLLM's extra fields as attributes)."""
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+def response_tokens(response: Any) -> dict[str, Any] | None:
+    """The token ids and logprobs a chat completion carries when the request asked for them (vLLM's
+    `prompt_token_ids`, the choice's `token_ids` and `logprobs.content`), in verifiers' TrajectoryStepTokens shape;
+    None without them."""
+    choice = (_get(response, "choices") or [None])[0]
+    prompt_ids, completion_ids = _get(response, "prompt_token_ids"), _get(choice, "token_ids")
+    content = _get(_get(choice, "logprobs"), "content")
+    if prompt_ids is None or completion_ids is None or content is None:
+        return None
+    return {"prompt_ids": list(prompt_ids), "prompt_mask": [0] * len(prompt_ids),
+            "completion_ids": list(completion_ids), "completion_mask": [1] * len(completion_ids),
+            "completion_logprobs": [_get(token, "logprob") for token in content]}
+
+
+def classic_trajectory(prompt: Any, completion: Any, responses: list[Any]) -> list[dict[str, Any]]:
+    """The trajectory a release before 0.1.8 does not keep, from its state's `responses`: one step per model call,
+    with the messages it was sent (the prompt and the completion before its answer), its answer, its finish reason
+    and its tokens."""
+    answers = [i for i, m in enumerate(completion) if _get(m, "role") == "assistant"] \
+        if isinstance(completion, list) else []
+    steps = []
+    for k, response in enumerate(responses):
+        at = answers[k] if k < len(answers) else None
+        before = completion[:at] if at is not None else []
+        choice = (_get(response, "choices") or [None])[0]
+        steps.append({"prompt": [*prompt, *before] if isinstance(prompt, list) else prompt,
+                      "completion": completion[at:at + 1] if at is not None else [],
+                      "response": {"message": {"finish_reason": _get(choice, "finish_reason")}},
+                      "tokens": response_tokens(response)})
+    return steps
+
+
+def _accepted(function: Any, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Those of `arguments` that `function` names as parameters (its `**kwargs` would pass the rest on)."""
+    named = {name for name, p in inspect.signature(function).parameters.items()
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    return {k: v for k, v in arguments.items() if k in named}
+
+
+async def classic_rollout(env: Any, row: dict[str, Any], client: Any, model: str, sampling_args: dict[str, Any],
+                          columns: list[str]) -> dict[str, Any]:
+    """One rollout of a release without `run_group` (0.1.5 - 0.1.7), scored, as a RolloutOutput-shaped dict: the
+    state from `init_state` (0.1.6 on), `rollout` -> (completion, state), `rubric.score_rollout` -> RolloutScore,
+    each called with the arguments its release names (0.1.5's rollout takes no completion, state or example id). An
+    `info` the dataset keeps as JSON text is read first, and the environment's tools put in it, as the release's own
+    evaluation does."""
+    info = row.get("info") or {}
+    if isinstance(info, str):
+        info = json.loads(info) if info.strip() else {}
+    if getattr(env, "oai_tools", None) and "oai_tools" not in info:  # where their rollout reads the tools from
+        info = {**info, "oai_tools": env.oai_tools}
+    prompt, answer = row["prompt"], row.get("answer") or ""
+    task, example_id = row.get("task") or "default", row.get("example_id") or 0
+    completion: Any = [] if getattr(env, "message_type", "chat") == "chat" else ""
+    arguments: dict[str, Any] = {"completion": completion, "answer": answer, "task": task, "info": info,
+                                 "example_id": example_id, "sampling_args": copy.deepcopy(sampling_args)}
+    if callable(getattr(env, "init_state", None)):
+        arguments["state"] = await env.init_state(prompt, completion, answer, task, info, example_id)
+    completion, state = await env.rollout(client, model, prompt, **_accepted(env.rollout, arguments))
+    scored = {"prompt": prompt, "completion": completion, "answer": answer, "state": state, "task": task,
+              "info": info, "example_id": example_id}
+    score = await env.rubric.score_rollout(**_accepted(env.rubric.score_rollout, scored))
+    steps = classic_trajectory(prompt, completion, list(state.get("responses") or []))
+    too_long = bool(state.get("prompt_too_long"))
+    state.update(example_id=example_id, prompt=prompt, completion=completion, answer=answer, task=task, info=info,
+                 reward=score.reward, metrics=dict(score.metrics), trajectory=steps,
+                 is_truncated=too_long or any(s["response"]["message"]["finish_reason"] == "length" for s in steps),
+                 stop_condition="prompt_too_long" if too_long else None)
+    return state_output(state, columns)
+
+
 class Driver:
-    """Our server for releases without one: verifiers' request and response shapes over a ZMQ ROUTER socket."""
+    """Our server for releases without one: verifiers' request and response shapes over a ZMQ ROUTER socket.
+    0.1.8 and 0.1.9 run a group with their own `run_group`; 0.1.5 - 0.1.7, which have none, a rollout at a time
+    (`classic_rollout`), the group's rollouts at once."""
 
     def __init__(self, module: str, args: dict[str, Any], address: str) -> None:
         self.env = load(module, args)
@@ -294,7 +383,11 @@ class Driver:
         inputs = request.get("group_inputs") or [request["input"]]
         columns = list(request.get("state_columns") or [])
         client = self.client(request.get("client_config") or {})
-        run_group = self.env.run_group
+        run_group = getattr(self.env, "run_group", None)
+        if run_group is None:  # 0.1.5 - 0.1.7
+            return list(await asyncio.gather(*(
+                classic_rollout(self.env, row, client, request["model"], request.get("sampling_args") or {}, columns)
+                for row in inputs)))
         if "gen_sem" in inspect.signature(run_group).parameters:  # 0.1.8, 0.1.9: semaphores, states back
             free = contextlib.AsyncExitStack()
             states = await run_group(inputs, client, request["model"], request.get("sampling_args") or {}, free,

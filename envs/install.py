@@ -678,7 +678,7 @@ def choose_release(target: Path, requested: str | None = None, isolate: bool = F
         return ReleaseChoice(None, (), "it does not depend on verifiers")
     spec = declared or ""
     said = f"verifiers{spec}" if spec else "verifiers (any release)"
-    wanted = [i for i in releases.verifiers_imports(target) if i.module != "verifiers" or i.names]
+    wanted = releases.verifiers_uses(target)  # its imports, and its calls of verifiers classes with keywords
     if not isolate and beside is not None and releases.candidates(spec, [Version(beside)]):
         contents = releases.installed_contents()
         if contents is not None and all(contents.lacks(i) is None for i in wanted):  # no need to ask the registry
@@ -699,7 +699,7 @@ def choose_release(target: Path, requested: str | None = None, isolate: bool = F
         if lacking is None:
             passing.append(str(version))
         else:
-            ruled_out.append((str(version), f"{lacking[1]} (imported at {lacking[0].where})"))
+            ruled_out.append((str(version), f"{lacking[1]} ({lacking[0].at})"))
         if len(passing) >= MAX_TRIES:
             break
     if not passing:

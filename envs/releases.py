@@ -1,9 +1,11 @@
 """verifiers releases: which ones exist, which one an environment needs, and a virtual environment for each.
 
 An environment's release is what its metadata declares (`verifiers>=0.1.8`, `verifiers==0.1.12`), narrowed by what
-it imports when the declaration is too loose: a module or name that a release does not have (read from that
-release's wheel, without installing it) rules the release out. Releases from `DRIVABLE_FROM` on can be driven
-(`driver.py`: verifiers' own environment server from 0.1.10, ours before); 0.4.0 dropped the classic API.
+it imports and calls when the declaration is too loose: a module or name that a release does not have, or a keyword
+the environment passes to a verifiers class whose `__init__` in that release takes no such keyword (and no
+`**kwargs`), rules the release out (all read from that release's wheel, without installing it). Releases from
+`DRIVABLE_FROM` on can be driven (`driver.py`: verifiers' own environment server from 0.1.10, ours before); 0.4.0
+dropped the classic API.
 
 Each release gets one virtual environment, `releases_home()/<release>/` (`$PRIME_LAB_HOME/verifiers`, or
 `$PRIME_LAB_VERIFIERS_HOME`), shared by every environment that needs that release: created with pip from the
@@ -41,8 +43,8 @@ from packaging.version import InvalidVersion, Version
 from prime_lab.envs.installed import canonical
 from prime_lab.runs.paths import constraints_file, lab_home
 
-DRIVABLE_FROM, FIRST_UNDRIVABLE = Version("0.1.8"), Version("0.4")
-TRANSPORT = ("pyzmq>=25", "msgpack>=1.0")  # what driver.py needs beside verifiers (0.1.8/0.1.9 do not bring them)
+DRIVABLE_FROM, FIRST_UNDRIVABLE = Version("0.1.5"), Version("0.4")
+TRANSPORT = ("pyzmq>=25", "msgpack>=1.0")  # what driver.py needs beside verifiers (0.1.5 - 0.1.9 do not bring them)
 READY = ".prime-lab-ready"  # written last: a folder without it is a half-built environment, built again
 HOLDS = "prime-lab-holds.txt"  # in a release's folder: the constraints every install into it runs with
 
@@ -179,7 +181,7 @@ def check_specifier(specifier: str) -> str:
     return specifier
 
 
-# What an environment imports from verifiers, and whether a release has it ---------------------------------------
+# What an environment imports and calls from verifiers, and whether a release has it -----------------------------
 
 @dataclass(frozen=True)
 class VerifiersImport:
@@ -189,6 +191,32 @@ class VerifiersImport:
 
     def words(self) -> str:
         return f"from {self.module} import {', '.join(self.names)}" if self.names else f"import {self.module}"
+
+    @property
+    def at(self) -> str:
+        return f"imported at {self.where}"
+
+
+@dataclass(frozen=True)
+class VerifiersCall:
+    """A verifiers name called with keywords: `vf.Rubric(parser=parser, reward_funcs=[reward])` is module
+    `verifiers`, name `Rubric`, keywords `parser`, `reward_funcs`. Checked where the release defines a class of that
+    name."""
+
+    module: str  # where the name is taken from, as the source says it: verifiers, verifiers.rubrics
+    name: str
+    keywords: tuple[str, ...]
+    where: str  # file:line
+
+    def words(self) -> str:
+        return f"{self.module}.{self.name}({', '.join(k + '=...' for k in self.keywords)})"
+
+    @property
+    def at(self) -> str:
+        return f"called at {self.where}"
+
+
+VerifiersUse = VerifiersImport | VerifiersCall
 
 
 def _sources(target: Path) -> Iterator[tuple[str, str]]:
@@ -208,23 +236,71 @@ def _sources(target: Path) -> Iterator[tuple[str, str]]:
                     yield name, wheel.read(name).decode("utf-8", errors="replace")
 
 
+def _trees(target: Path) -> Iterator[tuple[str, ast.Module]]:
+    for name, source in _sources(target):
+        with contextlib.suppress(SyntaxError, ValueError):
+            yield name, ast.parse(source)
+
+
+def _is_verifiers(module: str) -> bool:
+    return module == "verifiers" or module.startswith("verifiers.")
+
+
 def verifiers_imports(target: Path) -> list[VerifiersImport]:
     """Every `import verifiers.X` and `from verifiers[.X] import ...` in the package's source."""
     found: list[VerifiersImport] = []
-    for name, source in _sources(target):
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
+    for name, tree in _trees(target):
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 found += [VerifiersImport(a.name, (), f"{name}:{node.lineno}") for a in node.names
                           if a.name.startswith("verifiers.")]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
-                    and (node.module == "verifiers" or node.module.startswith("verifiers.")):
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and _is_verifiers(node.module):
                 found.append(VerifiersImport(node.module, tuple(a.name for a in node.names if a.name != "*"),
                                              f"{name}:{node.lineno}"))
     return found
+
+
+def _dotted(node: ast.expr) -> list[str] | None:
+    """`vf.rubrics.Rubric` as ['vf', 'rubrics', 'Rubric']; None for anything but names and attributes."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.insert(0, node.attr)
+        node = node.value
+    return [node.id, *parts] if isinstance(node, ast.Name) else None
+
+
+def verifiers_calls(target: Path) -> list[VerifiersCall]:
+    """Every call with keywords of a name taken from verifiers (`vf.Rubric(parser=...)` after `import verifiers as
+    vf`, `Rubric(funcs=...)` after `from verifiers import Rubric`) in the package's source; `**kwargs` passed on is
+    no keyword."""
+    found: list[VerifiersCall] = []
+    for name, tree in _trees(target):
+        bound: dict[str, str] = {}  # a name in this file -> the verifiers path it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if _is_verifiers(alias.name):  # `import verifiers.x` binds `verifiers`
+                        bound[alias.asname or "verifiers"] = alias.name if alias.asname else "verifiers"
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and _is_verifiers(node.module):
+                bound.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names if a.name != "*"})
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            keywords = tuple(k.arg for k in node.keywords if k.arg is not None)
+            parts = _dotted(node.func)
+            if not keywords or parts is None or parts[0] not in bound:
+                continue
+            module, _, called = ".".join([bound[parts[0]], *parts[1:]]).rpartition(".")
+            if module:
+                found.append(VerifiersCall(module, called, keywords, f"{name}:{node.lineno}"))
+    return found
+
+
+def verifiers_uses(target: Path) -> list[VerifiersUse]:
+    """What a release must have for the package: its verifiers imports (but a bare `import verifiers`) and its
+    calls of verifiers names with keywords."""
+    imports: list[VerifiersUse] = [i for i in verifiers_imports(target) if i.module != "verifiers" or i.names]
+    return imports + list(verifiers_calls(target))
 
 
 @dataclass(frozen=True)
@@ -264,8 +340,10 @@ class ReleaseContents:
                 return True
         return False
 
-    def lacks(self, wanted: VerifiersImport) -> str | None:
+    def lacks(self, wanted: VerifiersUse) -> str | None:
         """What of `wanted` this release does not have, in words (None: it has all of it)."""
+        if isinstance(wanted, VerifiersCall):
+            return self._rejects(wanted)
         if not self._sources_of(wanted.module):
             return f"no module {wanted.module}"
         for name in wanted.names:
@@ -273,6 +351,52 @@ class ReleaseContents:
                 continue
             if not self._has(wanted.module, name, set()):
                 return f"no {name} in {wanted.module}"
+        return None
+
+
+    def _classes(self, name: str, module: str) -> list[ast.ClassDef]:
+        """The release's top-level classes called `name`: those of `module` (or its classic-API twin) when it
+        defines one, else every one (a package re-exports its classes from the module that defines them)."""
+        pattern = re.compile(rf"^class[ \t]+{re.escape(name)}\b", re.MULTILINE)
+        found: dict[str, list[ast.ClassDef]] = {}
+        for of, source in self.sources.items():
+            if pattern.search(source) is None:
+                continue
+            with contextlib.suppress(SyntaxError, ValueError):
+                found[of] = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == name]
+        own = [c for of, _ in self._sources_of(module) for c in found.get(of, [])]
+        return own or [c for classes in found.values() for c in classes]
+
+    def _takes(self, cls: ast.ClassDef, keyword: str, seen: set[str]) -> bool | None:
+        """Whether the class's `__init__` (its own, else the first of its bases' in the release) takes `keyword`;
+        `**kwargs` takes any. None when that cannot be read (a decorated class, a base from another package)."""
+        init = next((n for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+                     and n.name == "__init__"), None)
+        if init is not None:
+            args = init.args
+            return args.kwarg is not None or keyword in {a.arg for a in args.args[1:] + args.kwonlyargs}
+        if cls.decorator_list or cls.keywords or cls.name in seen:
+            return None
+        seen.add(cls.name)
+        for base in cls.bases:
+            parts = _dotted(base.value if isinstance(base, ast.Subscript) else base)
+            if parts is None:
+                return None
+            if parts[-1] in ("object", "ABC", "Generic", "Protocol"):
+                continue
+            bases = self._classes(parts[-1], ".".join(parts[:-1]))
+            if not bases:
+                return None
+            answers = [self._takes(b, keyword, seen) for b in bases]
+            return None if None in answers else any(answers)
+        return False  # object.__init__ takes no keyword
+
+    def _rejects(self, call: VerifiersCall) -> str | None:
+        """The first keyword of `call` that every class of its name in this release refuses, in words."""
+        classes = self._classes(call.name, call.module)
+        for keyword in call.keywords:
+            if classes and all(self._takes(c, keyword, set()) is False for c in classes):
+                return f"no keyword {keyword} in {call.module}.{call.name}"
         return None
 
 

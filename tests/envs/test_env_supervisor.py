@@ -21,10 +21,8 @@ import os
 import signal
 import subprocess
 import sys
-import sysconfig
 import textwrap
 import time
-import venv
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -45,6 +43,7 @@ from prime_lab.envs.env_server import (
 )
 from prime_lab.envs.environment import timed_out
 from prime_lab.envs.isolated import IsolatedEnvironment, IsolatedRecord
+from tests.envs.verifiers_standins import release_interpreter
 
 STAND_IN_VERIFIERS = '''\
 """A stand-in for a verifiers release without a server of its own (0.1.8): load_environment only."""
@@ -134,21 +133,9 @@ def load_environment(calls, die=0, hang=0, slow=0.0, model=False):
 @pytest.fixture(scope="session")
 def env_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The environment's interpreter: a virtual environment beside ours (no pip, made in ~0.1 s)."""
-    folder = tmp_path_factory.mktemp("supervised-venv")
-    venv.EnvBuilder(with_pip=False).create(folder)
-    python = folder / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-    (site / "project.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # after its own site-packages
-    (site / "verifiers").mkdir()
-    (site / "verifiers" / "__init__.py").write_text(STAND_IN_VERIFIERS)
-    (site / "verifiers-0.1.8.dist-info").mkdir()
-    (site / "verifiers-0.1.8.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: verifiers\n"
-                                                                 "Version: 0.1.8\n")
-    (site / "openai").mkdir()
-    (site / "openai" / "__init__.py").write_text(STAND_IN_OPENAI)
-    (site / "supervised_env.py").write_text(SUPERVISED_ENV)
-    return python
+    return release_interpreter(tmp_path_factory.mktemp("supervised-venv"), "0.1.8", {
+        "verifiers/__init__.py": STAND_IN_VERIFIERS, "openai/__init__.py": STAND_IN_OPENAI,
+        "supervised_env.py": SUPERVISED_ENV})
 
 
 @pytest.fixture

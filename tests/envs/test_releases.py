@@ -30,8 +30,8 @@ from prime_lab.workbench.cli.env import runs_on
 
 INSTALLED = importlib.metadata.version("verifiers")
 
-RELEASES = [Version(v) for v in ("0.1.7", "0.1.9", "0.3.0rc1", "0.1.12", "0.4.0", "0.1.9.post3", "0.2.0", "0.1.8",
-                                 "0.1.10.dev3", "0.3.1", "0.1.11", "0.1.9.post1", "1.0.0")]
+RELEASES = [Version(v) for v in ("0.1.4", "0.1.7", "0.1.9", "0.3.0rc1", "0.1.12", "0.4.0", "0.1.9.post3", "0.2.0",
+                                 "0.1.8", "0.1.10.dev3", "0.3.1", "0.1.11", "0.1.9.post1", "1.0.0")]
 
 
 def versions(found: list[Version]) -> list[str]:
@@ -110,10 +110,10 @@ def modules_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
 # Which releases exist, and which ones an environment accepts ---------------------------------------------------
 
 def test_drivable_is_the_classic_api_range_without_pre_releases() -> None:
-    """0.1.8 up to (not including) 0.4; post-releases count, pre- and dev releases do not."""
-    assert releases.drivable(Version("0.1.8")) and releases.drivable(Version("0.3.99"))
-    assert releases.drivable(Version("0.1.9.post3"))
-    assert not releases.drivable(Version("0.1.7")) and not releases.drivable(Version("0.4.0"))
+    """0.1.5 up to (not including) 0.4; post-releases count, pre- and dev releases do not."""
+    assert releases.drivable(Version("0.1.5")) and releases.drivable(Version("0.3.99"))
+    assert releases.drivable(Version("0.1.9.post3")) and releases.drivable(Version("0.1.7.post0"))
+    assert not releases.drivable(Version("0.1.4")) and not releases.drivable(Version("0.4.0"))
     assert not releases.drivable(Version("0.4")) and not releases.drivable(Version("1.0"))
     assert not releases.drivable(Version("0.3.0rc1")) and not releases.drivable(Version("0.1.10.dev3"))
 
@@ -121,8 +121,8 @@ def test_drivable_is_the_classic_api_range_without_pre_releases() -> None:
 def test_candidates_are_drivable_newest_first_with_one_post_release_each() -> None:
     """Any release: the drivable ones, newest first; 0.1.9.post3 stands for 0.1.9 and its other post-releases."""
     assert versions(releases.candidates("", RELEASES)) == ["0.3.1", "0.2.0", "0.1.12", "0.1.11", "0.1.9.post3",
-                                                           "0.1.8"]
-    assert releases.candidates(">=0.1.8", RELEASES) == releases.candidates("", RELEASES)
+                                                           "0.1.8", "0.1.7"]
+    assert releases.candidates(">=0.1.5", RELEASES) == releases.candidates("", RELEASES)
     assert releases.candidates("", reversed(RELEASES)) == releases.candidates("", RELEASES)  # any order in
 
 
@@ -135,7 +135,7 @@ def test_candidates_honour_the_declared_specifier() -> None:
     assert versions(releases.candidates("~=0.1.9", RELEASES)) == ["0.1.12", "0.1.11", "0.1.9.post3"]
     assert versions(releases.candidates("==0.1.9", RELEASES)) == ["0.1.9"]  # == does not take post-releases
     assert versions(releases.candidates("==0.1.9.post1", RELEASES)) == ["0.1.9.post1"]
-    assert releases.candidates(">=0.4", RELEASES) == [] and releases.candidates("<0.1.8", RELEASES) == []
+    assert releases.candidates(">=0.4", RELEASES) == [] and releases.candidates("<0.1.5", RELEASES) == []
 
 
 def test_check_specifier_refuses_what_is_not_one() -> None:
@@ -339,9 +339,9 @@ def test_requesting_the_release_beside_prime_lab_installs_beside_it_unless_isola
     assert own.release == INSTALLED and own.candidates == (INSTALLED,)
 
 
-@pytest.mark.parametrize("requested", ["0.1.5", "0.4.0", "0.3.0rc1"])
+@pytest.mark.parametrize("requested", ["0.1.4", "0.4.0", "0.3.0rc1"])
 def test_a_requested_release_that_cannot_be_driven_is_refused(tmp_path: Path, requested: str) -> None:
-    with pytest.raises(InstallError, match=rf"verifiers {requested} cannot be driven: .* releases 0\.1\.8 to "
+    with pytest.raises(InstallError, match=rf"verifiers {requested} cannot be driven: .* releases 0\.1\.5 to "
                                            r"before 0\.4"):
         choose_release(package(tmp_path / "pkg", ["verifiers"]), requested=requested)
 
@@ -382,6 +382,93 @@ def test_imports_narrow_the_declared_releases(tmp_path: Path, registry_lists: li
     )
     assert choice.ruled_out_words() == ["0.3.1: no module verifiers.utils.turn_utils (imported at game.py:2)",
                                         "0.2.0: no score_turn in verifiers.utils.turn_utils (imported at game.py:2)"]
+
+
+RUBRIC_ENV = """
+    import verifiers as vf
+
+
+    def load_environment(**kwargs):
+        rubric = vf.Rubric(parser=vf.Parser(), reward_funcs=[len])
+        return vf.SingleTurnEnv(eval_dataset=[], rubric=rubric, **kwargs)
+    """  # gpu_puzzles' call: only releases whose Rubric takes **kwargs keep `reward_funcs` (as an attribute)
+
+NEW_RUBRIC = {"__init__.py": "from .rubrics.rubric import Rubric\nfrom .parsers.parser import Parser\n"
+                             "from .envs.singleturn_env import SingleTurnEnv\n",
+              "parsers/parser.py": "class Parser:\n    pass\n",
+              "rubrics/rubric.py": "class Rubric:\n    def __init__(self, funcs=None, weights=None, parser=None):\n"
+                                   "        self.funcs = funcs\n",
+              "envs/environment.py": "class Environment(ABC):\n    def __init__(self, dataset=None, eval_dataset=None, "
+                                     "rubric=None, **kwargs):\n        pass\n",
+              "envs/singleturn_env.py": "import verifiers as vf\n\n\nclass SingleTurnEnv(vf.Environment):\n    pass\n"}
+OLD_RUBRIC = {**NEW_RUBRIC, "rubrics/rubric.py": "class Rubric:\n    def __init__(self, funcs=None, weights=None, "
+                                                 "parser=None, parallelize_scoring=True, **kwargs):\n        pass\n"}
+
+
+def test_a_keyword_a_release_s_class_does_not_take_rules_the_release_out(tmp_path: Path,
+                                                                          registry_lists: list[Version]) -> None:
+    """`vf.Rubric(parser=..., reward_funcs=[...])` (gpu_puzzles): from 0.1.8 on Rubric(funcs, weights, parser)
+    refuses the keyword, so those releases are ruled out, in the words a missing name gets, with where it is called;
+    0.1.7's Rubric takes **kwargs and is chosen. The installed release (0.3.1's Rubric takes no such keyword either)
+    is not used beside prime-lab."""
+    for version in ("0.1.12", "0.1.11", "0.1.9.post3", "0.1.8"):
+        release_wheel(version, NEW_RUBRIC)
+    release_wheel("0.1.7", OLD_RUBRIC)
+    target = package(tmp_path / "pkg", ["verifiers>=0.1.3,<0.2"], {"env.py": RUBRIC_ENV})
+    choice = choose_release(target)
+    assert choice.release == "0.1.7" and choice.candidates == ("0.1.7",)
+    assert choice.ruled_out_words() == ["0.1.12, 0.1.11, 0.1.9.post3, 0.1.8: no keyword reward_funcs in "
+                                        "verifiers.Rubric (called at env.py:5)"]
+
+
+def test_a_call_s_keywords_are_read_through_the_release_s_classes(tmp_path: Path) -> None:
+    """A class's own __init__ decides (**kwargs takes any keyword); without one its bases' in the release; a class
+    whose __init__ cannot be read (a base from another package, a decorator) and a name that is no class of the
+    release (a function) rule nothing out; a keyword passed on with ** is none; names bound by `from verifiers...
+    import` are followed too."""
+    contents = ReleaseContents("0.1.8", {
+        "verifiers": "from .a import *\n",
+        "verifiers.a": textwrap.dedent("""
+            class Base:
+                def __init__(self, x=None, *, y=None):
+                    pass
+            class Child(Base):
+                pass
+            class Orphan:
+                pass
+            class Model(BaseModel):
+                pass
+            @dataclass
+            class Record:
+                pass
+            def helper(z=None):
+                pass
+            """),
+    })
+    source = """
+        import verifiers as vf
+        from verifiers.a import Child as C
+
+
+        def load_environment(**kwargs):
+            vf.Base(x=1, y=2)
+            vf.Base(w=1, **kwargs)
+            C(y=1, w=2)
+            vf.Orphan(q=1)
+            vf.Model(q=1)
+            vf.Record(q=1)
+            vf.helper(q=1)
+            print(sep="")
+        """
+    calls = releases.verifiers_calls(write(tmp_path / "pkg" / "env.py", source).parent)
+    assert [(c.words(), c.at) for c in calls] == [
+        ("verifiers.Base(x=..., y=...)", "called at env.py:6"), ("verifiers.Base(w=...)", "called at env.py:7"),
+        ("verifiers.a.Child(y=..., w=...)", "called at env.py:8"), ("verifiers.Orphan(q=...)", "called at env.py:9"),
+        ("verifiers.Model(q=...)", "called at env.py:10"), ("verifiers.Record(q=...)", "called at env.py:11"),
+        ("verifiers.helper(q=...)", "called at env.py:12")]
+    assert [contents.lacks(c) for c in calls] == [
+        None, "no keyword w in verifiers.Base", "no keyword w in verifiers.a.Child", "no keyword q in verifiers.Orphan",
+        None, None, None]
 
 
 def test_at_most_three_releases_are_kept_to_try(tmp_path: Path, registry_lists: list[Version]) -> None:

@@ -1,11 +1,15 @@
-"""Stand-ins for the verifiers adapter's tests: where the test environments live, and scripted models that answer
-in-process (an httpx mock transport behind a real AsyncOpenAI client) or over HTTP (tests/envs/scripted.py)."""
+"""Stand-ins for the verifiers adapter's tests: where the test environments live, scripted models that answer
+in-process (an httpx mock transport behind a real AsyncOpenAI client) or over HTTP (tests/envs/scripted.py), and the
+interpreter of a stand-in verifiers release (`release_interpreter`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import subprocess
+import sysconfig
+import venv
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -86,3 +90,21 @@ def mock_client(model: Model, requests: list[dict[str, Any]] | None = None) -> A
 
     return AsyncOpenAI(base_url="http://stand-in/v1", api_key="x", max_retries=0,
                        http_client=httpx.AsyncClient(transport=httpx.MockTransport(handle)))
+
+
+def release_interpreter(folder: Path, version: str, files: dict[str, str]) -> Path:
+    """The interpreter of a stand-in verifiers release: a virtual environment without pip (~0.1 s) whose own
+    site-packages hold `files` (path -> text; `verifiers/__init__.py` the stand-in) and verifiers `version`'s metadata,
+    with the project's packages (pyzmq, msgpack, openai) after them through a `.pth` file."""
+    venv.EnvBuilder(with_pip=False).create(folder)
+    python = folder / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "project.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # after its own site-packages
+    (site / f"verifiers-{version}.dist-info").mkdir()
+    (site / f"verifiers-{version}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: verifiers\n"
+                                                                      f"Version: {version}\n")
+    for name, text in files.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    return python

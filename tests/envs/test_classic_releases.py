@@ -1,0 +1,171 @@
+"""Releases before `run_group` (verifiers 0.1.5 - 0.1.7) driven end to end: a real `driver.py describe` and
+`driver.py serve` process in an interpreter of such a release, a real tiny model behind the built-in server.
+
+The interpreter is a small virtual environment made once per session (no pip, ~0.1 s): the project's packages
+(openai, pyzmq, msgpack) through a `.pth` file after its own site-packages, and before them a stand-in for verifiers
+0.1.7, shaped as that release is (no `run_group`, no server of its own; `Rubric(funcs, weights, parser, **kwargs)`
+keeping an unknown keyword as an attribute; `init_state`, `rollout(...) -> (completion, state)` keeping the model's
+responses in the state; `rubric.score_rollout(...) -> RolloutScore`; `get_reward_funcs()`), and an environment
+shaped as gpu_puzzles is (its `info` JSON text, `vf.Rubric(parser=..., reward_funcs=[...])`, and an event loop
+run with `asyncio.get_event_loop().run_until_complete` while it loads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from prime_lab.envs import SamplingArgs, isolated
+from prime_lab.envs.isolated import IsolatedEnvironment, IsolatedRecord
+from tests.envs.verifiers_standins import release_interpreter
+
+STAND_IN_VERIFIERS = '''\
+"""A stand-in for verifiers 0.1.7: its Rubric, SingleTurnEnv and load_environment, as that release has them."""
+import importlib
+import time
+
+
+class RolloutScore:
+    def __init__(self, reward, metrics):
+        self.reward, self.metrics = reward, metrics
+
+
+class Parser:
+    def get_format_str(self):
+        return "plain text"
+
+
+class Rubric:
+    def __init__(self, funcs=None, weights=None, parser=None, parallelize_scoring=True, **kwargs):
+        self.reward_funcs = funcs or []
+        self.reward_weights = weights or []
+        self.parser = parser or Parser()
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+        if not self.reward_weights:
+            self.reward_weights = [1.0] * len(self.reward_funcs)
+
+    def get_reward_funcs(self):
+        return self.reward_funcs
+
+    def get_reward_weights(self):
+        return self.reward_weights
+
+    async def score_rollout(self, prompt, completion, answer, state, task="default", info=None, example_id=None,
+                            **kwargs):
+        scores = [await f(prompt=prompt, completion=completion, answer=answer, state=state, task=task, info=info)
+                  for f in self.reward_funcs]
+        return RolloutScore(sum(s * w for s, w in zip(scores, self.reward_weights)),
+                            {f.__name__: s for f, s in zip(self.reward_funcs, scores)})
+
+
+class SingleTurnEnv:
+    message_type = "chat"
+    oai_tools = None
+
+    def __init__(self, dataset=None, eval_dataset=None, system_prompt=None, parser=None, rubric=None, **kwargs):
+        self.dataset, self.eval_dataset, self.system_prompt = dataset, eval_dataset, system_prompt
+        self.parser, self.rubric = parser or Parser(), rubric or Rubric()
+        self.sampling_args = {"n": 1, "extra_body": {}}
+
+    def get_eval_dataset(self, n=-1, seed=None):
+        return list(self.eval_dataset)
+
+    async def init_state(self, prompt, completion, answer, task, info, example_id, **kwargs):
+        return {"prompt": prompt, "completion": completion, "answer": answer, "task": task, "info": info,
+                "example_id": example_id, "responses": [], "turn": 0,
+                "timing": {"generation_ms": 0.0, "scoring_ms": 0.0, "total_ms": 0.0}}
+
+    async def rollout(self, client, model, prompt, completion=None, answer="", state={}, task="default", info=None,
+                      example_id=0, sampling_args=None, **kwargs):
+        started = time.time()
+        args = dict(sampling_args or {})
+        args["max_completion_tokens"] = args.pop("max_tokens")
+        response = await client.chat.completions.create(model=model, messages=prompt, **args)
+        state["responses"].append(response)
+        state["completion"].append({"role": "assistant", "content": response.choices[0].message.content or ""})
+        state["turn"] += 1
+        state["timing"]["generation_ms"] = state["timing"]["total_ms"] = (time.time() - started) * 1000
+        return state["completion"], state
+
+
+def load_environment(env_id, **kwargs):
+    return importlib.import_module(env_id.replace("-", "_")).load_environment(**kwargs)
+'''
+
+PUZZLE_ENV = '''\
+"""Shaped like gpu_puzzles: rows with `info` as JSON text, vf.Rubric(parser=..., reward_funcs=[...]), and an event
+loop of its own run while it loads."""
+import asyncio
+import json
+
+import verifiers as vf
+
+
+def load_environment(**kwargs):
+    async def check_auth():
+        await asyncio.sleep(0)
+
+    asyncio.get_event_loop().run_until_complete(check_auth())
+
+    async def info_read(completion, info, **kwargs):
+        return 1.0 if isinstance(info, dict) and info["name"] in ("add", "map") else 0.0
+
+    async def answered(completion, **kwargs):
+        return 1.0 if completion and completion[0]["role"] == "assistant" else 0.0
+
+    rows = [{"prompt": [{"role": "user", "content": f"Puzzle {i}: {name}"}], "info": json.dumps({"name": name})}
+            for i, name in enumerate(("add", "map"))]
+    parser = vf.Parser()
+    return vf.SingleTurnEnv(eval_dataset=rows, parser=parser,
+                            rubric=vf.Rubric(parser=parser, reward_funcs=[info_read, answered]))
+'''
+
+
+@pytest.fixture(scope="session")
+def classic_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An interpreter of verifiers 0.1.7 (the stand-in) with the puzzle environment installed."""
+    return release_interpreter(tmp_path_factory.mktemp("classic-venv"), "0.1.7",
+                               {"verifiers/__init__.py": STAND_IN_VERIFIERS, "puzzle_env.py": PUZZLE_ENV})
+
+
+@pytest.fixture
+def servers_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Servers log into this test's folder and end with the test."""
+    monkeypatch.setattr(isolated, "_context", dict(isolated._context))
+    isolated.serve_into(tmp_path / "logs")
+    yield tmp_path / "logs"
+    isolated.stop_servers()
+
+
+def test_a_release_without_run_group_is_described_and_driven(classic_python: Path, servers_here: Path,
+                                                             builtin_server: Any, tmp_path: Path) -> None:
+    """describe: its rows as its dataset keeps them, its reward functions by `get_reward_funcs()` with their weights.
+    serve: a group of two rollouts through prime-lab's driver, each scored by the rubric with its `info` read from
+    JSON, with the trajectory RL needs (the model call's prompt and completion token ids and one logprob per
+    completion token, from the real server's response) and the finish reason."""
+    record = IsolatedRecord(name="puzzle-env", module="puzzle_env", distribution="puzzle-env", version="0.1",
+                            release="0.1.7", python=str(classic_python), target=str(tmp_path), reason="a test's")
+    env = IsolatedEnvironment(record, "puzzle-env", {})
+    assert env.release == "0.1.7"
+    assert [f.__name__ for f in env.rubric.funcs] == ["info_read", "answered"] and env.rubric.weights == [1.0, 1.0]
+    rows = env.get_eval_dataset()
+    assert [r["info"] for r in rows] == [{"name": "add"}, {"name": "map"}]
+    model = SimpleNamespace(base_url=builtin_server.base_url, api_key="EMPTY")
+    rollouts = asyncio.run(env.run_group(model, builtin_server.model_name, rows, SamplingArgs(max_tokens=8,
+                                                                                             rl_fields=True)))
+    assert [r.error for r in rollouts] == [None, None]
+    assert [(r.reward, r.metrics) for r in rollouts] == [(2.0, {"info_read": 1.0, "answered": 1.0})] * 2
+    assert "prime-lab's driver" in (servers_here / "env-puzzle-env.log").read_text()
+    for rollout in rollouts:
+        [turn] = rollout.turns
+        assert turn.prompt_token_ids and turn.completion_token_ids and turn.completion_logprobs
+        assert 0 < len(turn.completion_token_ids) <= 8
+        assert len(turn.completion_logprobs) == len(turn.completion_token_ids)
+        assert turn.finish_reason in ("stop", "length") and rollout.is_truncated == (turn.finish_reason == "length")
+        assert rollout.completion[0]["role"] == "assistant" and rollout.timing["generation_ms"] > 0
