@@ -7,7 +7,9 @@ puts these in prime_sandboxes' place).
 
 A request is read leniently: `start_command` as a string (prime-sandboxes 0.2, and verifiers' SandboxEnv to this
 day) or a `StartCommand` (0.5), a `CreateSandboxRequest` or a plain dict. A start command other than a keep-alive
-(`tail -f /dev/null`, `sleep infinity`) runs as a background job of the new sandbox, as the service would run it.
+(`tail -f /dev/null`, `sleep infinity`) is the sandbox's `start_command`: it starts the process tree the sandbox
+holds until deleted, and later commands run in its namespaces (what it left running is there for them, as in a
+container of the service).
 What the machine's `[sandbox]` settings decide (settings.py) wins over the request: the network is closed unless
 `[sandbox] network = true` (a request's `network_allowlist` does not open it; that is said once), `memory_gb` when
 set, the isolation; a command without a timeout gets `[sandbox] timeout` (default 300 s, as prime_sandboxes').
@@ -171,13 +173,14 @@ def spec_for(data: dict[str, Any], settings: Settings) -> local.SandboxSpec:
         disk_size_gb=_float(data.get("disk_size_gb"), 5.0), cpu_cores=_float(data.get("cpu_cores"), 1.0),
         timeout_minutes=int(_float(data.get("timeout_minutes"), 60)), network=settings.network,
         env={str(k): str(v) for k, v in env.items()}, labels=dict.fromkeys(map(str, data.get("labels") or []), ""),
-        isolation=settings.isolation, run_dir=settings.run_dir)
+        isolation=settings.isolation, run_dir=settings.run_dir, start_command=start_command(data))
 
 
-def _started(sandbox: local.Sandbox, command: str | None) -> None:
-    """What follows a sandbox's creation: its start command, unless it only keeps a container alive."""
-    if command and not KEEP_ALIVE.fullmatch(command):
-        sandbox.start_job(command)
+def start_command(data: dict[str, Any]) -> str | None:
+    """A request's start command as the shell line the sandbox holds, or None where it only keeps a container
+    alive (a sandbox without one runs no process while idle)."""
+    command = start_command_text(data.get("start_command"))
+    return command if command and not KEEP_ALIVE.fullmatch(command) else None
 
 
 # answers ----------------------------------------------------------------------------------------------------------
@@ -314,11 +317,6 @@ class _LocalSandboxes:
         except local.SandboxError as exc:
             raise _api_error(str(exc)) from None
         self._sandboxes[sandbox.id] = sandbox
-        try:
-            _started(sandbox, start_command_text(data.get("start_command")))
-        except local.SandboxError as exc:
-            sandbox.delete()
-            raise _api_error(f"the sandbox's start command did not start: {exc}") from None
         return sandbox_model(sandbox)
 
     def _wait(self, sandbox_id: str) -> None:

@@ -67,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -79,12 +80,15 @@ import secrets
 import select
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +120,154 @@ USERLAND = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # runs the command as its child, so the command keeps a process's signals (pid 1 ignores those it has no handler
 # for), reaps what is orphaned to it while it waits (dash's wait takes any child) and exits with its exit code
 INIT = ("sh", "-c", 'exec 3<&0; "$@" <&3 3<&- & exec 2>/dev/null; wait $!', "sh")  # no "Killed" of its own
+HOLDER_SOCKET = "holder.sock"  # in a sandbox's folder (not inside): where its holder takes commands
+# The holder of a sandbox with a start command: pid 2 (pid 1 is INIT's shell), the sandbox's own Python with -I -S,
+# in the namespaces and rlimits of one bwrap that lives as long as the sandbox. It runs the start command, then each
+# command the host sends on the listening socket it is given (argv[1]; the host made it at HOLDER_SOCKET): a request
+# is 8 bytes of length, JSON {argv, env, cwd, detach} and three fds (stdin, stdout, stderr, SCM_RIGHTS). Each command
+# runs in a session of its own; the holder answers {"pid": N}, then {"exit": CODE} (128+N for signal N). "k" from the
+# host, or the host closing the connection before the exit, kills the command's process group, unless the request
+# said detach (a background job). At the sandbox's end of life (argv[2] seconds) it exits, and with it every process
+# in the sandbox (pid 1 exits; the kernel kills the rest of its PID namespace).
+HOLDER = r"""
+import json, os, selectors, signal, socket, sys, time
+listener = socket.socket(fileno=int(sys.argv[1]))
+listener.set_inheritable(False)
+deadline = time.monotonic() + float(sys.argv[2])
+wake, woken = os.pipe()
+os.set_blocking(wake, False)
+os.set_blocking(woken, False)
+signal.set_wakeup_fd(woken)
+signal.signal(signal.SIGCHLD, lambda *_: None)
+selector = selectors.DefaultSelector()
+selector.register(listener, selectors.EVENT_READ)
+selector.register(wake, selectors.EVENT_READ)
+waiting = {}  # pid -> the connection that waits for its exit, or None
+commands = {}  # connection -> [pid or None once it ended, detach]
+
+def spawn(argv, env, cwd, fds):
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        signal.set_wakeup_fd(-1)
+        for number in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(number, signal.SIG_DFL)
+        os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        try:
+            os.chdir(cwd)
+        except OSError as error:
+            os.write(2, ("sandbox: cannot chdir to %s: %s\n" % (cwd, error.strerror)).encode())
+            os._exit(1)
+        os.execvpe(argv[0], argv, env)
+    except OSError as error:
+        os.write(2, ("sandbox: %s: %s\n" % (argv[0], error.strerror)).encode())
+    finally:
+        os._exit(127)
+
+def answer(conn, message):
+    try:
+        conn.sendall((json.dumps(message) + "\n").encode())
+    except OSError:
+        pass
+
+def kill(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+def accept():
+    try:
+        conn, _ = listener.accept()
+    except OSError:
+        return
+    fds = []
+    try:
+        conn.settimeout(10)
+        data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3, socket.MSG_CMSG_CLOEXEC)
+        size = int.from_bytes(data[:8], "big")
+        data = data[8:]
+        while len(data) < size:
+            more = conn.recv(min(size - len(data), 1 << 20))
+            if not more:
+                raise OSError("short request")
+            data += more
+        request = json.loads(data)
+        if len(fds) != 3:
+            raise OSError("three fds expected")
+        conn.settimeout(None)
+    except (OSError, ValueError):
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return
+    try:
+        pid = spawn(request["argv"], request["env"], request["cwd"], fds)
+    except OSError as error:
+        os.write(fds[2], ("sandbox: cannot start the command: %s\n" % error.strerror).encode())
+        answer(conn, {"exit": 126})
+        conn.close()
+        return
+    finally:
+        for fd in fds:
+            os.close(fd)
+    waiting[pid] = conn
+    commands[conn] = [pid, bool(request.get("detach"))]
+    selector.register(conn, selectors.EVENT_READ)
+    answer(conn, {"pid": pid})
+
+def heard(conn):
+    try:
+        data = conn.recv(64)
+    except OSError:
+        data = b""
+    pid, detach = commands[conn]
+    if pid is not None and (b"k" in data or not (data or detach)):
+        kill(pid)
+    if not data:
+        selector.unregister(conn)
+        conn.close()
+        del commands[conn]
+        if pid is not None:
+            waiting[pid] = None
+
+def reap():
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not pid:
+            return
+        conn = waiting.pop(pid, None)
+        if conn is not None:
+            code = os.waitstatus_to_exitcode(status)
+            answer(conn, {"exit": code if code >= 0 else 128 - code})
+            commands[conn][0] = None
+
+if sys.argv[3]:
+    null = os.open(os.devnull, os.O_RDONLY)
+    waiting[spawn(["sh", "-c", sys.argv[3]], dict(os.environ), "/app", [null, 1, 2])] = None
+    os.close(null)
+while True:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        break
+    for key, _events in selector.select(min(left, 3600)):
+        if key.fileobj is listener:
+            accept()
+        elif key.fileobj == wake:
+            try:
+                os.read(wake, 4096)
+            except OSError:
+                pass
+            reap()
+        else:
+            heard(key.fileobj)
+"""
 _IMAGE = re.compile(r"^(?:(?:docker\.io/)?library/)?python(?::(?P<tag>[A-Za-z0-9_.-]+))?(?:@sha256:[0-9a-f]+)?$")
 _TAG = re.compile(r"^3(?:\.(?P<minor>\d+))?(?:\.\d+)*(?:[a-z]+\d*)?(?:-[A-Za-z0-9_.-]+)?$")
 
@@ -149,6 +301,7 @@ class SandboxSpec:
     labels: dict[str, str] = field(default_factory=dict)
     isolation: str = "strong"
     run_dir: str | None = None
+    start_command: str | None = None  # a shell line; with it the sandbox holds one process tree (see _start_holder)
 
 
 @dataclass
@@ -527,7 +680,17 @@ def create(spec: SandboxSpec | None = None) -> Sandbox:
         runs.mkdir(parents=True, exist_ok=True)
         (runs / sandbox_id).write_text(str(folder))
         _count(spec.run_dir, {"time": created, "event": "created", "id": sandbox_id})
-    return Sandbox(sandbox_id, spec, folder, created, interpreter)
+    sandbox = Sandbox(sandbox_id, spec, folder, created, interpreter)
+    if spec.start_command:
+        try:
+            if sandbox._holds():
+                sandbox._start_holder()
+            else:  # weak isolation: no namespaces to hold; what it starts is on the host's /proc anyway
+                sandbox.start_job(spec.start_command)
+        except BaseException:
+            sandbox.delete()
+            raise
+    return sandbox
 
 
 def _sweep(data: Path) -> None:
@@ -665,9 +828,8 @@ class Sandbox:
         return self.expires - time.time()
 
     # -- commands ---------------------------------------------------------------------------------------------
-    def _command(self, argv: list[str], *, working_dir: str | None, env: dict[str, str] | None,
-                 nproc: bool = True) -> tuple[list[str], dict[str, Any], list[int]]:
-        """The host argv, Popen keyword arguments and the fds to close after the start, for `argv` inside."""
+    def _variables(self, env: dict[str, str] | None) -> dict[str, str]:
+        """The whole environment of a command inside (nothing of the host's but the package index settings)."""
         spec = self.spec
         strong = spec.isolation == "strong"
         real = Path(os.path.realpath(self.folder))  # for root, the link's target (uid 65534 cannot pass the link)
@@ -681,6 +843,14 @@ class Sandbox:
             variables.update(pip_index_settings(os.environ))
         variables.update(spec.env)
         variables.update(env or {})
+        return variables
+
+    def _command(self, argv: list[str], *, working_dir: str | None, env: dict[str, str] | None,
+                 nproc: bool = True) -> tuple[list[str], dict[str, Any], list[int]]:
+        """The host argv, Popen keyword arguments and the fds to close after the start, for `argv` inside."""
+        spec = self.spec
+        strong = spec.isolation == "strong"
+        variables = self._variables(env)
         limits = [f"--as={max(64 << 20, int(spec.memory_gb * (1 << 30)))}",
                   f"--fsize={max(1 << 20, int(spec.disk_size_gb * (1 << 30)))}", f"--nofile={NOFILE}", "--core=0"]
         if nproc:
@@ -731,6 +901,60 @@ class Sandbox:
         kwargs["pass_fds"] = tuple(fds)
         return args, kwargs, fds
 
+    # -- the holder (a sandbox with a start command) ------------------------------------------------------------
+    def _holds(self) -> bool:
+        return bool(self.spec.start_command) and self.spec.isolation == "strong"
+
+    def _start_holder(self) -> None:
+        """One bwrap for the sandbox's life: the holder (HOLDER) runs its start command and, in its namespaces,
+        every later command; its output and the start command's go to logs/start.out and logs/start.err."""
+        assert self.spec.start_command
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        fds: list[int] = []
+        try:
+            _at(self.folder, HOLDER_SOCKET, listener.bind)
+            listener.listen(128)
+            passed = fcntl.fcntl(listener.fileno(), fcntl.F_DUPFD_CLOEXEC, 10)  # INIT's shell takes fd 3
+            fds.append(passed)
+            # its code comes on stdin (a `ps` inside shows one short line for it)
+            argv = ["python3", "-I", "-S", "-c", "import sys; exec(sys.stdin.read())", str(passed),
+                    f"{self.expires - time.time():.3f}", self.spec.start_command]
+            args, kwargs, more = self._command(argv, working_dir=None, env=None)
+            fds += more
+            kwargs.update(stdin=subprocess.PIPE, pass_fds=(*kwargs["pass_fds"], passed))
+            with open(self.folder / "logs" / "start.out", "wb") as out, \
+                    open(self.folder / "logs" / "start.err", "wb") as err:
+                def start() -> subprocess.Popen[bytes]:
+                    return subprocess.Popen(args, stdout=out, stderr=err, **kwargs)
+
+                process = _keeper().submit(start).result()
+            assert process.stdin is not None
+            with process.stdin:  # a few KB: the pipe holds it all
+                process.stdin.write(HOLDER.encode())
+        finally:
+            for opened in fds:
+                os.close(opened)
+            listener.close()  # the holder has it: with the holder gone, connecting is refused at once
+        _holders[self.id] = process
+        self._record(process.pid)
+
+    def _hold(self, argv: list[str], working_dir: str | None, env: dict[str, str] | None, fds: list[int], *,
+              detach: bool = False) -> _Held | None:
+        request = {"argv": argv, "env": self._variables(env), "cwd": _inside_path(working_dir or APP),
+                   "detach": detach}
+        return _Held.send(self.folder, request, fds)
+
+    def _host_pid(self, inside: int) -> int | None:
+        """The host pid of the sandbox's process `inside` (its pid in the sandbox's PID namespace)."""
+        for pid in self.processes():
+            with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status") as handle:
+                for line in handle:
+                    if line.startswith("NSpid:"):
+                        if int(line.split()[-1]) == inside and len(line.split()) > 2:
+                            return pid
+                        break
+        return None
+
     def _host_cwd(self, working_dir: str | None) -> str:
         inside = _inside_path(working_dir or APP)
         host = self._host_path(inside)
@@ -756,79 +980,170 @@ class Sandbox:
     def _run(self, argv: list[str], label: str, timeout: float | None, working_dir: str | None,
              env: dict[str, str] | None, stdin: bytes | None = None) -> CommandResult:
         limit = self._limit(timeout)
-        args, kwargs, fds = self._command(argv, working_dir=working_dir, env=env)
         out, err = self._outputs()
         started = time.monotonic()
         with open(out, "wb") as out_file, open(err, "wb") as err_file:
+            ran = self._run_held(argv, working_dir, env, [out_file.fileno(), err_file.fileno()], stdin,
+                                 started + limit)
+            if ran is None:
+                ran = self._run_alone(argv, working_dir, env, out_file, err_file, stdin, started + limit)
+        return self._result(label, ran[0], ran[1], time.monotonic() - started, out, err)
+
+    def _run_alone(self, argv: list[str], working_dir: str | None, env: dict[str, str] | None, out_file: Any,
+                   err_file: Any, stdin: bytes | None, deadline: float) -> tuple[int | None, str | None]:
+        """A command in a bwrap of its own: (its exit code, why it was stopped or None)."""
+        args, kwargs, fds = self._command(argv, working_dir=working_dir, env=env)
+        if stdin is not None:
+            kwargs["stdin"] = subprocess.PIPE
+        try:
+            process = subprocess.Popen(args, stdout=out_file, stderr=err_file, **kwargs)
+        finally:
+            for opened in fds:
+                os.close(opened)
+        self._record(process.pid)
+
+        def end() -> None:
+            _end_tree(process.pid)
+            process.wait()
+
+        try:
             if stdin is not None:
-                kwargs["stdin"] = subprocess.PIPE
-            try:
-                process = subprocess.Popen(args, stdout=out_file, stderr=err_file, **kwargs)
-            finally:
-                for opened in fds:
-                    os.close(opened)
-            self._record(process.pid)
-            stop = None
-            try:
-                if stdin is not None:
-                    assert process.stdin is not None
-                    with contextlib.suppress(BrokenPipeError):
-                        process.stdin.write(stdin)
-                    process.stdin.close()
-                for step in _watch_steps():
-                    if _wait(process, min(step, max(0.0, started + limit - time.monotonic()))):
-                        break
-                    stop = self._why_stop(started + limit)
-                    if stop:
-                        _end_tree(process.pid)
-                        process.wait()
-                        break
-            except BaseException:
-                _end_tree(process.pid)
-                process.wait()
-                raise
-            finally:
-                _kill_group(process.pid)  # what a command left in its group (the namespace ends with it)
-                self._unrecord(process.pid)
-        return self._result(label, process.returncode, stop, time.monotonic() - started, out, err)
+                assert process.stdin is not None
+                with contextlib.suppress(BrokenPipeError):
+                    process.stdin.write(stdin)
+                process.stdin.close()
+            stop = self._watch(functools.partial(_wait, process), end, deadline)
+        except BaseException:
+            end()
+            raise
+        finally:
+            _kill_group(process.pid)  # what a command left in its group (the namespace ends with it)
+            self._unrecord(process.pid)
+        return process.returncode, stop
+
+    def _run_held(self, argv: list[str], working_dir: str | None, env: dict[str, str] | None, outputs: list[int],
+                  stdin: bytes | None, deadline: float) -> tuple[int | None, str | None] | None:
+        """A command run by the sandbox's holder, in its namespaces: (its exit code, why it was stopped or None);
+        None where the sandbox has no holder (or it ended: the command runs alone)."""
+        if not self._holds():
+            return None
+        read, write = os.pipe() if stdin is not None else (os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1)
+        try:
+            held = self._hold(argv, working_dir, env, [read, *outputs])
+        finally:
+            os.close(read)
+        try:
+            if held is None or (held.wait(max(0.0, deadline - time.monotonic()), started=True) and held.lost):
+                return None
+            if stdin is not None:
+                with open(write, "wb", closefd=False) as pipe, contextlib.suppress(BrokenPipeError):
+                    pipe.write(stdin)
+            if write >= 0:
+                os.close(write)
+                write = -1
+            stop = self._watch(held.wait, held.stop, deadline)
+            return held.returncode, stop
+        except BaseException:
+            if held is not None:
+                held.stop()
+            raise
+        finally:
+            if write >= 0:
+                os.close(write)
+            if held is not None:
+                held.close()
+
+    def _watch(self, wait: Callable[[float], bool], end: Callable[[], None], deadline: float) -> str | None:
+        """Wait for a command, measuring the disk as it runs: None once it ended, else why it was ended."""
+        for step in _watch_steps():
+            if wait(min(step, max(0.0, deadline - time.monotonic()))):
+                return None
+            stop = self._why_stop(deadline)
+            if stop:
+                end()
+                return stop
+        return None  # not reached: the steps do not end
+
+    async def _awatch(self, wait: Callable[[float], Awaitable[bool]], end: Callable[[], Awaitable[None]],
+                      deadline: float) -> str | None:
+        """_watch() on asyncio."""
+        for step in _watch_steps():
+            if await wait(min(step, max(0.0, deadline - time.monotonic()))):
+                return None
+            stop = self._why_stop(deadline)
+            if stop:
+                await end()
+                return stop
+        return None
 
     async def aexecute(self, command: str, *, timeout: float | None = None, working_dir: str | None = None,
                        env: dict[str, str] | None = None) -> CommandResult:
         """execute() on asyncio: cancelling it kills the command's process group."""
         limit = self._limit(timeout)
-        args, kwargs, fds = self._command(["sh", "-c", command], working_dir=working_dir, env=env)
         out, err = self._outputs()
         started = time.monotonic()
+        argv = ["sh", "-c", command]
         with open(out, "wb") as out_file, open(err, "wb") as err_file:
-            try:
-                process = await asyncio.create_subprocess_exec(*args, stdout=out_file, stderr=err_file,
-                                                               **_for_loop(kwargs))
-            finally:
-                for opened in fds:
-                    os.close(opened)
-            self._record(process.pid)
-            waiter = asyncio.ensure_future(process.wait())
-            stop = None
-            try:
-                for step in _watch_steps():
-                    done, _ = await asyncio.wait(
-                        {waiter}, timeout=min(step, max(0.0, started + limit - time.monotonic())))
-                    if done:
-                        break
-                    stop = self._why_stop(started + limit)
-                    if stop:
-                        _end_tree(process.pid)
-                        await waiter
-                        break
-            except BaseException:
-                _end_tree(process.pid)
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(waiter)
-                raise
-            finally:
-                _kill_group(process.pid)
-                self._unrecord(process.pid)
-        return self._result(command, process.returncode, stop, time.monotonic() - started, out, err)
+            ran = await self._arun_held(argv, working_dir, env, [out_file.fileno(), err_file.fileno()],
+                                        started + limit)
+            if ran is None:
+                ran = await self._arun_alone(argv, working_dir, env, out_file, err_file, started + limit)
+        return self._result(command, ran[0], ran[1], time.monotonic() - started, out, err)
+
+    async def _arun_alone(self, argv: list[str], working_dir: str | None, env: dict[str, str] | None,
+                          out_file: Any, err_file: Any, deadline: float) -> tuple[int | None, str | None]:
+        args, kwargs, fds = self._command(argv, working_dir=working_dir, env=env)
+        try:
+            process = await asyncio.create_subprocess_exec(*args, stdout=out_file, stderr=err_file,
+                                                           **_for_loop(kwargs))
+        finally:
+            for opened in fds:
+                os.close(opened)
+        self._record(process.pid)
+        waiter = asyncio.ensure_future(process.wait())
+
+        async def wait(seconds: float) -> bool:
+            done, _ = await asyncio.wait({waiter}, timeout=seconds)
+            return bool(done)
+
+        async def end() -> None:
+            _end_tree(process.pid)
+            await waiter
+
+        try:
+            stop = await self._awatch(wait, end, deadline)
+        except BaseException:
+            _end_tree(process.pid)
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(waiter)
+            raise
+        finally:
+            _kill_group(process.pid)
+            self._unrecord(process.pid)
+        return process.returncode, stop
+
+    async def _arun_held(self, argv: list[str], working_dir: str | None, env: dict[str, str] | None,
+                         outputs: list[int], deadline: float) -> tuple[int | None, str | None] | None:
+        """_run_held() on asyncio (no stdin)."""
+        if not self._holds():
+            return None
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            held = self._hold(argv, working_dir, env, [null, *outputs])
+        finally:
+            os.close(null)
+        if held is None:
+            return None
+        try:
+            if await held.await_end(max(0.0, deadline - time.monotonic()), started=True) and held.lost:
+                return None
+            stop = await self._awatch(held.await_end, held.astop, deadline)
+            return held.returncode, stop
+        except BaseException:
+            held.kill()  # closing the connection kills it too, should the holder not hear this
+            raise
+        finally:
+            held.close()
 
     def _why_stop(self, deadline: float) -> str | None:
         """Why a running command must stop now: "timeout" past its deadline, "disk" past the disk limit."""
@@ -890,18 +1205,38 @@ class Sandbox:
         files = [job.stdout_file, job.stderr_file, job.exit_file]
         if self.spec.isolation != "strong":
             files = [str(Path(os.path.realpath(self.folder)) / "tmp" / Path(name).name) for name in files]
-        args, kwargs, fds = self._command(["sh", "-c", script, "sh", command, *files, f"{max(1, int(left))}"],
-                                          working_dir=working_dir, env=env)
-        try:
-            process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs)
-        finally:
-            for opened in fds:
-                os.close(opened)
-        self._record(process.pid)
+        argv = ["sh", "-c", script, "sh", command, *files, f"{max(1, int(left))}"]
+        pid = self._start_held_job(argv, working_dir, env) if self._holds() else None
+        if pid is None:
+            args, kwargs, fds = self._command(argv, working_dir=working_dir, env=env)
+            try:
+                process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs)
+            finally:
+                for opened in fds:
+                    os.close(opened)
+            pid = process.pid
+        if pid:
+            self._record(pid)
         with contextlib.suppress(OSError):
             (self.folder / "logs" / f"job_{job_id}.json").write_text(json.dumps(
-                {"pid": process.pid, "command": command, "started": time.time()}))
+                {"pid": pid, "command": command, "started": time.time()}))
         return job
+
+    def _start_held_job(self, argv: list[str], working_dir: str | None, env: dict[str, str] | None) -> int | None:
+        """A job the holder runs, detached: its host pid (0 where it already ended); None without a holder."""
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            held = self._hold(argv, working_dir, env, [null, null, null], detach=True)
+        finally:
+            os.close(null)
+        if held is None:
+            return None
+        try:
+            if not held.wait(30, started=True) or held.lost:
+                return None
+            return (self._host_pid(held.pid) or 0) if held.pid is not None else 0
+        finally:
+            held.close()
 
     def job_status(self, job: Job) -> CommandResult | None:
         """The job's result once it has ended; None while it runs."""
@@ -998,6 +1333,15 @@ class Sandbox:
 
     def delete(self) -> None:
         """Kill everything running in it (each process group, and what runs under them) and remove its folder."""
+        holder = _holders.pop(self.id, None)
+        try:
+            self._delete()
+        finally:
+            if holder is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    holder.wait(timeout=2)
+
+    def _delete(self) -> None:
         real = Path(os.path.realpath(self.folder))
         graveyard = real.with_name(f"{GRAVEYARD}{self.id}-{secrets.token_hex(3)}")
         try:
@@ -1025,6 +1369,135 @@ class Sandbox:
                 "isolation": self.spec.isolation, "network": self.spec.network, "memory_gb": self.spec.memory_gb,
                 "python": self.interpreter.version, "image_note": self.interpreter.note, "pids": self.processes(),
                 "app_bytes": size, "folder": str(self.folder)}
+
+
+# -- holders: the one process tree of a sandbox with a start command -----------------------------------------------
+_holders: dict[str, subprocess.Popen[bytes]] = {}  # sandbox id -> its holder's bwrap, started by this process
+_keeper_lock = threading.Lock()
+_keeper_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _keeper() -> ThreadPoolExecutor:
+    """The one thread of this process that starts holders: bwrap's --die-with-parent ends a holder when the thread
+    that started it ends, so a holder is started by a thread that lives as long as the process."""
+    global _keeper_pool
+    with _keeper_lock:
+        if _keeper_pool is None or _keeper_pool[0] != os.getpid():  # a forked child has none of its parent's threads
+            _keeper_pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="prime-lab-sandbox-holders"))
+        return _keeper_pool[1]
+
+
+def _at(folder: Path, name: str, call: Callable[[str], object]) -> None:
+    """`call` with a path to `name` in `folder` short enough for a unix socket (108 bytes): through /proc/self/fd."""
+    fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        call(f"/proc/self/fd/{fd}/{name}")
+    finally:
+        os.close(fd)
+
+
+class _Held:
+    """A command a sandbox's holder runs (HOLDER), over one connection to it: what it answers, and its end."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pid: int | None = None  # inside the sandbox
+        self.code: int | None = None
+        self.closed = False
+        self._buffer = b""
+
+    @classmethod
+    def send(cls, folder: Path, request: dict[str, Any], fds: list[int]) -> _Held | None:
+        """The request sent to the holder of the sandbox in `folder`; None where none listens (it ended)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        data = json.dumps(request).encode()
+        data = len(data).to_bytes(8, "big") + data
+        try:
+            _at(folder, HOLDER_SOCKET, sock.connect)
+            sent = socket.send_fds(sock, [data], fds)
+            sock.sendall(data[sent:])
+        except OSError:
+            sock.close()
+            return None
+        return cls(sock)
+
+    @property
+    def lost(self) -> bool:
+        """The holder went away before it answered: the command never started."""
+        return self.closed and self.pid is None and self.code is None
+
+    def _done(self, started: bool) -> bool:
+        return self.closed or self.code is not None or (started and self.pid is not None)
+
+    def _feed(self, data: bytes) -> None:
+        if not data:
+            self.closed = True
+            return
+        self._buffer += data
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            with contextlib.suppress(ValueError, TypeError):
+                message = json.loads(line)
+                if "pid" in message:
+                    self.pid = int(message["pid"])
+                if "exit" in message:
+                    self.code = int(message["exit"])
+
+    @property
+    def returncode(self) -> int:
+        return self.code if self.code is not None else 128 + signal.SIGKILL  # the holder ended under it
+
+    def wait(self, seconds: float, *, started: bool = False) -> bool:
+        """Whether the command ended (with `started`: began) within `seconds`."""
+        deadline = time.monotonic() + seconds
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        while not self._done(started):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if poller.poll(left * 1000):
+                try:
+                    data = self.sock.recv(4096)
+                except OSError:
+                    data = b""
+                self._feed(data)
+        return True
+
+    async def await_end(self, seconds: float, *, started: bool = False) -> bool:
+        """wait() on asyncio."""
+        loop = asyncio.get_running_loop()
+        self.sock.setblocking(False)
+        deadline = time.monotonic() + seconds
+        while not self._done(started):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                data = await asyncio.wait_for(loop.sock_recv(self.sock, 4096), left)
+            except asyncio.TimeoutError:  # noqa: UP041 - a release's Python may be older than 3.11
+                return False
+            except OSError:
+                data = b""
+            self._feed(data)
+        return True
+
+    def kill(self) -> None:
+        """Ask the holder to kill the command's process group (its answer, the exit, follows)."""
+        with contextlib.suppress(OSError):
+            self.sock.send(b"k")
+
+    def stop(self) -> None:
+        self.kill()
+        self.wait(2)
+
+    async def astop(self) -> None:
+        self.kill()
+        await self.await_end(2)
+
+    def close(self) -> None:
+        """Closing it before the command's exit is heard kills the command (unless it was sent detached)."""
+        self.sock.close()
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------

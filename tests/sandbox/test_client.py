@@ -36,6 +36,7 @@ from prime_lab.envs.env_server import run_driver
 from prime_lab.envs.verifiers_adapter import VerifiersEnvironment
 from prime_lab.evals.launcher import read_config
 from prime_lab.gepa.config import validate_gepa_config
+from prime_lab.runs.registry import pid_alive
 from prime_lab.sandbox import client as ours
 from prime_lab.sandbox import local, settings, shim, stats
 from prime_lab.sandbox.config import SandboxConfig, applied, parse
@@ -196,6 +197,46 @@ def test_verifiers_own_sandbox_env_loads_unmodified_and_its_bash_tool_runs_in_a_
 
     sandbox_id, said = asyncio.run(rollout())
     assert said.startswith("42 from ") and "No such file or directory" in said  # /root is not there inside
+    with pytest.raises(local.SandboxGone):
+        local.get(sandbox_id)
+    env.sandbox_client.teardown()
+
+
+PYTHON_ENV = """
+    import verifiers as vf
+    from datasets import Dataset
+
+
+    def load_environment():
+        return vf.PythonEnv(dataset=Dataset.from_list([{"question": "q", "answer": "a"}]), max_turns=3,
+                            pip_install_packages="")
+"""
+
+
+def test_verifiers_python_env_keeps_its_python_worker_across_tool_calls(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verifiers 0.3.1's PythonEnv, unmodified: its start command starts a Python worker in the background and
+    writes its pid; each `python` call checks /proc/<pid> and talks to it through FIFOs in /tmp. The sandbox's
+    commands run in its start command's namespaces, so the worker is there for each call and keeps its state."""
+    write_module(tmp_path / "modules", "python_env_probe", PYTHON_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path / "modules"))
+    wrapped = loader.load_environment("python_env_probe")
+    assert isinstance(wrapped, VerifiersEnvironment)
+    env = wrapped.env  # verifiers' own PythonEnv
+
+    async def rollout() -> tuple[str, list[str], list[int]]:
+        state = await env.setup_state({"sandbox_id": None})
+        try:
+            said = [await env.python(code, state["sandbox_id"], state["sandbox_state"], state["python_state"])
+                    for code in ("x = 1", "x + 1", "import os; os.getpid() > 1, x * 10")]
+            pids = local.get(state["sandbox_id"]).processes()
+        finally:
+            await env.destroy_sandbox(state)
+        return state["sandbox_id"], said, pids
+
+    sandbox_id, said, pids = asyncio.run(rollout())
+    assert said == ["(no output)", "Out[2]: 2", "Out[3]: (True, 10)"], said
+    assert pids and not [pid for pid in pids if pid_alive(pid)]  # its processes ended with the rollout
     with pytest.raises(local.SandboxGone):
         local.get(sandbox_id)
     env.sandbox_client.teardown()
