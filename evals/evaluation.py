@@ -42,6 +42,7 @@ from prime_lab.problems.validation import Validation, validate_file
 from prime_lab.runs.events import EventWriter
 from prime_lab.runs.registry import Run, RunError, RunRegistry
 from prime_lab.sandbox.config import SandboxConfig
+from prime_lab.sandbox.stats import NoticeFollower
 
 SAMPLE_EVENTS = 3  # rollouts sent whole as `sample` events (the rest are summarised)
 TOOLS_SETTING = "[sampling] tools_in_system_prompt = true (prime eval run: -S '{\"tools_in_system_prompt\": true}')"
@@ -167,6 +168,12 @@ def run_evaluation(
     rows = with_tools_shown(spec, env, rows, writer, announce)
     for line in host_code.warnings_for([spec.env_id]):  # its own code runs what the model writes, on this machine
         _teller(writer, announce)(line, "WARNING")
+    # what its sandboxes say once (a command without the network names the setting), whichever process made them
+    notices = NoticeFollower(run.dir) if run is not None else None
+
+    def tell_notices() -> None:
+        for message in notices.take() if notices is not None else ():
+            _teller(writer, announce)(message, "WARNING")
     api_key = os.environ.get(spec.api_key_var, "") if spec.api_key_var else ""
     client = AsyncOpenAI(base_url=spec.base_url, api_key=api_key or "EMPTY", max_retries=1,
                          timeout=spec.request_timeout)
@@ -194,6 +201,7 @@ def run_evaluation(
                                        "metrics": rollout.metrics}, step=done)
         if run is not None:
             run.update_status(step=done, max_steps=total, reward=sum(rewards) / len(rewards))
+        tell_notices()
         if on_progress is not None:
             on_progress(done, total, rollout)
 
@@ -209,6 +217,7 @@ def run_evaluation(
     try:
         rollouts = asyncio.run(evaluate())
     finally:
+        tell_notices()
         if writer is not None:
             writer.close()
     elapsed_ms = (time.perf_counter() - started) * 1000
@@ -224,6 +233,7 @@ def run_evaluation(
         "difficulty": asdict(stats), "errors": stats.errors,
         "env_system_prompt": _system_message(own_rows), "format_hint": _format_hint(env),
         "run_id": run.id if run is not None else None, **spec.metadata,
+        **({"sandbox_notices": notices.messages} if notices is not None and notices.messages else {}),
     })
     readiness = assess(written, metadata)
     metadata["readiness"] = readiness.to_dict()

@@ -55,6 +55,7 @@ ALERT_NAMES = (ENTROPY_COLLAPSE, REWARD_STD_COLLAPSE, KL_EXPLODING, REWARD_DROP,
 ENV_ERRORED = "env_errored"  # an environment's rollouts keep failing (`env/<name>/errored`)
 ENV_RESTART = "env_restart"  # an environment's server died and was restarted (the orchestrator writes these)
 ENV_ALERT_NAMES = (ENV_ERRORED, ENV_RESTART)
+SANDBOX_NOTICE = "sandbox"  # what a run's sandboxes said once (sandbox/stats.py notices: the launcher writes these)
 KL_RISING = "kl_rising"  # the mismatch KL keeps growing
 GRAD_NORM_SPIKES = "grad_norm_spikes"  # optim/grad_norm spikes again and again
 ORCHESTRATOR_BOUND = "orchestrator_bound"  # the trainer keeps waiting for its batches

@@ -37,7 +37,7 @@ from pathlib import Path
 from prime_lab.inference.backend import BackendChoice
 from prime_lab.inference.vllm import vllm_installed
 from prime_lab.models.store import experts_of
-from prime_lab.monitors.alerts import AlertMonitor
+from prime_lab.monitors.alerts import SANDBOX_NOTICE, AlertMonitor
 from prime_lab.monitors.wandb_mirror import mirror_argv, wanted
 from prime_lab.runs.events import Event, EventLog
 from prime_lab.runs.hardware import cuda_available, gpu_devices, usable_cores, visible_gpus
@@ -46,6 +46,7 @@ from prime_lab.runs.processes import RunningServer, log_tail
 from prime_lab.runs.reaper import ReaperHandle, die_with_parent, start_reaper
 from prime_lab.runs.registry import Run
 from prime_lab.runs.system_metrics import DEFAULT_INTERVAL_S, SystemSampler, interval_from_env
+from prime_lab.sandbox.stats import NoticeFollower
 from prime_lab.trainer.batch import batch_path
 from prime_lab.trainer.config import InferenceConfig, RLConfig
 from prime_lab.trainer.distributed import NODE_VARIABLES, Topology, TopologyError, topology, torchrun_argv
@@ -183,6 +184,8 @@ class Supervisor:
         self.offset = 0
         self.last_error: dict[str, str] = {}
         self.monitor = AlertMonitor(loss=self.config.loss if isinstance(self.config, RLConfig) else "rl")
+        # what the run's sandboxes say once (a command without the network names the setting), from any process
+        self.sandbox_notices = NoticeFollower(run.dir, from_start=not resume)
 
     def log(self, message: str, level: str = "INFO") -> None:
         log_both(self.events, message, level)
@@ -540,7 +543,10 @@ class Supervisor:
 
     # Watch ------------------------------------------------------------------------------------------------
     def follow_events(self) -> None:
-        """Read new events: remember each process's last error, and raise alerts on the metrics."""
+        """Read new events: remember each process's last error, and raise alerts on the metrics and for what the
+        run's sandboxes said (`sandbox` alerts, each once)."""
+        for message in self.sandbox_notices.take():
+            self.events.emit("alert", {"name": SANDBOX_NOTICE, "message": message, "level": "WARNING"})
         items, self.offset = EventLog(self.run.events_path).read(self.offset)
         for item in items:
             if not isinstance(item, Event):
