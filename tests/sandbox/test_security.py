@@ -31,9 +31,15 @@ PROBLEM = local.isolation_problem()
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=f"user namespaces unavailable here: {PROBLEM}")
 
 
-@pytest.fixture
-def sandbox() -> Iterator[Sandbox]:
-    made = local.create(SandboxSpec(memory_gb=0.5, disk_size_gb=0.02))
+# a sandbox without a start command runs each command in a bwrap of its own; one with a start command holds one bwrap
+# for its life and runs each command in it (sandbox/local.py's HOLDER): each attempt is tried against both
+KINDS = {"alone": None, "held": "python -c 'import time; time.sleep(600)' held-worker & echo started; wait"}
+ALONE = pytest.mark.parametrize("sandbox", ["alone"], indirect=True)  # where the two differ by design
+
+
+@pytest.fixture(params=list(KINDS))
+def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    made = local.create(SandboxSpec(memory_gb=0.5, disk_size_gb=0.02, start_command=KINDS[request.param]))
     yield made
     made.delete()
 
@@ -61,6 +67,14 @@ def leftovers(marker: str) -> list[int]:
                 if argv[0].startswith(b"python") and marker.encode() in argv:
                     found.append(int(entry))
     return found
+
+
+def appears(marker: str, count: int = 1, within: float = 10.0) -> bool:
+    """Whether `count` processes holding `marker` run, waiting up to `within` s for them to start."""
+    deadline = time.monotonic() + within
+    while len(leftovers(marker)) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return len(leftovers(marker)) == count
 
 
 def gone(marker: str, within: float = 3.0) -> bool:
@@ -233,6 +247,7 @@ except OSError as error:
 """
 
 
+@ALONE
 def test_a_fork_bomb_is_contained(sandbox: Sandbox) -> None:
     sandbox.write_file("forks.py", FORKS.encode())
     started = time.monotonic()
@@ -261,6 +276,7 @@ def test_a_10_gb_file_is_cut_at_the_disk_limit(sandbox: Sandbox) -> None:
     assert many.seconds < 3 and sandbox.disk_used() < 1 << 30, many  # measured after 0.1 s, 0.2 s, 0.4 s, ...
 
 
+@ALONE
 def test_an_infinite_loop_times_out(sandbox: Sandbox) -> None:
     started = time.monotonic()
     result = sandbox.execute("while :; do :; done", timeout=1)
@@ -268,6 +284,7 @@ def test_an_infinite_loop_times_out(sandbox: Sandbox) -> None:
     assert sandbox.processes() == []
 
 
+@ALONE
 def test_a_background_process_ends_with_its_command(sandbox: Sandbox) -> None:
     marker = f"left-behind-{uuid.uuid4().hex[:8]}"
     result = inside(sandbox, f"python -c 'import time; time.sleep(300)' {marker} & "
@@ -306,10 +323,7 @@ def test_nothing_is_left_running_after_delete(sandbox: Sandbox) -> None:
     running = threading.Thread(target=sandbox.execute,
                                args=(f"python -c 'import time; time.sleep(300)' {marker}",), daemon=True)
     running.start()
-    deadline = time.monotonic() + 10
-    while len(leftovers(marker)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert len(leftovers(marker)) == 2
+    assert appears(marker, 2)
     sandbox.delete()
     running.join(timeout=5)
     assert gone(marker, within=0) and not running.is_alive() and not os.path.exists(sandbox.folder)
@@ -317,7 +331,8 @@ def test_nothing_is_left_running_after_delete(sandbox: Sandbox) -> None:
         local.get(sandbox.id)
 
 
-def test_the_runs_reaper_ends_its_sandboxes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("start_command", list(KINDS.values()), ids=list(KINDS))
+def test_the_runs_reaper_ends_its_sandboxes(tmp_path: Path, start_command: str | None) -> None:
     """A run's sandboxes are recorded in its folder: Run.end_processes (the reaper, restart) kills what runs there,
     and once the run is final its sandboxes are gone."""
     from prime_lab.runs.registry import Run
@@ -325,19 +340,67 @@ def test_the_runs_reaper_ends_its_sandboxes(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "rl-sbx001"
     run_dir.mkdir(parents=True)
     (run_dir / "status.json").write_text(json.dumps({"id": "rl-sbx001", "state": "running", "processes": {}}))
-    sandbox = local.create(SandboxSpec(run_dir=str(run_dir)))
+    sandbox = local.create(SandboxSpec(run_dir=str(run_dir), start_command=start_command))
     try:
         marker = f"run-job-{uuid.uuid4().hex[:8]}"
         sandbox.start_job(f"python -c 'import time; time.sleep(300)' {marker}")
-        deadline = time.monotonic() + 10
-        while not leftovers(marker) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert leftovers(marker)
+        assert appears(marker)
         assert Run(run_dir).end_processes(grace=5) == []
-        assert gone(marker)
+        assert gone(marker) and gone("held-worker")
         (run_dir / "status.json").write_text(json.dumps({"id": "rl-sbx001", "state": "failed"}))
         with pytest.raises(local.SandboxGone, match="failed"):
             local.get(sandbox.id)
         assert not os.path.exists(sandbox.folder)
     finally:
         sandbox.delete()
+
+
+def test_with_a_start_command_a_timeout_kills_the_commands_group_and_the_lifetime_ends_the_rest() -> None:
+    """In a sandbox with a start command, what a command leaves in the background lives on for later commands (as in
+    a container of Prime's); past its timeout a command's process group is killed; when the sandbox's lifetime ends,
+    everything in it ends with no delete() (its holder exits, and its PID namespace with it)."""
+    marker = f"held-{uuid.uuid4().hex[:8]}"
+    sandbox = local.create(SandboxSpec(start_command=KINDS["held"], timeout_minutes=0.04))  # 2.4 s
+    try:
+        left = inside(sandbox, f"setsid python -c 'import time; time.sleep(300)' {marker} >/dev/null 2>&1 & echo $!")
+        assert inside(sandbox, f"[ -d /proc/{left.stdout.strip()} ] && echo there").stdout == "there\n"
+        slow = sandbox.execute(f"python -c 'import time; time.sleep(300)' {marker}-group & "
+                               f"python -c 'while True: pass'", timeout=0.5)
+        assert slow.timed_out and slow.exit_code == 124, slow
+        assert gone(f"{marker}-group") and len(leftovers(marker)) == 1 and leftovers("held-worker")
+        assert gone(marker, within=10) and gone("held-worker", within=0)  # the lifetime's end
+        assert sandbox.processes() == []
+    finally:
+        sandbox.delete()
+
+
+CREATOR = """
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("sandbox_local", sys.argv[1])
+local = sys.modules["sandbox_local"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(local)
+made = local.create(local.SandboxSpec(start_command=sys.argv[2]))
+print(made.id, flush=True)
+sys.stdin.read()  # until the test has seen its worker start
+"""
+
+
+def test_a_sandbox_with_a_start_command_ends_with_the_process_that_made_it() -> None:
+    """Its one bwrap is started by a thread of the process that made it that lives as long as the process
+    (--die-with-parent): when that process exits, or is killed, everything in the sandbox ends."""
+    marker = f"creator-{uuid.uuid4().hex[:8]}"
+    start = str(KINDS["held"]).replace("held-worker", marker)
+    maker = subprocess.Popen([sys.executable, "-c", CREATOR, local.__file__, start], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert maker.stdout is not None and maker.stdin is not None
+        sandbox_id = maker.stdout.readline().strip()
+        assert appears(marker)
+        maker.kill()
+        maker.wait()
+        assert gone(marker)
+    finally:
+        maker.kill()
+        maker.wait()
+        with contextlib.suppress(local.SandboxGone):
+            local.get(sandbox_id).delete()
