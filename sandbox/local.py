@@ -8,22 +8,24 @@ by path with `-I`) loads it by path. A sandbox is a folder, `<home>/<id>/` (home
     tmp/          /tmp inside, writable; background jobs write /tmp/job_<id>.stdout|.stderr|.exit here
     venv/         /opt/venv inside: the sandbox's own Python environment (`python`, `pip`; pip installs land here)
     procs/<pid>   one file per running command or job (its start time): what delete() and the run's reaper kill
-    logs/         commands.log (a JSON line per command: what ran, exit code, time, the ends of its output)
+    logs/         commands.log (a JSON line per command: what ran, exit code, time, the ends of its output);
+                  start.out, start.err: what a start command wrote
+    holder.sock   with a start command: where its holder takes commands (see below)
     sandbox.json  the spec, created, the interpreter
 
-No process lives while a sandbox is idle: each command is one `bwrap` run with its own user, PID, IPC, UTS, cgroup
-and (unless `spec.network`) network namespaces, no capabilities (`--cap-drop ALL`), no further user namespaces
-(`--disable-userns`), a cleared environment (`--clearenv`; then PATH, HOME=/app, LANG, MALLOC_ARENA_MAX, with
-`spec.network` the host's package index variables (pip_index_settings), and spec.env), a session of its own
-(`--new-session`), killed when its caller dies (`--die-with-parent`); bwrap itself is not inside (`--as-pid-1`:
-pid 1 is a shell that runs the command), so no command line there holds its argv (where it is installed, its binds
-and variables). The host's userland (/usr and the /bin, /lib symlinks or folders,
-a short list of /etc files: no pip.conf, gitconfig or npmrc) is bound read-only; nothing else of the host is there:
-not $HOME, the secret store, the runs, the checkout or another sandbox. Inside, `prlimit` sets hard rlimits before
-the shell starts: address space (`memory_gb`), processes (256: counted per user namespace, so per command), file
-size (`disk_size_gb`), open files (1024), no core files. /app, /tmp and /opt/venv together are held to
-`disk_size_gb` by measuring them while a command runs (after 0.1, 0.2, 0.4, 1 s, then each second): past it the
-command is stopped, with a line in its stderr.
+Without a start command no process lives while a sandbox is idle: each command is one `bwrap` run with its own user,
+PID, IPC, UTS, cgroup and (unless `spec.network`) network namespaces, no capabilities (`--cap-drop ALL`), no further
+user namespaces (`--disable-userns`), a cleared environment (`--clearenv`; then PATH, HOME=/app, LANG,
+MALLOC_ARENA_MAX, with `spec.network` the host's package index variables (pip_index_settings), and spec.env), a
+session of its own (`--new-session`), killed when its caller dies (`--die-with-parent`); bwrap itself is not inside
+(`--as-pid-1`: pid 1 is a shell that runs the command), so no command line there holds its argv (where it is
+installed, its binds and variables). The host's userland (/usr and the /bin, /lib symlinks or folders, a short list
+of /etc files: no pip.conf, gitconfig or npmrc) is bound read-only; nothing else of the host is there: not $HOME,
+the secret store, the runs, the checkout or another sandbox. Inside, `prlimit` sets hard rlimits before the shell
+starts: address space (`memory_gb`), processes (256: counted per user namespace, so per command), file size
+(`disk_size_gb`), open files (1024), no core files. /app, /tmp and /opt/venv together are held to `disk_size_gb` by
+measuring them while a command runs (after 0.1, 0.2, 0.4, 1 s, then each second): past it the command is stopped,
+with a line in its stderr.
 
 Run as root, commands run as uid 65534 (the kernel does not apply RLIMIT_NPROC to uid 0) and their folders are owned
 by it; bwrap binds paths as that uid, so where it cannot reach the home (/root is 0700) the folders live in
@@ -39,6 +41,19 @@ keeps a process running after the call, until it finishes, the sandbox's lifetim
 thread that started it exits (bwrap's --die-with-parent is the parent-death signal, which Linux sends when that
 thread ends). Each command has its own namespaces, so a job's processes and ports are not visible to a later
 command (with `network`, the ports are: it shares the host's network).
+
+With `spec.start_command` (a container's entry point: verifiers' PythonEnv starts its Python worker there, and
+later commands look for its pid in /proc and talk to it through FIFOs) a sandbox holds one `bwrap`, made as above,
+for its whole life: pid 2 in it is the holder (HOLDER, the sandbox's Python), which runs the start command and then
+every command and job of the sandbox, sent by the host over `holder.sock` (its listening socket is made by the host
+and passed in; the folder is not inside), in the same user, PID, IPC, UTS, mount and network namespaces and under
+the same rlimits (processes: 256 for the whole sandbox), each in a session of its own with the variables, folder
+and stdin/stdout/stderr the host hands it. So later commands see what the start command and earlier commands left
+running, as in a container; those processes live until the sandbox is deleted, its lifetime ends (the holder
+exits, and the PID namespace with it), the run's reaper kills its bwrap, or the process that made it exits (a
+thread of that process that lives as long as it starts every holder: --die-with-parent). A command's timeout kills
+its process group (what it started with setsid lives on, as in a container). Where the holder is gone (killed from
+inside), a command runs in a bwrap of its own as without one. With weak isolation the start command is a job.
 `oom=True` when the command hit the memory limit (Python's MemoryError, a failed allocation, or a SIGKILL that was
 not the timeout).
 
@@ -121,6 +136,7 @@ USERLAND = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # for), reaps what is orphaned to it while it waits (dash's wait takes any child) and exits with its exit code
 INIT = ("sh", "-c", 'exec 3<&0; "$@" <&3 3<&- & exec 2>/dev/null; wait $!', "sh")  # no "Killed" of its own
 HOLDER_SOCKET = "holder.sock"  # in a sandbox's folder (not inside): where its holder takes commands
+SEND_SECONDS = 10.0  # at most to hand a command to a holder (past it the command runs in a bwrap of its own)
 # The holder of a sandbox with a start command: pid 2 (pid 1 is INIT's shell), the sandbox's own Python with -I -S,
 # in the namespaces and rlimits of one bwrap that lives as long as the sandbox. It runs the start command, then each
 # command the host sends on the listening socket it is given (argv[1]; the host made it at HOLDER_SOCKET): a request
@@ -1368,6 +1384,7 @@ class Sandbox:
                 "expires": self.expires, "run_dir": self.spec.run_dir, "labels": dict(self.spec.labels),
                 "isolation": self.spec.isolation, "network": self.spec.network, "memory_gb": self.spec.memory_gb,
                 "python": self.interpreter.version, "image_note": self.interpreter.note, "pids": self.processes(),
+                "start_command": self.spec.start_command,
                 "app_bytes": size, "folder": str(self.folder)}
 
 
@@ -1410,6 +1427,7 @@ class _Held:
     def send(cls, folder: Path, request: dict[str, Any], fds: list[int]) -> _Held | None:
         """The request sent to the holder of the sandbox in `folder`; None where none listens (it ended)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(SEND_SECONDS)  # a holder stopped by the code inside does not hang the caller
         data = json.dumps(request).encode()
         data = len(data).to_bytes(8, "big") + data
         try:
