@@ -79,6 +79,7 @@ metrics fold (sandbox/stats.py says the format).
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import dataclasses
@@ -137,16 +138,17 @@ USERLAND = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 INIT = ("sh", "-c", 'exec 3<&0; "$@" <&3 3<&- & exec 2>/dev/null; wait $!', "sh")  # no "Killed" of its own
 HOLDER_SOCKET = "holder.sock"  # in a sandbox's folder (not inside): where its holder takes commands
 SEND_SECONDS = 10.0  # at most to hand a command to a holder (past it the command runs in a bwrap of its own)
-# The holder of a sandbox with a start command: pid 2 (pid 1 is INIT's shell), the sandbox's own Python with -I -S,
-# in the namespaces and rlimits of one bwrap that lives as long as the sandbox. It runs the start command, then each
-# command the host sends on the listening socket it is given (argv[1]; the host made it at HOLDER_SOCKET): a request
-# is 8 bytes of length, JSON {argv, env, cwd, detach} and three fds (stdin, stdout, stderr, SCM_RIGHTS). Each command
-# runs in a session of its own; the holder answers {"pid": N}, then {"exit": CODE} (128+N for signal N). "k" from the
-# host, or the host closing the connection before the exit, kills the command's process group, unless the request
-# said detach (a background job). At the sandbox's end of life (argv[2] seconds) it exits, and with it every process
-# in the sandbox (pid 1 exits; the kernel kills the rest of its PID namespace).
+# The holder of a sandbox with a start command: pid 2 (pid 1 is INIT's shell), the sandbox's own Python with -I -S
+# (any Python 3 an image maps to: nothing newer than 3.5's standard library), in the namespaces and rlimits of one
+# bwrap that lives as long as the sandbox. It runs the start command, then each command the host sends on the
+# listening socket it is given (argv[1]; the host made it at HOLDER_SOCKET): a request is 8 bytes of length, JSON
+# {argv, env, cwd, detach} and three fds (stdin, stdout, stderr, SCM_RIGHTS). Each command runs in a session of its
+# own; the holder answers {"pid": N}, then {"exit": CODE} (128+N for signal N). "k" from the host, or the host
+# closing the connection before the exit, kills the command's process group, unless the request said detach (a
+# background job). At the sandbox's end of life (argv[2] seconds) it exits, and with it every process in the sandbox
+# (pid 1 exits; the kernel kills the rest of its PID namespace).
 HOLDER = r"""
-import json, os, selectors, signal, socket, sys, time
+import array, json, os, selectors, signal, socket, sys, time
 listener = socket.socket(fileno=int(sys.argv[1]))
 listener.set_inheritable(False)
 deadline = time.monotonic() + float(sys.argv[2])
@@ -203,7 +205,10 @@ def accept():
     fds = []
     try:
         conn.settimeout(10)
-        data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3, socket.MSG_CMSG_CLOEXEC)
+        data, extra, _flags, _addr = conn.recvmsg(1 << 16, socket.CMSG_SPACE(3 * 4), socket.MSG_CMSG_CLOEXEC)
+        for level, kind, payload in extra:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += array.array("i", payload[:len(payload) - len(payload) % 4])
         size = int.from_bytes(data[:8], "big")
         data = data[8:]
         while len(data) < size:
@@ -260,8 +265,8 @@ def reap():
             return
         conn = waiting.pop(pid, None)
         if conn is not None:
-            code = os.waitstatus_to_exitcode(status)
-            answer(conn, {"exit": code if code >= 0 else 128 - code})
+            code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            answer(conn, {"exit": code})
             commands[conn][0] = None
 
 if sys.argv[3]:
@@ -1432,7 +1437,7 @@ class _Held:
         data = len(data).to_bytes(8, "big") + data
         try:
             _at(folder, HOLDER_SOCKET, sock.connect)
-            sent = socket.send_fds(sock, [data], fds)
+            sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
             sock.sendall(data[sent:])
         except OSError:
             sock.close()
