@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import shlex
@@ -33,7 +32,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from . import local
+from . import local, stats
 from .settings import Settings, from_environ
 
 DEFAULT_IMAGE = "python:3.11-slim"  # verifiers' SandboxEnv default
@@ -363,15 +362,14 @@ class _LocalSandboxes:
                                                     "message": f"{len(succeeded)} sandboxes deleted"})
 
     def _logs(self, sandbox_id: str) -> str:
-        """The commands run in it, each with its exit code and the ends of its output (logs/commands.log)."""
-        sandbox = self._sandbox(sandbox_id)
+        """Its start command's output so far, then each command run in it with its exit code and the ends of its
+        output (stats.command_log)."""
         lines = []
-        with contextlib.suppress(OSError), open(os.path.join(sandbox.folder, "logs", "commands.log")) as handle:
-            for line in handle:
-                with contextlib.suppress(ValueError, KeyError, TypeError):
-                    entry = json.loads(line)
-                    lines.append(f"$ {entry['command']}  (exit {entry['exit_code']}, {entry['seconds']:g} s)\n"
-                                 f"{entry.get('stdout') or ''}{entry.get('stderr') or ''}")
+        for entry in stats.command_log(self._sandbox(sandbox_id).folder):
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                what = "start command, running" if entry.get("start") else \
+                    f"exit {entry['exit_code']}, {entry['seconds']:g} s"
+                lines.append(f"$ {entry['command']}  ({what})\n{entry.get('stdout') or ''}{entry.get('stderr') or ''}")
         return "".join(part if part.endswith("\n") else part + "\n" for part in lines)
 
     def _timeout(self, timeout: float | None) -> float:

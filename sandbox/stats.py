@@ -15,7 +15,8 @@ The core (sandbox/local.py, stdlib only) writes two records, one JSON object a l
   `prime eval run` prints it and keeps it in metadata.json, an RL run's launcher makes it a `sandbox` alert.
 - a sandbox's own log of commands, `<folder>/logs/commands.log` (`COMMAND_LOG`): one line per command that ended,
   `{"time" (when it ended), "command", "exit_code", "timed_out", "oom", "seconds", "stdout", "stderr"}` (the last
-  2000 characters of each output), which `prime sandbox logs ID` prints. It goes with its sandbox.
+  2000 characters of each output), which `prime sandbox logs ID` and the client's `get_logs` print (after the start
+  command's own output, where the sandbox has one: logs/start.out, start.err). It goes with its sandbox.
 
 A line that is not a JSON object (one left unfinished by a process killed mid-write) is skipped.
 """
@@ -145,9 +146,37 @@ def _appended(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
 
 
 def command_log(folder: Path | str) -> list[dict[str, Any]]:
-    """The commands the sandbox in `folder` ran, oldest first ([] where it has run none)."""
+    """The commands the sandbox in `folder` ran, oldest first ([] where it has run none); a sandbox made with a start
+    command has it first, `{"start": true, "command", "time" (when the sandbox was made), "stdout", "stderr"}` (the
+    ends of what it has written so far to logs/start.out and start.err; it runs for the sandbox's life, so no exit
+    code)."""
+    folder = Path(folder)
     try:
-        data = (Path(folder) / "logs" / COMMAND_LOG).read_bytes()
+        data = (folder / "logs" / COMMAND_LOG).read_bytes()
     except OSError:
-        return []
-    return records(data.splitlines())
+        data = b""
+    start = _start_record(folder)
+    return ([start] if start else []) + records(data.splitlines())
+
+
+def _start_record(folder: Path) -> dict[str, Any] | None:
+    try:
+        made = json.loads((folder / "sandbox.json").read_text())
+        command, created = made["spec"].get("start_command"), made.get("created")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not command:
+        return None
+    return {"start": True, "command": command, "time": created,
+            **{stream: _tail(folder / "logs" / f"start.{name}") for stream, name in (("stdout", "out"),
+                                                                                    ("stderr", "err"))}}
+
+
+def _tail(path: Path, size: int = 2000) -> str:
+    """The last `size` bytes of `path` as text ('' where it cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, _size(path) - size))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -65,6 +65,30 @@ def request(**fields: Any) -> Any:
     return prime_sandboxes.CreateSandboxRequest(**{"name": "probe", "docker_image": "python:3.11-slim", **fields})
 
 
+def test_a_sandboxs_logs_begin_with_what_its_start_command_wrote() -> None:
+    """`get_logs` and `prime sandbox logs` (stats.command_log, cli record_head) show the start command first, with
+    what it has written so far (it runs for the sandbox's life), then each command."""
+    from prime_lab.sandbox import stats
+    from prime_lab.workbench.cli.sandbox import record_head
+
+    client = ours.SandboxClient(APIClient())
+    box = client.create(request(start_command="echo held up; echo a warning >&2; exec sleep 60"))
+    try:
+        deadline = time.monotonic() + 20
+        while "a warning" not in client.get_logs(box.id):
+            assert time.monotonic() < deadline, client.get_logs(box.id)
+            time.sleep(0.05)
+        assert client.execute_command(box.id, "echo after").exit_code == 0
+        logs = client.get_logs(box.id)
+        assert logs.startswith("$ echo held up; echo a warning >&2; exec sleep 60  (start command, running)\n"
+                               "held up\na warning\n$ echo after  (exit 0, "), logs
+        first, then = stats.command_log(local.get(box.id).folder)
+        assert (first["start"], then["command"]) == (True, "echo after")
+        assert record_head(first).endswith(" start command $ echo held up; echo a warning >&2; exec sleep 60")
+    finally:
+        client.delete(box.id)
+
+
 def test_the_sync_client_runs_commands_files_and_jobs_with_prime_sandboxes_models(tmp_path: Path) -> None:
     client = ours.SandboxClient(APIClient())  # as environments build it: the API client is never called
     box = client.create(request(start_command=StartCommand(executable="tail", args=["-f", "/dev/null"]),

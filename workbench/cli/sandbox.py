@@ -196,7 +196,8 @@ def record_head(record: dict[str, Any]) -> str:
     from prime_lab.workbench.cli.render import clock
 
     code, seconds, ended = record.get("exit_code"), record.get("seconds"), record.get("time")
-    what = "timed out" if record.get("timed_out") else "out of memory" if record.get("oom") else f"exit {code}"
+    what = ("start command" if record.get("start") else "timed out" if record.get("timed_out")
+            else "out of memory" if record.get("oom") else f"exit {code}")
     took = f" {seconds:.2f}s" if isinstance(seconds, int | float) else ""
     started = ended - seconds if isinstance(ended, int | float) and isinstance(seconds, int | float) else ended
     return f"{clock(started)} {what}{took} $ {one_line(record.get('command', ''), COMMAND_WIDTH)}"
