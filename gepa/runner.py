@@ -28,6 +28,7 @@ from prime_lab.gepa.state import GepaState
 from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.models.resolve import local_tokenizer
 from prime_lab.runs.registry import Run
+from prime_lab.sandbox.stats import NoticeFollower
 
 _D = GepaSearchSection()  # the defaults: gepa/config.py's, the TOML form's
 
@@ -119,7 +120,14 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
         if writer is not None:
             writer.log(message, level=level, step=step)
 
+    notices = NoticeFollower(run.dir) if run is not None else None  # what the environment's sandboxes said
+
+    def tell_notices() -> None:
+        for message in notices.take() if notices is not None else ():
+            tell(message, "WARNING")
+
     def emit(kind: str, data: dict[str, Any], step: int) -> None:
+        tell_notices()
         if writer is not None:
             writer.emit(kind, data, step=step)
         if kind == "gepa.iteration":
@@ -161,6 +169,7 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
             say(note, state.iteration, "WARNING")
         return GepaOutcome(state, metadata, out_dir, test_scores, note)
     finally:
+        tell_notices()
         if not completed:
             saved = out_dir / STATE_FILE
             if saved.exists():

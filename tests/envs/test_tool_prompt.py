@@ -206,13 +206,18 @@ def test_the_setting_validates_as_a_boolean() -> None:
     assert problem.line == 9
 
 
-def gepa_on_the_tool_env(model_dir: Path, out: Path, sampling: dict[str, Any]) -> tuple[Run, list[str],
-                                                                                          ScriptedEndpoint]:
+def gepa_on_the_tool_env(model_dir: Path, out: Path, sampling: dict[str, Any],
+                         notice: str | None = None) -> tuple[Run, list[str], ScriptedEndpoint]:
     """The seed round of a GEPA search on vf-tool-test with `model_dir` as the task model (its chat template is
-    checked); its requests go to a scripted endpoint that records them (answers without tool calls end a rollout)."""
+    checked); its requests go to a scripted endpoint that records them (answers without tool calls end a rollout).
+    `notice`: said first by a sandbox of the run, as the environment's process says it (sandbox/client.say_once)."""
     with kept_signal_handlers():
         env = load_environment("vf-tool-test")
     run = RunRegistry().create("gepa", config_text="{}", resolved={})
+    if notice is not None:
+        from prime_lab.sandbox.client import say_once
+
+        say_once(notice, str(run.dir))
     settings = GepaSettings(env_id="vf-tool-test", model=str(model_dir), num_train=1, num_val=2, max_metric_calls=10,
                             sampling=sampling)
     said: list[str] = []
@@ -231,8 +236,12 @@ def test_a_gepa_search_on_a_template_that_drops_tools_warns_once_and_honours_the
     assert str(tiny_model_dir) in warning and "prime gepa run: -S '{\"tools_in_system_prompt\": true}'" in warning
     assert all("<tools>" not in r["messages"][0]["content"] and r["tools"] for r in task.requests)
 
+    notice = "a command in sandbox sb-1 (probe) could not reach the network: [sandbox] network = true opens it"
     run, said, task = gepa_on_the_tool_env(tiny_model_dir, tmp_path / "on",
-                                           {"max_tokens": 2, "tools_in_system_prompt": True})
+                                           {"max_tokens": 2, "tools_in_system_prompt": True}, notice)
+    # what the run's sandboxes said reaches the user once, and the run's log
+    assert said.count(f"WARNING: {notice}") == 1 and notice in run.log_path("gepa").read_text()
+    said.remove(f"WARNING: {notice}")
     assert warnings_about_tools(run) == [] and len(said) == 1 and said[0].startswith("INFO: ")
     for request in task.requests:
         system = request["messages"][0]["content"]
