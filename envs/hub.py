@@ -1,13 +1,14 @@
-"""The Hugging Face Hub while an environment loads: offline unless the user chose, and its failures in one line.
+"""The Hugging Face Hub while an environment loads: reachable when it answers, else offline; failures in one line.
 
-Many environments call `datasets.load_dataset("owner/name")`. prime-lab runs on machines without Hub access, where
-that retries for about 20 s and ends in a traceback. So environments load with `HF_HUB_OFFLINE=1` and
-`HF_DATASETS_OFFLINE=1` unless the user set either (or `TRANSFORMERS_OFFLINE`) themselves: `HF_HUB_OFFLINE=0`
-lets an environment download. Local files (json, jsonl, csv, parquet, a folder of them) and the Hub cache load as
-usual; a Hub dataset that is not on the machine fails at once, and `failure_message` says which dataset it is and
-how to point the environment at a local copy. An environment in its own interpreter (isolated.py) fails there, where
-prime-lab cannot be imported: driver.py writes the failure as lines of text (`error_lines`), and
-`driver_failure_message` reads them into the same message.
+Many environments call `datasets.load_dataset("owner/name")`. On a machine without Hub access that retries for about
+20 s and ends in a traceback. So the Hub is probed first (runs/hub_probe.py: one request, about a second, once per
+process): when it answers, environments load with it reachable and a Hub dataset downloads; when it does not, they
+load with `HF_HUB_OFFLINE=1` and `HF_DATASETS_OFFLINE=1`. A user who set either (or `TRANSFORMERS_OFFLINE`) decides
+alone: `HF_HUB_OFFLINE=0` lets an environment try the network whatever the probe says, `1` keeps it off. Offline, local
+files (json, jsonl, csv, parquet, a folder of them) and the Hub cache load as usual; a Hub dataset that is not on the
+machine fails at once, and `failure_message` says which dataset it is and how to point the environment at a local
+copy. An environment in its own interpreter (isolated.py) fails there, where prime-lab cannot be imported: driver.py
+writes the failure as lines of text (`error_lines`), and `driver_failure_message` reads them into the same message.
 
 datasets and huggingface_hub read these variables when first imported. An environment that imports them while it
 loads (most do) keeps them offline for the rest of the process, so a dataset built later (verifiers'
@@ -23,6 +24,8 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+from prime_lab.runs.hub_probe import hub_endpoint, hub_online, probed_reason
 
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 _USER_CHOICE = (*OFFLINE_VARIABLES, "TRANSFORMERS_OFFLINE")
@@ -44,11 +47,18 @@ def offline_chosen_by_user() -> bool:
     return _forcing == 0 and any(name in os.environ for name in _USER_CHOICE)
 
 
+def forced_offline() -> bool:
+    """Whether environments load with the Hub made offline here: the user set none of the offline variables and
+    the Hub did not answer the probe (once per process). An isolated environment's interpreter gets the same."""
+    return not offline_chosen_by_user() and not hub_online()
+
+
 @contextmanager
 def offline_unless_chosen() -> Iterator[None]:
-    """Within the block, the Hub is offline, unless the user set one of the offline variables."""
+    """Within the block, the Hub is offline when it did not answer the probe, unless the user set one of the
+    offline variables (then theirs holds)."""
     global _forcing
-    if _forcing or offline_chosen_by_user():
+    if _forcing or not forced_offline():
         yield
         return
     patched: list[tuple[Any, str, Any]] = []
@@ -164,7 +174,9 @@ def lines_failure_message(lines: Sequence[str], env_id: str, arguments: Mapping[
     if kind == "missing":
         why = f"{named} is not on the Hugging Face Hub or is not public (a gated one needs HF_TOKEN)"
     elif "OfflineModeIsEnabled" in f"{error} {message}":
-        chosen = "" if offline_chosen_by_user() else "environments load with HF_HUB_OFFLINE=1 unless you set it; "
+        probed = not offline_chosen_by_user() and probed_reason() is not None
+        chosen = f"the Hugging Face Hub at {hub_endpoint()} did not answer, so environments load offline; " \
+            if probed else ""
         why = f"{named} is not on this machine and the Hub is offline ({chosen}HF_HUB_OFFLINE=0 downloads)"
     else:
         why = f"{named} is not on this machine and the Hugging Face Hub cannot be reached"

@@ -226,12 +226,12 @@ def described_rubric(rubric: Mapping[str, Any], parser: Parser) -> Rubric:
 
 def server_environment(record: IsolatedRecord, env_id: str, api_key: str) -> dict[str, str]:
     """What the environment's interpreter gets: our environment, its own secrets, the model's key; the Hub offline
-    unless the user chose (as in this process)."""
+    when it did not answer the probe, unless the user chose (as in this process, hub.forced_offline)."""
     from prime_lab.envs.secret_store import SecretStore
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(SecretStore().values_for([env_id, record.name]))
-    if not hub.offline_chosen_by_user():
+    if hub.forced_offline():
         env.update(dict.fromkeys(hub.OFFLINE_VARIABLES, "1"))
     env[KEY_VARIABLE] = api_key
     return env

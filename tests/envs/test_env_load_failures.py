@@ -171,9 +171,10 @@ def test_a_hub_dataset_missing_offline_at_import_reads_the_same_in_both_interpre
         here = in_process_message("you/hubprobe-import-env")
         answer = checking.result()
     assert here == (f"environment 'you/hubprobe-import-env': dataset '{MISSING}' is not on this machine and the Hub "
-                    "is offline (environments load with HF_HUB_OFFLINE=1 unless you set it; HF_HUB_OFFLINE=0 "
-                    f"downloads); download it where the Hub is reachable (hf download {MISSING} --repo-type dataset "
-                    "--local-dir FOLDER), copy the folder here, and load it in the environment with "
+                    "is offline (the Hugging Face Hub at https://huggingface.co did not answer, so environments "
+                    "load offline; HF_HUB_OFFLINE=0 downloads); download it where the Hub is reachable (hf download "
+                    f"{MISSING} --repo-type dataset --local-dir FOLDER), copy the folder here, and load it in the "
+                    "environment with "
                     "datasets.load_dataset('/path/to/folder'), or from files with datasets.load_dataset('json', "
                     "data_files=...)")
     assert answer["ok"] is False and "on the Hub" in answer["error"], answer

@@ -52,3 +52,25 @@ def test_failure_messages_name_the_dataset_and_where_to_point_instead() -> None:
     # Local problems are not Hub problems: they keep the loader's own message.
     assert hub.failure_message(FileNotFoundError("Couldn't find any data file at /x"), "e", {}) is None
     assert hub.failure_message(ValueError("Unknown split 'tets'"), "e", {}) is None
+
+
+def test_a_hub_that_answers_stays_reachable_while_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants
+
+    from tests.support.hf_hub import loopback_hub
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    with loopback_hub([]) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        assert not hub.forced_offline()
+        with hub.offline_unless_chosen():
+            assert "HF_HUB_OFFLINE" not in os.environ and not huggingface_hub.constants.is_offline_mode()
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: offline, and the message says why
+    assert hub.forced_offline()
+    error = RuntimeError("x")
+    error.__cause__ = type("OfflineModeIsEnabled", (Exception,), {"__module__": "huggingface_hub.errors"})(
+        "Cannot reach https://huggingface.co/api/datasets/acme/data: offline mode is enabled.")
+    line = hub.failure_message(error, "acme/env", {})
+    assert line is not None and "http://127.0.0.1:9 cannot be reached" in line and "acme/data" in line

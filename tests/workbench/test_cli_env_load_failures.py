@@ -78,7 +78,8 @@ def no_runs(group: str, env: dict[str, str]) -> bool:
      "environment"),
     ('id = "hubprobe-hub-env"',
      "environment 'hubprobe-hub-env': dataset 'nobody-prime-lab/not-on-this-machine' is not on this machine and the "
-     "Hub is offline (environments load with HF_HUB_OFFLINE=1 unless you set it; HF_HUB_OFFLINE=0 downloads)"),
+     "Hub is offline (the Hugging Face Hub at https://huggingface.co did not answer, so environments load offline; "
+     "HF_HUB_OFFLINE=0 downloads)"),
 ], ids=["unknown-id", "bad-args", "load-raises", "hub-offline"])
 def test_rl_run_fails_before_the_run_is_registered(tmp_path: Path, cli_env: dict[str, str], env_section: str,
                                                    words: str) -> None:
