@@ -76,11 +76,16 @@ def resolve(env_id: str) -> Resolution:
         return Resolution(name, LOAD_FUNCTION, INSTALLED)
     if has_builtin:
         return Resolution(builtin, LOAD_FUNCTION, BUILTIN)
+    from prime_lab.envs.envs_hub import parse_id
+
     known = ", ".join(e.id for e in builtin_environments())
+    hub_id = parse_id(env_id)
+    how = (f"Install it from the Environments Hub (where there is a network): {hub_id.install_line()}; or fix the "
+           "id (`prime env list` shows what is installed)" if hub_id is not None else
+           "Install it (prime env install PATH; `prime env list` shows what is installed) or fix the id")
     raise EnvironmentLoadError(f"no environment '{env_id}': no installed package provides a module '{name}' or a "
                                f"'{ENTRY_POINT_GROUP}' entry point '{name.replace('_', '-')}', and there is no "
-                               f"built-in '{name}'. Built-ins: {known}. Install it (prime env install PATH; "
-                               "`prime env list` shows what is installed) or fix the id")
+                               f"built-in '{name}'. Built-ins: {known}. {how}")
 
 
 def _find_module(env_id: str) -> tuple[ModuleType, str]:

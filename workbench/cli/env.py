@@ -40,18 +40,21 @@ def list_envs(
     An installed environment takes precedence over a built-in of the same name: the built-in's row says so."""
     from rich.table import Column
 
+    from prime_lab.envs.envs_hub import hub_id_of
     from prime_lab.envs.loader import environments
 
     infos = environments()
+    hub = {i.id: hub_id_of(i.distribution, i.version) if i.distribution else "" for i in infos}
     if output is OutputFormat.json:
         print_json([{"id": i.id, "source": i.source, "module": i.module, "distribution": i.distribution or None,
-                     "version": i.version or None, "shadowed_by": i.shadowed_by or None,
+                     "version": i.version or None, "hub_id": hub[i.id] or None, "shadowed_by": i.shadowed_by or None,
                      "verifiers": i.release or None, "interpreter": i.interpreter or None, "description": i.doc,
                      "args": [{"name": a.name, "default": a.default, "required": a.required,
                                "annotation": a.annotation} for a in i.args]}
                     for i in infos])
         return
-    rows = [(info.id, info.where(), runs_on(info.release, info.interpreter, verbose),
+    rows = [(info.id, info.where() + (f" (Hub: {hub[info.id]})" if hub[info.id] else ""),
+             runs_on(info.release, info.interpreter, verbose),
              info.doc.split(": ", 1)[-1] if verbose else short_description(info.doc.split(": ", 1)[-1]),
              ", ".join(a.name if a.required else f"{a.name}={a.default!r}" for a in info.args
                        if a.name != "system_prompt")) for info in infos]
@@ -102,7 +105,9 @@ def init(
 
 @env_app.command("install")
 def install(
-    target: Path = typer.Argument(..., help="A package folder (installed editable), or a wheel or sdist file."),
+    target: str = typer.Argument(..., metavar="ID|PATH",
+                                 help="An Environments Hub id (owner/name or owner/name@version), a package folder "
+                                      "(installed editable), or a wheel or sdist file."),
     verifiers: str | None = typer.Option(None, "--verifiers", metavar="VERSION",
                                          help="Run it at this verifiers release, in that release's own virtual "
                                               "environment (default: what the package declares and imports)."),
@@ -111,35 +116,73 @@ def install(
 ) -> None:
     """pip-install an environment package; its id works right after.
 
-    An environment that needs a verifiers release other than the one beside prime-lab (what its metadata declares,
-    narrowed by what it imports; or --verifiers) goes into that release's own virtual environment, created once per
-    release with pip, and runs there as a server of the run. Beside prime-lab, what is installed stays as it is:
-    a package that needs another version of anything installed there (verifiers, tokenizers under transformers),
-    or that would bring a console script of prime-lab's (`prime`), goes into a release environment of its own
-    instead, or is refused. An install whose pip or environments fail, or that breaks another environment of its
-    release, is taken back whole."""
-    from prime_lab.envs.install import HeldBack, InstallError, choose_release, own_release_for
+    An Environments Hub id (owner/name[@version]) is fetched from the Hub (PRIME_API_BASE_URL; PRIME_API_KEY, or
+    `prime secret`, for a private one) and its wheel installed as a file is. An environment that needs a verifiers
+    release other than the one beside prime-lab (what its metadata declares, narrowed by what it imports; or
+    --verifiers) goes into that release's own virtual environment, created once per release with pip, and runs
+    there as a server of the run. Beside prime-lab, what is installed stays as it is: a package that needs another
+    version of anything installed there (verifiers, tokenizers under transformers), or that would bring a console
+    script of prime-lab's (`prime`), goes into a release environment of its own instead, or is refused. An install
+    whose pip or environments fail, or that breaks another environment of its release, is taken back whole."""
+    from prime_lab.envs.envs_hub import HubError, parse_id
+    from prime_lab.envs.install import InstallError
     from prime_lab.envs.releases import ReleaseError
 
-    path = target.expanduser().resolve()
+    path = Path(target).expanduser()
+    # owner/name is a Hub id unless it is a path here (or under a folder here: a folder's name mistyped)
+    hub_id = None if path.exists() or path.parent.is_dir() and path.parent != Path(".") else parse_id(target)
     try:
-        choice = choose_release(path, verifiers, isolate)
-        if choice.release is None:
-            try:
-                install_beside(target, choice.reason)
-                return
-            except HeldBack as held:
-                choice = own_release_for(path, verifiers, held)
-                err(f"not beside prime-lab: {held.words()}; into verifiers {choice.release}'s own environment "
-                    f"instead ({choice.reason})")
-                install_at_release(path, choice, said=True)
-                return
-        install_at_release(path, choice)
-    except (InstallError, ReleaseError) as exc:
+        if hub_id is not None:
+            install_from_hub(target, verifiers, isolate)
+        else:
+            install_path(path.resolve(), verifiers, isolate)
+    except (InstallError, ReleaseError, HubError) as exc:
         fail(str(exc))
 
 
-def install_beside(target: Path, reason: str) -> None:
+def install_path(path: Path, verifiers: str | None, isolate: bool, hub_id: str = "") -> None:
+    """Install a folder, wheel or sdist beside prime-lab, or at its release (`prime env install`'s path); `hub_id`:
+    the id the ready line names."""
+    from prime_lab.envs.install import HeldBack, choose_release, own_release_for
+
+    choice = choose_release(path, verifiers, isolate)
+    if choice.release is None:
+        try:
+            install_beside(path, choice.reason, hub_id)
+            return
+        except HeldBack as held:
+            choice = own_release_for(path, verifiers, held)
+            err(f"not beside prime-lab: {held.words()}; into verifiers {choice.release}'s own environment "
+                f"instead ({choice.reason})")
+            install_at_release(path, choice, said=True, hub_id=hub_id)
+            return
+    install_at_release(path, choice, hub_id=hub_id)
+
+
+def install_from_hub(text: str, verifiers: str | None = None, isolate: bool = False) -> None:
+    """`prime env install owner/name[@version]`: the Hub's wheel fetched (envs/envs_hub.py), installed as a file
+    is, and recorded as the Hub's. HubError, InstallError or ReleaseError in one line."""
+    from packaging.utils import parse_wheel_filename
+
+    from prime_lab.envs import envs_hub
+
+    hub_id = envs_hub.parse_id(text)
+    if hub_id is None:
+        raise envs_hub.HubError(f"{text!r} is not an Environments Hub id (owner/name or owner/name@version)")
+    key = envs_hub.api_key()
+    found = envs_hub.release(hub_id, key)
+    err(f"{hub_id.id} {found.version or hub_id.version} ({found.visibility.lower()}) from {envs_hub.base_url()}")
+    wheel = envs_hub.fetch(found, key, say=err)
+    install_path(wheel, verifiers, isolate, hub_id=hub_id.id)
+    name, version, _, _ = parse_wheel_filename(wheel.name)
+    envs_hub.remember(name, found, str(version))
+
+
+def _ready(env_id: str, hub_id: str) -> None:
+    err(f"ready: prime eval run {hub_id or env_id}")
+
+
+def install_beside(target: Path, reason: str, hub_id: str = "") -> None:
     """`prime env install` beside prime-lab (install.install_beside: taken back when an environment does not
     import); prints each id it provides."""
     from prime_lab.envs import install
@@ -151,10 +194,10 @@ def install_beside(target: Path, reason: str) -> None:
     err(f"beside prime-lab: {reason}")
     for env in done.environments:
         typer.echo(f"{env['id']}\t{env['module']}")
-        err(f"ready: prime eval run {env['id']}")
+        _ready(str(env["id"]), hub_id)
 
 
-def install_at_release(target: Path, choice: ReleaseChoice, said: bool = False) -> None:
+def install_at_release(target: Path, choice: ReleaseChoice, said: bool = False, hub_id: str = "") -> None:
     """`prime env install` into the environment of `choice`'s release (`said`: its reason is printed already)."""
     from prime_lab.envs.install import install_isolated
 
@@ -167,7 +210,38 @@ def install_at_release(target: Path, choice: ReleaseChoice, said: bool = False) 
         err(f"installed {record.distribution} {record.version} into verifiers {record.release}'s own "
             f"environment ({record.python})")
         typer.echo(f"{record.name}\t{record.module}")
-        err(f"ready: prime eval run {record.name}")
+        _ready(record.name, hub_id)
+
+
+@env_app.command("info")
+def info(
+    env_id: str = typer.Argument(..., metavar="OWNER/NAME", help="An Environments Hub id."),
+    output: OutputFormat = OUTPUT_OPTION,
+) -> None:
+    """An Environments Hub environment: its latest version, visibility, description, versions and install line."""
+    from prime_lab.envs import envs_hub
+
+    hub_id = envs_hub.parse_id(env_id)
+    if hub_id is None:
+        fail(f"{env_id!r} is not an Environments Hub id (owner/name)")
+    try:
+        key = envs_hub.api_key()
+        found = envs_hub.release(hub_id, key)
+        listed = envs_hub.versions(hub_id, key)
+    except envs_hub.HubError as exc:
+        fail(str(exc))
+    line = envs_hub.HubId(hub_id.owner, hub_id.name).install_line()
+    if output is OutputFormat.json:
+        print_json({"id": hub_id.id, "version": found.version or None, "visibility": found.visibility,
+                    "description": found.description, "install": line, "versions": listed})
+        return
+    typer.echo(f"{hub_id.id} {found.version} ({found.visibility.lower()})")
+    if found.description:
+        typer.echo(found.description)
+    print_table(("VERSION", "CREATED", "SHA256"),
+                [(str(v.get("version") or v.get("semantic_version") or ""), str(v.get("created_at") or ""),
+                  str(v.get("sha256") or "")[:12]) for v in listed])
+    typer.echo(f"install: {line}" + (f"  (a version: {line}@VERSION)" if listed else ""))
 
 
 @env_app.command("uninstall")
@@ -180,6 +254,7 @@ def uninstall(
     """pip-uninstall the package that provides an environment (beside prime-lab or in its release's own virtual
     environment), and every environment it provides; prints their ids. What its install added goes too, unless
     another installed package needs it, and what it changed is put back."""
+    from prime_lab.envs.envs_hub import forget
     from prime_lab.envs.install import InstallError
     from prime_lab.envs.install import uninstall as pip_uninstall
     from prime_lab.envs.releases import ReleaseError
@@ -188,6 +263,7 @@ def uninstall(
         removal = pip_uninstall(env_id, release_env)
     except (InstallError, ReleaseError) as exc:
         fail(str(exc))
+    forget(removal.distribution)
     err(f"uninstalled {removal.distribution} {removal.version} ({removal.where}): "
         f"{', '.join(removal.ids) or 'no environment'} no longer installed")
     if removal.also:
