@@ -1,11 +1,17 @@
-"""Turn what a user wrote for a model (a preset, a folder, a Hugging Face id) into a local model folder."""
+"""Turn what a user wrote for a model (a preset, a folder, a Hugging Face id) into a local model folder.
+
+`obtain_model` is the one question a command asks (where the model is, or how it is got: a preset built, a Hugging
+Face id downloaded when the Hub is reachable), answered once per process; `resolve_model` answers from this machine
+alone (the run's own processes, after the command obtained it); `local_model_folder` builds nothing either.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import os
+import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from prime_lab.models.presets import PRESETS, Availability, ModelPreset
 from prime_lab.models.store import is_model_folder, materialise
@@ -20,7 +26,7 @@ def resolve_model(spec: str) -> Path:
 
     - a preset name (`prime rl models`): its folder under `runs.paths.models_dir()`, materialised on first use;
     - a path to a folder with a `config.json`;
-    - a Hugging Face id (`owner/name`) already downloaded into the local Hugging Face cache;
+    - a Hugging Face id (`owner/name`, or `owner/name@revision`) already in the local Hugging Face cache;
     - the id of a completed SFT run (its `model/` folder: the base model with the run's training merged in), or
       the name it was started with (`--name`; the newest such run).
     Anything else raises ModelNotFoundError saying what to do.
@@ -123,22 +129,85 @@ def materialise_preset(preset: ModelPreset) -> Path:
     return materialise(preset.folder(), preset.build)
 
 
-def hugging_face_cache_folder(repo_id: str) -> Path | None:
-    """The snapshot folder of `repo_id` in the local Hugging Face cache, without touching the network."""
-    if repo_id.count("/") != 1 or repo_id.startswith(("/", ".", "~")):
+def hugging_face_cache_folder(spec: str) -> Path | None:
+    """The snapshot folder of `spec` (`owner/name[@revision]`, default `main`) in the local Hugging Face cache,
+    without touching the network; None when it is not there or not whole (a download cut short: the files
+    `download_model` takes that the cached file listing names are not all in it)."""
+    from prime_lab.models.download import cache_folder, chosen_files, is_hub_id, split_revision
+
+    if not is_hub_id(spec):
+        return None
+    repo_id, revision = split_revision(spec)
+    # The cache location is read now, not when huggingface_hub was imported, so HF_HUB_CACHE set later counts.
+    storage = cache_folder() / f"models--{repo_id.replace('/', '--')}"
+    commit = revision or "main"
+    if not _COMMIT.match(commit):
+        ref = storage / "refs" / commit
+        try:
+            commit = ref.read_text().strip()
+        except OSError:
+            return None
+    folder = storage / "snapshots" / commit
+    if not is_model_folder(folder):
         return None
     try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-    except ImportError:
-        return None
+        from huggingface_hub import get_cached_repo_tree
+
+        listed = [entry.path for entry in get_cached_repo_tree(repo_id, revision=commit, cache_dir=storage.parent)]
+    except Exception:  # no listing cached (a cache copied from elsewhere, an older huggingface_hub): trust it
+        return folder
+    return folder if all((folder / name).exists() for name in chosen_files(listed)) else None
+
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_obtained: dict[tuple[str, str], Path] = {}
+
+
+def obtain_model(spec: str, *, token: str | None = None, out: TextIO | None = None,
+                 on_download: Callable[[str, str], None] | None = None) -> Path:
+    """The folder of model `spec`, getting it if it is not on this machine: a preset is built, a Hugging Face id
+    (`owner/name[@revision]`) downloaded into the Hugging Face cache when the Hub is reachable (runs/hub_probe.py;
+    `token` for a gated or private one, progress on `out`, `on_download(repo_id, commit)` told first). Answered
+    once per process. ModelNotFoundError with one line otherwise: offline, it names the `hf download` to run where
+    the Hub is reachable."""
+    from prime_lab.models.download import cache_folder
+
+    key = (spec, str(cache_folder()))
+    known = _obtained.get(key)
+    if known is not None and is_model_folder(known):
+        return known
     try:
-        # The cache location is read now, not when huggingface_hub was imported, so HF_HUB_CACHE set later counts.
-        cache_dir = os.environ.get("HF_HUB_CACHE") or None
-        folder = Path(snapshot_download(repo_id, local_files_only=True, cache_dir=cache_dir))
-    except (LocalEntryNotFoundError, HFValidationError, OSError, ValueError):
-        return None
-    return folder if is_model_folder(folder) else None
+        folder = resolve_model(spec)
+    except ModelNotFoundError:
+        folder = _download(spec, token=token, out=out, on_download=on_download)
+    _obtained[key] = folder
+    return folder
+
+
+def _download(spec: str, *, token: str | None, out: TextIO | None,
+              on_download: Callable[[str, str], None] | None) -> Path:
+    from prime_lab.models.download import DownloadError, download_model, is_hub_id, split_revision
+    from prime_lab.runs.hub_probe import offline_reason
+
+    if not is_hub_id(spec) or Path(spec).expanduser().exists():
+        raise ModelNotFoundError(not_found_message(spec))
+    repo_id, revision = split_revision(spec)
+    why = offline_reason()
+    if why is not None:
+        raise ModelNotFoundError(offline_message(spec, why))
+    try:
+        return download_model(repo_id, revision, token=token, out=out,
+                              on_start=(lambda commit: on_download(repo_id, commit)) if on_download else None)
+    except DownloadError as exc:
+        raise ModelNotFoundError(str(exc)) from None
+
+
+def offline_message(spec: str, why: str) -> str:
+    """One line for a Hugging Face id that is neither on this machine nor downloadable now."""
+    repo_id, revision = spec.partition("@")[::2]
+    pinned = f" --revision {revision}" if revision else ""
+    return (f"model {spec!r} is not on this machine and {why}: run `hf download {repo_id}{pinned}` where the Hub is "
+            "reachable and copy the Hugging Face cache here, or run this command again with a network")
 
 
 def not_found_message(spec: str) -> str:
@@ -149,6 +218,7 @@ def not_found_message(spec: str) -> str:
         f"  - a preset ({presets}; `prime rl models` lists them),\n"
         f"  - a local folder holding a Hugging Face model (config.json, *.safetensors, tokenizer files),\n"
         f"  - a completed SFT run's id or --name (`prime sft list`),\n"
-        f"  - a Hugging Face id: download it first on a machine with hub access "
+        f"  - a Hugging Face id (OWNER/NAME[@REVISION]): `prime rl run`, `prime eval run` and `prime serve` "
+        f"download it when the Hub is reachable; else download it on a machine with hub access "
         f"(`hf download {spec if '/' in spec else 'OWNER/NAME'}`), then copy the cache or the folder here."
     )

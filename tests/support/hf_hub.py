@@ -1,7 +1,7 @@
 """A loopback Hugging Face Hub for tests: a stdlib HTTP server on 127.0.0.1 speaking what huggingface_hub 2.4.0
 (`snapshot_download`, `hf_hub_download`, `HfApi.model_info`) and datasets call (../shared/notes/hubs.md):
 
-- `GET /api/{models,datasets}/{repo}/revision/{rev}`: `id`, `sha`, `siblings`, `gated`;
+- `GET /api/{models,datasets}/{repo}[/revision/{rev}]`: `id`, `sha`, `siblings`, `gated` (no revision: `main`);
 - `GET /api/{models,datasets}/{repo}/tree/{rev}[/{folder}]`: the files (`type`, `path`, `size`, `oid`), all at once;
 - `HEAD`/`GET /{repo}/resolve/{rev}/{path}` (`/datasets/{repo}/resolve/...` for datasets): `X-Repo-Commit`, `ETag`,
   `Content-Length`, `X-Linked-Size`; `Range` answered with 206;
@@ -77,8 +77,8 @@ class LoopbackHub:
         return [r for r in self.requests if r.method == "GET" and "/resolve/" in r.path and r.path.endswith(path)]
 
 
-_API = re.compile(r"^/api/(models|datasets)/(?P<repo>[^/]+/[^/]+)/(?P<what>revision|tree)/(?P<rev>[^/]+)"
-                  r"(?:/(?P<folder>.+))?$")
+_API = re.compile(r"^/api/(models|datasets)/(?P<repo>[^/]+/[^/]+)(?:/(?P<what>revision|tree)/(?P<rev>[^/]+)"
+                  r"(?:/(?P<folder>.+))?)?$")
 _RESOLVE = re.compile(r"^/(?P<datasets>datasets/)?(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
 
 
@@ -103,10 +103,10 @@ def _handler(hub: LoopbackHub) -> type[BaseHTTPRequestHandler]:
             api, resolve = _API.match(path), _RESOLVE.match(path)
             if api:
                 kind = api.group(1)[:-1]
-                repo = self._repo(kind, api.group("repo"), api.group("rev"))
+                repo = self._repo(kind, api.group("repo"), api.group("rev") or "main")
                 if repo is None:
                     return
-                if api.group("what") == "revision":
+                if api.group("what") in ("revision", None):
                     info = {"id": repo.repo_id, "sha": repo.sha, "gated": "manual" if repo.token else False,
                             "private": False, "siblings": [{"rfilename": name} for name in sorted(repo.files)]}
                     self._json(info)
