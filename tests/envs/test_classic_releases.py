@@ -7,7 +7,8 @@ The interpreter is a small virtual environment made once per session (no pip, ~0
 keeping an unknown keyword as an attribute; `init_state`, `rollout(...) -> (completion, state)` keeping the model's
 responses in the state; `rubric.score_rollout(...) -> RolloutScore`; `get_reward_funcs()`), and an environment
 shaped as gpu_puzzles is (its `info` JSON text, `vf.Rubric(parser=..., reward_funcs=[...])`, and an event loop
-run with `asyncio.get_event_loop().run_until_complete` while it loads).
+run with `asyncio.get_event_loop().run_until_complete` while it loads). And, in process, the arguments a rollout of
+0.1.5's shape (no `init_state`, a rollout without completion, state or example id) is called with.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from prime_lab.envs import SamplingArgs, isolated
+from prime_lab.envs import SamplingArgs, driver, isolated
 from prime_lab.envs.isolated import IsolatedEnvironment, IsolatedRecord
 from tests.envs.verifiers_standins import release_interpreter
 
@@ -169,3 +170,50 @@ def test_a_release_without_run_group_is_described_and_driven(classic_python: Pat
         assert len(turn.completion_logprobs) == len(turn.completion_token_ids)
         assert turn.finish_reason in ("stop", "length") and rollout.is_truncated == (turn.finish_reason == "length")
         assert rollout.completion[0]["role"] == "assistant" and rollout.timing["generation_ms"] > 0
+
+
+class Release015Env:
+    """0.1.5's shape: no init_state; rollout(client, model, prompt, answer, task, info, sampling_args) builds its
+    own state; a response kept as the model's JSON (token ids and logprobs as vLLM returns them)."""
+
+    message_type = "chat"
+    oai_tools = [{"type": "function", "function": {"name": "add"}}]
+
+    def __init__(self) -> None:
+        self.rubric = SimpleNamespace(score_rollout=self.score_rollout)
+        self.calls: list[dict[str, Any]] = []
+
+    async def rollout(self, client: Any, model: str, prompt: list[dict[str, Any]], answer: str = "",
+                      task: str = "default", info: dict[str, Any] | None = None,
+                      sampling_args: dict[str, Any] | None = None, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        self.calls.append({"answer": answer, "task": task, "info": info, "sampling_args": sampling_args, **kwargs})
+        response = {"prompt_token_ids": [1, 2, 3], "choices": [{"token_ids": [7, 8], "finish_reason": "length",
+                                                                "logprobs": {"content": [{"logprob": -0.5},
+                                                                                         {"logprob": -1.5}]}}]}
+        completion = [{"role": "assistant", "content": "4"}]
+        return completion, {"id": 0, "responses": [response], "timing": {"generation_ms": 5.0}}
+
+    async def score_rollout(self, prompt: Any, completion: Any, answer: str, state: dict[str, Any],
+                            task: str = "default", info: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        self.calls.append({"scored": kwargs})
+        return SimpleNamespace(reward=0.5, metrics={"exact": 0.5})
+
+
+def test_a_0_1_5_shaped_rollout_gets_only_the_arguments_it_names() -> None:
+    """No init_state, no completion/state/example_id parameters: the rollout gets answer, task, its info read from
+    JSON with the environment's tools put in, and a copy of the sampling arguments; the scorer no example id (its
+    **kwargs would pass it to the reward functions). The output has the row's fields, the score, and the trajectory
+    step from the response (its tokens, its finish reason, truncation)."""
+    env = Release015Env()
+    sampling = {"max_tokens": 8}
+    row = {"prompt": [{"role": "user", "content": "2+2"}], "answer": "4", "info": '{"level": 1}', "example_id": 3}
+    out = asyncio.run(driver.classic_rollout(env, row, None, "m", sampling, ["trajectory"]))
+    assert env.calls == [{"answer": "4", "task": "default", "info": {"level": 1, "oai_tools": env.oai_tools},
+                          "sampling_args": {"max_tokens": 8}}, {"scored": {}}]
+    assert env.calls[0]["sampling_args"] is not sampling
+    assert (out["example_id"], out["reward"], out["metrics"], out["is_truncated"]) == (3, 0.5, {"exact": 0.5}, True)
+    assert out["trajectory"] == [{"prompt": row["prompt"], "completion": [{"role": "assistant", "content": "4"}],
+                                  "response": {"message": {"finish_reason": "length"}},
+                                  "tokens": {"prompt_ids": [1, 2, 3], "prompt_mask": [0, 0, 0],
+                                             "completion_ids": [7, 8], "completion_mask": [1, 1],
+                                             "completion_logprobs": [-0.5, -1.5]}}]
