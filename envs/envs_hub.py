@@ -32,6 +32,8 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path, PurePosixPath
@@ -413,6 +415,24 @@ def extract(archive: Path, into: Path, what: str) -> None:
             tar.extractall(into, members=members, filter="data")
     except (tarfile.TarError, OSError) as exc:
         raise HubError(f"{what} cannot be read as a .tar.gz: {exc}") from None
+
+
+@contextmanager
+def extra_index(found: Release) -> Iterator[None]:
+    """pip (this process's children) looks in the release's package index too while the block runs
+    (`PIP_EXTRA_INDEX_URL`, after any the user set), for what the wheel needs from its owner's index."""
+    if not found.index_url:
+        yield
+        return
+    saved = os.environ.get("PIP_EXTRA_INDEX_URL")
+    os.environ["PIP_EXTRA_INDEX_URL"] = " ".join(u for u in (saved, found.index_url) if u)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PIP_EXTRA_INDEX_URL", None)
+        else:
+            os.environ["PIP_EXTRA_INDEX_URL"] = saved
 
 
 # What came from the Hub --------------------------------------------------------------------------------------------

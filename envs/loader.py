@@ -76,12 +76,10 @@ def resolve(env_id: str) -> Resolution:
         return Resolution(name, LOAD_FUNCTION, INSTALLED)
     if has_builtin:
         return Resolution(builtin, LOAD_FUNCTION, BUILTIN)
-    from prime_lab.envs.envs_hub import parse_id
-
     known = ", ".join(e.id for e in builtin_environments())
-    hub_id = parse_id(env_id)
-    how = (f"Install it from the Environments Hub (where there is a network): {hub_id.install_line()}; or fix the "
-           "id (`prime env list` shows what is installed)" if hub_id is not None else
+    owner, _, rest = env_id.partition("/")  # an Environments Hub id (envs_hub.py): owner/name
+    how = (f"Install it from the Environments Hub (where there is a network): prime env install {env_id}; or fix "
+           "the id (`prime env list` shows what is installed)" if owner and rest and "/" not in rest else
            "Install it (prime env install PATH; `prime env list` shows what is installed) or fix the id")
     raise EnvironmentLoadError(f"no environment '{env_id}': no installed package provides a module '{name}' or a "
                                f"'{ENTRY_POINT_GROUP}' entry point '{name.replace('_', '-')}', and there is no "

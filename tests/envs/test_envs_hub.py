@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 import subprocess
 import tarfile
@@ -173,7 +174,7 @@ def test_an_unknown_id_or_version_and_an_unreachable_hub_each_say_one_line(hub: 
     with socket.socket() as closed:  # a port nothing listens on: refused
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    env = {**__import__("os").environ, "PRIME_API_BASE_URL": f"http://127.0.0.1:{port}"}
+    env = {**os.environ, "PRIME_API_BASE_URL": f"http://127.0.0.1:{port}"}
     for args in (("env", "install", "acme/word-count"), ("env", "info", "acme/word-count")):
         started = time.monotonic()
         proc = prime(*args, env=env)
@@ -185,7 +186,13 @@ def test_an_unknown_id_or_version_and_an_unreachable_hub_each_say_one_line(hub: 
 
 
 def test_a_config_whose_environment_is_not_installed_is_refused_with_the_install_line(tmp_path: Path) -> None:
-    """Before a run is registered (`prime rl run`, `prime eval run`), and in `prime lab doctor`."""
+    """Before a run is registered (`prime rl run`, `prime eval run`), and in `prime lab doctor`; with --install, what
+    the Hub says ends the command before a run is registered too (here: a Hub that does not have it)."""
+    with serve(EnvsHub()) as hub:
+        refused_with_the_install_line(tmp_path, hub)
+
+
+def refused_with_the_install_line(tmp_path: Path, hub: EnvsHub) -> None:
     config = (REPO / "configs" / "rl" / "reverse-text.toml").read_text()
     assert 'id = "primeintellect/reverse-text"' in config
     (tmp_path / "configs" / "rl").mkdir(parents=True)
@@ -197,8 +204,30 @@ def test_a_config_whose_environment_is_not_installed_is_refused_with_the_install
     assert prime("rl", "list", "-o", "json").stdout.strip() == "[]"
     evaluation = prime("eval", "run", "acme/word-count", cwd=tmp_path)
     assert evaluation.returncode == 1 and line in error_line(evaluation), evaluation.stderr
+    asked = prime("rl", "run", f"@{path}", "--install", cwd=tmp_path, env={**os.environ, "PRIME_API_BASE_URL": hub.url})
+    assert asked.returncode == 1 and asked.stdout == "", asked.stderr
+    assert "acme/word-count is not installed: installing it from the Environments Hub (--install)" in asked.stderr
+    assert error_line(asked) == (f"Error: no environment acme/word-count on the Environments Hub ({hub.url}) "
+                                 "(Environment acme/word-count not found): check the id")
+    assert prime("rl", "list", "-o", "json").stdout.strip() == "[]"
     doctor = prime("lab", "doctor", "--plain", cwd=tmp_path)
     assert doctor.returncode == 1
     assert any(row.startswith("FAIL  configs/rl/hub.toml:") and "env[0].id: no environment 'acme/word-count'" in row
                and row.endswith(line + "; or fix the id (`prime env list` shows what is installed)")
                for row in doctor.stdout.splitlines()), doctor.stdout
+
+
+def test_install_on_rl_run_installs_what_the_config_names_then_checks_it_as_before(
+        hub: EnvsHub, lab: Lab, tmp_path: Path) -> None:  # noqa: F811 - the fixture imported above
+    """`prime rl run --install`: acme/word-count installed from the Hub first (its lines on stderr, stdout stays the
+    run id's), then loaded as every run's environments are: its arguments are not the config's, so no run starts."""
+    config = (REPO / "configs" / "rl" / "reverse-text.toml").read_text()
+    path = tmp_path / "hub.toml"
+    path.write_text(config.replace('id = "primeintellect/reverse-text"', 'id = "acme/word-count"', 1))
+    proc = lab.prime("rl", "run", f"@{path}", "--install")
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+    assert "acme/word-count is not installed: installing it from the Environments Hub (--install)" in proc.stderr
+    assert lab.installed() == {"word-count": "1.1"}
+    assert error_line(proc) == ("Error: environment 'acme/word-count' does not take argument(s) max_words; its "
+                                "arguments are: size=2")
+    assert lab.prime("rl", "list", "-o", "json").stdout.strip() == "[]"

@@ -173,9 +173,44 @@ def install_from_hub(text: str, verifiers: str | None = None, isolate: bool = Fa
     found = envs_hub.release(hub_id, key)
     err(f"{hub_id.id} {found.version or hub_id.version} ({found.visibility.lower()}) from {envs_hub.base_url()}")
     wheel = envs_hub.fetch(found, key, say=err)
-    install_path(wheel, verifiers, isolate, hub_id=hub_id.id)
+    with envs_hub.extra_index(found):  # what it needs from its owner's index too
+        install_path(wheel, verifiers, isolate, hub_id=hub_id.id)
     name, version, _, _ = parse_wheel_filename(wheel.name)
     envs_hub.remember(name, found, str(version))
+
+
+INSTALL_OPTION = typer.Option(False, "--install", help="First install from the Environments Hub each owner/name "
+                                                      "environment the command names that is not installed here.")
+
+
+def install_missing(env_ids: list[str]) -> None:
+    """`--install`: each Environments Hub id among `env_ids` that no installed or built-in environment answers,
+    installed from the Hub first (what it says on stderr: stdout stays the command's); the first that cannot be
+    ends the command in one line. Other ids are left to the command's own check."""
+    import importlib
+    import sys
+    from contextlib import redirect_stdout
+
+    from prime_lab.envs import EnvironmentLoadError
+    from prime_lab.envs.envs_hub import HubError, parse_id
+    from prime_lab.envs.install import InstallError
+    from prime_lab.envs.loader import resolve
+    from prime_lab.envs.releases import ReleaseError
+
+    for env_id in dict.fromkeys(env_ids):
+        try:
+            resolve(env_id)
+            continue
+        except EnvironmentLoadError:
+            if parse_id(env_id) is None:
+                continue
+        err(f"{env_id} is not installed: installing it from the Environments Hub (--install)")
+        try:
+            with redirect_stdout(sys.stderr):
+                install_from_hub(env_id)
+        except (InstallError, ReleaseError, HubError) as exc:
+            fail(str(exc))
+        importlib.invalidate_caches()
 
 
 def _ready(env_id: str, hub_id: str) -> None:

@@ -25,6 +25,7 @@ from prime_lab.workbench.cli.common import (
     fail_unexpected,
     print_json,
 )
+from prime_lab.workbench.cli.env import INSTALL_OPTION, install_missing
 from prime_lab.workbench.cli.render import live_output, print_table, progress_console
 from prime_lab.workbench.cli.run_verbs import add_run_verbs
 
@@ -80,6 +81,7 @@ def run(
                                                   help="Replace the environment's system prompt with this file's "
                                                        "text, or a GEPA run's best prompt."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Print each rollout's reward as it finishes."),
+    install: bool = INSTALL_OPTION,
 ) -> None:
     """Evaluate MODEL on ENV: results.jsonl, metadata.json, and a readiness verdict for RL."""
     from prime_lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
@@ -109,6 +111,8 @@ def run(
         policy, prompt = launcher.trained_policy(job), launcher.system_prompt(job)
     except launcher.EvalLaunchError as exc:
         fail(str(exc))
+    if install:
+        install_missing([job.env_id])
     try:
         load_env_files(env_file)
         inject_secrets([job.env_id])  # `prime secret`: under the shell's variables and --env-file's

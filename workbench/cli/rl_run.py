@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 
 from prime_lab.workbench.cli.common import config_path, err, fail
+from prime_lab.workbench.cli.env import INSTALL_OPTION
 from prime_lab.workbench.cli.render import live_output, print_evaluations
 
 if TYPE_CHECKING:
@@ -90,15 +91,19 @@ def run(
     env_file: list[Path] = ENV_FILE_OPTION,
     name: str | None = NAME_OPTION,
     wandb_api_key: str | None = WANDB_KEY_OPTION,
+    install: bool = INSTALL_OPTION,
 ) -> None:
     """Validate a config and start a local RL run: sampler, orchestrator and trainer. Prints the run id."""
     from prime_lab.trainer.config import validate_rl_file
+    from prime_lab.workbench.cli.env import install_missing
 
     path = config_path(config)
     result = validate_rl_file(path)
     if result.ok and result.config is not None and _build_distillation_models(result.config):
         result = validate_rl_file(path)  # the models are on this machine now: their tokenizers are compared
     cfg = valid_config(result, path, "rl")
+    if install:
+        install_missing([e.id for e in cfg.env] + [e.id for e in (cfg.eval.env if cfg.eval is not None else [])])
     envs, resolved = [e.name or e.id for e in cfg.env], cfg.model_dump(mode="json")
     extra_env = _env_vars(env_var, env_file, wandb_api_key, resolved)
     check_environments(cfg, extra_env)
