@@ -40,7 +40,7 @@ def test_run_refuses_a_missing_dataset_and_an_unknown_model(tmp_path: Path) -> N
     (tmp_path / "data.jsonl").write_text('{"prompt": "a", "completion": "b"}\n')
     config.write_text('model = "someone/not-here"\nmax_steps = 2\n[data]\nname = "data.jsonl"\n')
     proc = prime("sft", "run", f"@{config}")
-    assert proc.returncode == 1 and "'someone/not-here' is not a preset" in proc.stderr
+    assert proc.returncode == 1 and "'someone/not-here' is not on this machine" in proc.stderr
     assert RunRegistry().runs() == []  # nothing was created
 
 

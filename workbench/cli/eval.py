@@ -86,6 +86,7 @@ def run(
     """Evaluate MODEL on ENV: results.jsonl, metadata.json, and a readiness verdict for RL."""
     from prime_lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
     from prime_lab.evals import launcher
+    from prime_lab.workbench.cli.models import obtain
     from prime_lab.workbench.cli.secret import inject_secrets
 
     given_env_args = _json_arg(env_args, "-a/--env-args")
@@ -120,6 +121,8 @@ def run(
             environment = load_environment(job.env_id, **job.env_args)
     except (EnvironmentLoadError, MissingKeyError) as exc:
         fail(str(exc))
+    if job.model and job.base_url is None and policy is None:
+        obtain(job.model)  # built or downloaded here, before the run is registered (its sampler then finds it)
     _evaluate(job, environment, policy=policy, prompt=prompt, output_dir=output_dir, backend=backend, verbose=verbose)
 
 

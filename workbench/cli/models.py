@@ -1,10 +1,15 @@
-"""`prime rl models`: the model presets and whether each is on this machine (no torch import)."""
+"""`prime rl models`: the model presets and whether each is on this machine (no torch import); `obtain`: the model
+question every command that starts a model asks (`prime rl run`, `prime sft run`, `prime eval run -m`, `prime serve`).
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
-from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, print_json
+from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, fail, print_json
 from prime_lab.workbench.cli.render import print_table
 
 
@@ -15,8 +20,8 @@ def _parameters(count: int) -> str:
 def models(output: OutputFormat = OUTPUT_OPTION) -> None:
     """Model presets: name, size, where the weights come from, and whether they are on this machine.
 
-    Besides a preset, a run's `model` can be a local Hugging Face folder or a Hugging Face id already in the
-    local cache.
+    Besides a preset, a run's `model` can be a local Hugging Face folder or a Hugging Face id (`owner/name`, or
+    `owner/name@revision`): one not in the local cache is downloaded when the run starts, if the Hub is reachable.
     """
     from prime_lab.models import Availability, list_presets
 
@@ -39,3 +44,43 @@ def models(output: OutputFormat = OUTPUT_OPTION) -> None:
                 [(row["name"], _parameters(row["parameters"]),
                   f"{row['status']} ({row['hint']})" if row["hint"] else row["status"], row["source"])
                  for row in rows], overflow="fold")
+
+
+def obtain(spec: str, field: str = "model") -> Path:
+    """The folder of model `spec`, built or downloaded here first if it is not on this machine (models/resolve.py
+    `obtain_model`, once per command; progress on stderr, which stdout's run id never shares); one line and exit 1
+    when it cannot be had, 130 on Ctrl-C (the files already downloaded are kept for the next try)."""
+    from prime_lab.models import ModelNotFoundError
+    from prime_lab.models.resolve import obtain_model
+
+    try:
+        return obtain_model(spec, token=hf_token(), out=sys.stderr)
+    except ModelNotFoundError as exc:
+        fail(f"{field}: {exc}" if field != "model" else str(exc))
+    except KeyboardInterrupt:
+        fail(f"the download of {spec} was interrupted; run the same command again to go on (the files already "
+             "downloaded are kept)", code=130)
+
+
+def hf_token() -> str | None:
+    """A Hugging Face token: `HF_TOKEN` in the environment, else the global secret of that name (`prime secret`),
+    else None (huggingface_hub then uses its own login, if any)."""
+    if os.environ.get("HF_TOKEN"):
+        return os.environ["HF_TOKEN"]
+    from prime_lab.envs.secret_store import SecretError, SecretStore
+
+    try:
+        return SecretStore().values_for([]).get("HF_TOKEN") or None
+    except (SecretError, OSError, ValueError):
+        return None
+
+
+def pinned(spec: str, folder: Path) -> str:
+    """`owner/name@<commit>` for a Hugging Face id given with a revision, read from the snapshot folder it resolved
+    to (the run's resolved config then names the commit, not a branch that may move); else `spec` as given."""
+    from prime_lab.models.download import is_hub_id, split_revision
+
+    repo_id, revision = split_revision(spec)
+    if revision is None or not is_hub_id(spec) or folder.parent.name != "snapshots":
+        return spec
+    return f"{repo_id}@{folder.name}"

@@ -99,7 +99,7 @@ def run(
 
     path = config_path(config)
     result = validate_rl_file(path)
-    if result.ok and result.config is not None and _build_distillation_models(result.config):
+    if result.ok and result.config is not None and _obtain_models(result.config, distillation=True):
         result = validate_rl_file(path)  # the models are on this machine now: their tokenizers are compared
     cfg = valid_config(result, path, "rl")
     if install:
@@ -107,6 +107,7 @@ def run(
     envs, resolved = [e.name or e.id for e in cfg.env], cfg.model_dump(mode="json")
     extra_env = _env_vars(env_var, env_file, wandb_api_key, resolved)
     check_environments(cfg, extra_env)
+    _obtain_models(cfg, distillation=False)
     launch("rl", path, cfg.model, resolved, envs=envs, max_steps=cfg.max_steps, name=name, extra_env=extra_env,
            foreground=foreground)
 
@@ -147,24 +148,25 @@ def _process_environment(extra: dict[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
-def _build_distillation_models(cfg: RLConfig) -> bool:
-    """On-policy distillation with a local teacher: build or find the model and the teacher that are not on this
-    machine yet (validation compares their tokenizers only once they are, or for a preset that builds its tokenizer
-    alone), before a run is registered. True when one was not: validate again."""
-    from prime_lab.models import ModelNotFoundError, resolve_model
+def _obtain_models(cfg: RLConfig, *, distillation: bool) -> bool:
+    """A local `[teacher]` model, and with `distillation` (loss "opd") the run's model too, built or downloaded here
+    when they are not on this machine, before a run is registered (workbench/cli/models.py `obtain`, once per
+    command; `launch` gets the run's model). With `distillation`, True when one was not here: validate again (the
+    tokenizers are compared only once both are on this machine, or for a preset that builds its tokenizer alone)."""
     from prime_lab.models.resolve import local_model_folder
+    from prime_lab.workbench.cli.models import obtain
 
     teacher = cfg.teacher
-    if cfg.loss != "opd" or teacher is None or teacher.client.base_url is not None:
+    if teacher is None or teacher.client.base_url is not None or (distillation and cfg.loss != "opd"):
         return False
-    absent = [(field, spec) for field, spec in (("model", cfg.model), ("[teacher] model", teacher.model))
-              if local_model_folder(spec) is None]
+    wanted = [("model", cfg.model), ("[teacher] model", teacher.model)] if distillation else \
+        [("[teacher] model", teacher.model)]
+    absent = [(field, spec) for field, spec in wanted if local_model_folder(spec) is None]
     for field, spec in absent:
-        err(f"{field} {spec} is not on this machine yet: getting it, to compare the tokenizers before the run starts")
-        try:
-            resolve_model(spec)
-        except ModelNotFoundError as exc:
-            fail(f"{field}: {exc}")
+        if distillation:
+            err(f"{field} {spec} is not on this machine yet: getting it, to compare the tokenizers before the run "
+                "starts")
+        obtain(spec, field)
     return bool(absent)
 
 
@@ -183,14 +185,15 @@ def valid_config(result: Validation[M], path: Path, group: str) -> M:
 def launch(kind: str, path: Path, model: str, resolved: dict[str, Any], *, envs: list[str], max_steps: int,
            name: str | None, extra_env: dict[str, str], foreground: bool) -> None:
     """Create a run of `kind` (RL or SFT) from the validated config at `path` and start its supervisor."""
-    from prime_lab.models import ModelNotFoundError, resolve_model
     from prime_lab.runs.registry import RunRegistry
     from prime_lab.trainer.launcher import start_supervisor
+    from prime_lab.workbench.cli.models import obtain, pinned
 
-    try:
-        model_path = resolve_model(model)
-    except ModelNotFoundError as exc:
-        fail(str(exc))
+    model_path = obtain(model)  # downloaded before the run is registered; `owner/name@branch` pinned to its commit
+    if pinned(model, model_path) != model:  # RL's `model = "..."`, SFT's `[model] name = "..."`
+        given = resolved.get("model")
+        resolved = {**resolved, "model": pinned(model, model_path) if given == model else
+                    {**given, "name": pinned(model, model_path)} if isinstance(given, dict) else given}
     run_ = RunRegistry().create(kind, config_text=path.read_text(), resolved=resolved, name=name, model=model,
                                 envs=envs, max_steps=max_steps)
     run_.update_status(model_path=str(model_path), config_file=str(path.resolve()))

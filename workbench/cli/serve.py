@@ -42,7 +42,7 @@ def ensure_port_free(host: str, port: int) -> None:
 
 def serve(
     model: str = typer.Argument(
-        ..., help="A preset (`prime rl models`), a model folder, or a Hugging Face id on disk."
+        ..., help="A preset (`prime rl models`), a model folder, or a Hugging Face id (downloaded if not on disk)."
     ),
     port: int = typer.Option(8000, "--port", "-p", help="Port on 127.0.0.1."),
     adapter: list[str] = typer.Option([], "--adapter", "-a", help="A LoRA adapter to serve: NAME=PATH (repeatable)."),
@@ -53,16 +53,13 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
 ) -> None:
     """Serve MODEL over vLLM's OpenAI-compatible API until Ctrl-C; prints the base URL for `openai` clients."""
-    from prime_lab.models import ModelNotFoundError, resolve_model
+    from prime_lab.workbench.cli.models import obtain
 
     if backend not in BACKENDS:
         fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     adapters = parse_adapters(adapter)
     ensure_port_free(host, port)
-    try:
-        folder = resolve_model(model)
-    except ModelNotFoundError as error:
-        fail(str(error))
+    folder = obtain(model)  # a Hugging Face id not on this machine is downloaded first
     name = served_name(model, folder)
     if backend == "vllm":
         _serve_vllm(folder, name, host, port, adapters, dtype, max_model_len)

@@ -1,0 +1,84 @@
+"""Commands that start a model download a Hugging Face id that is not on the machine, from the Hub at HF_ENDPOINT
+(a loopback one the test starts), before anything else starts; without a Hub, or for a gated model, one line and no
+run registered."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from prime_lab.runs.processes import ServerProcess
+from prime_lab.runs.registry import RunRegistry
+from tests.support.cli import PRIME, prime
+from tests.support.hf_hub import HubRepo, LoopbackHub, files_of, loopback_hub
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def hub(tiny_model_dir: Path) -> Iterator[LoopbackHub]:
+    repos = [HubRepo("acme/tiny-chat", files_of(tiny_model_dir), revisions=("main", "v1")),
+             HubRepo("acme/gated-chat", files_of(tiny_model_dir), token="hf_letmein")]
+    with loopback_hub(repos) as server:
+        yield server
+
+
+def hub_env(tmp_path: Path, endpoint: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_TOKEN")}
+    return {**env, "HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
+
+
+def test_prime_serve_downloads_a_hub_id_then_serves_it(hub: LoopbackHub, tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    serve = ServerProcess([PRIME, "serve", "acme/tiny-chat", "--port", str(port)], port=port, log_path=log,
+                          env=hub_env(tmp_path, hub.url), name="prime serve")
+    with serve.start():
+        serve.wait_ready(timeout=120)
+        models = openai.OpenAI(base_url=serve.base_url, api_key="unused").models.list()
+        assert [m.id for m in models.data] == ["acme/tiny-chat"]
+    text = log.read_text()
+    commit = hub.repos["model", "acme/tiny-chat"].sha
+    assert f"downloading acme/tiny-chat at {commit[:12]} from {hub.url}: 6 files" in text, text
+    assert (tmp_path / "hf-cache" / "models--acme--tiny-chat" / "snapshots" / commit / "model.safetensors").is_file()
+
+
+def test_rl_run_without_a_hub_is_one_line_at_once(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"  # closed when the block ends: a refused port
+    config = tmp_path / "run.toml"
+    text = (REPO / "configs" / "rl" / "reverse-text.toml").read_text()
+    config.write_text(text.replace('model = "smollm2-135m"', 'model = "acme/tiny-chat@v1"'))
+    started = time.monotonic()
+    proc = prime("rl", "run", f"@{config}", env=hub_env(tmp_path, endpoint), cwd=tmp_path)
+    assert time.monotonic() - started < 20  # the CLI's start and the environment's load included
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"Error: model 'acme/tiny-chat@v1' is not on this machine and the Hugging Face Hub "
+                                  f"at {endpoint} cannot be reached (")
+    assert "run `hf download acme/tiny-chat --revision v1` where the Hub is reachable" in proc.stderr
+    assert RunRegistry().runs() == []
+
+
+def test_eval_of_a_gated_model_names_the_page_and_the_token(hub: LoopbackHub, tmp_path: Path) -> None:
+    proc = prime("eval", "run", "reverse-text", "-m", "acme/gated-chat", "-n", "1", env=hub_env(tmp_path, hub.url),
+                 cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"Error: model 'acme/gated-chat' is gated on the Hugging Face Hub: accept its terms at {hub.url}/acme/gated-"
+        "chat while logged in, then give a token of that account in HF_TOKEN (export HF_TOKEN=hf_..., or `prime "
+        "secret create -n HF_TOKEN`)")
+    assert RunRegistry().runs() == []
