@@ -231,3 +231,25 @@ def test_install_on_rl_run_installs_what_the_config_names_then_checks_it_as_befo
     assert error_line(proc) == ("Error: environment 'acme/word-count' does not take argument(s) max_words; its "
                                 "arguments are: size=2")
     assert lab.prime("rl", "list", "-o", "json").stdout.strip() == "[]"
+
+
+def test_the_base_url_and_the_key_come_from_where_prime_s_cli_keeps_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variables, then a global `prime secret` (the key), then ~/.prime/config.json, then Prime's own base."""
+    from prime_lab.envs.secret_store import SecretStore
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("PRIME_API_BASE_URL", "PRIME_BASE_URL", "PRIME_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    assert (envs_hub.base_url(), envs_hub.api_key()) == ("https://api.primeintellect.ai", None)
+    (tmp_path / ".prime").mkdir()
+    (tmp_path / ".prime" / "config.json").write_text(json.dumps({"base_url": "http://hub.example/api/v1/",
+                                                                 "api_key": "from-file"}))
+    assert (envs_hub.base_url(), envs_hub.api_key()) == ("http://hub.example", "from-file")
+    SecretStore().create("PRIME_API_KEY", "from-secret")
+    assert envs_hub.api_key() == "from-secret"
+    monkeypatch.setenv("PRIME_API_KEY", "from-env")
+    monkeypatch.setenv("PRIME_BASE_URL", "http://other.example")
+    assert (envs_hub.base_url(), envs_hub.api_key()) == ("http://other.example", "from-env")
+    monkeypatch.setenv("PRIME_API_BASE_URL", "http://first.example")
+    assert envs_hub.base_url() == "http://first.example"

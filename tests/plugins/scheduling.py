@@ -44,8 +44,8 @@ GROUPS = {
         "tests/trainer/test_sampler_agreement.py",
     ),
     "prime-lab-venv": (
-        "tests/e2e/test_first_afternoon.py", "tests/e2e/test_namespace.py", "tests/envs/test_install_beside.py",
-        "tests/envs/test_install_safety.py", "tests/workbench/test_cli_env.py",
+        "tests/e2e/test_first_afternoon.py", "tests/e2e/test_namespace.py", "tests/envs/test_envs_hub.py",
+        "tests/envs/test_install_beside.py", "tests/envs/test_install_safety.py", "tests/workbench/test_cli_env.py",
     ),
 }
 GROUP_OF_FILE = {path: group for group, paths in GROUPS.items() for path in paths}
