@@ -1,9 +1,10 @@
 """Commands that start a model download a Hugging Face id that is not on the machine, from the Hub at HF_ENDPOINT
 (a loopback one the test starts), before anything else starts; without a Hub, or for a gated model, one line and no
-run registered."""
+run registered. A downloaded model trains 2 RL steps with the Hub gone."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -82,3 +83,21 @@ def test_eval_of_a_gated_model_names_the_page_and_the_token(hub: LoopbackHub, tm
         "chat while logged in, then give a token of that account in HF_TOKEN (export HF_TOKEN=hf_..., or `prime "
         "secret create -n HF_TOKEN`)")
     assert RunRegistry().runs() == []
+
+
+def test_a_downloaded_model_trains_two_rl_steps_with_the_hub_gone(hub: LoopbackHub, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.rl_runs import FIXTURE_ENVS, start, wait_final, write_config
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FIXTURE_ENVS), os.environ.get("PYTHONPATH")])))
+    for name, value in hub_env(tmp_path, hub.url).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    config = write_config(tmp_path / "run.toml", Path("acme/tiny-chat@v1"), steps=2)
+    run = start(config)
+    hub.server.shutdown()  # downloaded before the run was registered: its processes need no Hub
+    commit = hub.repos["model", "acme/tiny-chat"].sha
+    status = wait_final(run)
+    assert status["state"] == "completed" and status["step"] == 2, status
+    assert status["model_path"].endswith(f"models--acme--tiny-chat/snapshots/{commit}")
+    assert json.loads(run.resolved_path.read_text())["model"] == f"acme/tiny-chat@{commit}"  # the branch, pinned
