@@ -74,9 +74,9 @@ def test_rl_run_without_a_hub_is_one_line_at_once(tmp_path: Path) -> None:
     assert RunRegistry().runs() == []
 
 
-def test_eval_of_a_gated_model_names_the_page_and_the_token(hub: LoopbackHub, tmp_path: Path) -> None:
-    proc = prime("eval", "run", "reverse-text", "-m", "acme/gated-chat", "-n", "1", env=hub_env(tmp_path, hub.url),
-                 cwd=tmp_path)
+@pytest.mark.parametrize("group", ["eval", "gepa"])
+def test_a_gated_model_names_the_page_and_the_token(hub: LoopbackHub, tmp_path: Path, group: str) -> None:
+    proc = prime(group, "run", "reverse-text", "-m", "acme/gated-chat", env=hub_env(tmp_path, hub.url), cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         f"Error: model 'acme/gated-chat' is gated on the Hugging Face Hub: accept its terms at {hub.url}/acme/gated-"

@@ -90,10 +90,25 @@ def run(
             job.base_url = base_url or job.base_url
             job.api_key_var = api_key_var or job.api_key_var
             inject_secrets([job.settings.env_id])
+            _obtain_models(job)
             target = launcher.create_run(job, config_text=config_text, output_dir=output_dir)
         _search(target, job, backend)
     except launcher.GepaLaunchError as exc:
         fail(str(exc))
+
+
+def _obtain_models(job: Any) -> None:
+    """The task and reflection models this command serves locally, built or downloaded before the run is registered
+    (workbench/cli/models.py `obtain`); none for a model reached through -b/--base-url."""
+    from prime_lab.workbench.cli.models import obtain
+
+    if job.base_url:
+        return
+    spec = job.settings
+    obtain(spec.model)
+    reflection = spec.reflection_model or spec.model
+    if reflection != spec.model and not job.reflection_base_url:
+        obtain(reflection, "reflection model")
 
 
 def _search(run: Any, job: Any, backend: str) -> None:
