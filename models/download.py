@@ -76,6 +76,23 @@ def cached_model_ids(cache: Path | None = None) -> list[str]:
     return sorted(p.name[len("models--"):].replace("--", "/", 1) for p in folder.glob("models--*--*"))
 
 
+def safetensors_parameters(folder: Path) -> int | None:
+    """The parameter count of the `*.safetensors` files in `folder`, read from their headers (None without any)."""
+    import json
+    import math
+
+    total, found = 0, False
+    for path in folder.glob("*.safetensors"):
+        try:
+            with path.open("rb") as file:
+                header = json.loads(file.read(int.from_bytes(file.read(8), "little")))
+        except (OSError, ValueError):
+            continue
+        found = True
+        total += sum(math.prod(entry["shape"]) for name, entry in header.items() if name != "__metadata__")
+    return total if found else None
+
+
 def did_you_mean(repo_id: str, cache: Path | None = None) -> str:
     """`; did you mean 'x' (in your Hugging Face cache)?` for the closest cached ids, or ''."""
     known = cached_model_ids(cache)

@@ -54,6 +54,10 @@ def test_prime_serve_downloads_a_hub_id_then_serves_it(hub: LoopbackHub, tmp_pat
     commit = hub.repos["model", "acme/tiny-chat"].sha
     assert f"downloading acme/tiny-chat at {commit[:12]} from {hub.url}: 6 files" in text, text
     assert (tmp_path / "hf-cache" / "models--acme--tiny-chat" / "snapshots" / commit / "model.safetensors").is_file()
+    listed = prime("rl", "models", "-o", "json", env=hub_env(tmp_path, hub.url))
+    cached = [row for row in json.loads(listed.stdout) if row["source"] == "Hugging Face cache"]
+    assert [(row["name"], row["status"]) for row in cached] == [("acme/tiny-chat", "present")]
+    assert cached[0]["parameters"] > 0 and cached[0]["path"].endswith(commit)
 
 
 def test_rl_run_without_a_hub_is_one_line_at_once(tmp_path: Path) -> None:

@@ -13,12 +13,15 @@ from prime_lab.workbench.cli.common import OUTPUT_OPTION, OutputFormat, fail, pr
 from prime_lab.workbench.cli.render import print_table
 
 
-def _parameters(count: int) -> str:
+def _parameters(count: int | None) -> str:
+    if count is None:
+        return "-"
     return f"{count / 1e6:.1f}M" if count >= 1_000_000 else f"{count / 1e3:.0f}K"
 
 
 def models(output: OutputFormat = OUTPUT_OPTION) -> None:
-    """Model presets: name, size, where the weights come from, and whether they are on this machine.
+    """Model presets and the models in the Hugging Face cache: name, size, where the weights come from, and whether
+    they are on this machine.
 
     Besides a preset, a run's `model` can be a local Hugging Face folder or a Hugging Face id (`owner/name`, or
     `owner/name@revision`): one not in the local cache is downloaded when the run starts, if the Hub is reachable.
@@ -37,6 +40,7 @@ def models(output: OutputFormat = OUTPUT_OPTION) -> None:
             "description": preset.description,
             "hint": preset.missing_hint if availability is Availability.MISSING else "",
         })
+    rows += _cached_rows()
     if output is OutputFormat.json:
         print_json(rows)
         return
@@ -44,6 +48,23 @@ def models(output: OutputFormat = OUTPUT_OPTION) -> None:
                 [(row["name"], _parameters(row["parameters"]),
                   f"{row['status']} ({row['hint']})" if row["hint"] else row["status"], row["source"])
                  for row in rows], overflow="fold")
+
+
+def _cached_rows() -> list[dict[str, Any]]:
+    """A row for each model the Hugging Face cache holds: `present` when its snapshot (main) is whole, else
+    `partial` (a download cut short: the same command goes on with it)."""
+    from prime_lab.models.download import cache_folder, cached_model_ids, safetensors_parameters
+    from prime_lab.models.resolve import hugging_face_cache_folder
+
+    rows: list[dict[str, Any]] = []
+    for repo_id in cached_model_ids():
+        folder = hugging_face_cache_folder(repo_id)
+        rows.append({"name": repo_id, "parameters": safetensors_parameters(folder) if folder else None,
+                     "status": "present" if folder else "partial",
+                     "path": str(folder or cache_folder() / f"models--{repo_id.replace('/', '--')}"),
+                     "source": "Hugging Face cache", "description": "",
+                     "hint": "" if folder else f"`prime serve {repo_id}` or a run finishes the download"})
+    return rows
 
 
 def obtain(spec: str, field: str = "model") -> Path:
