@@ -110,7 +110,11 @@ class LabApp(App[None]):
 
     def _launch(self, argv: list[str]) -> None:
         launched = launch(argv, cwd=self.settings.root)
-        run = wait_for_run(launched, self.registry)
+        def said(line: str) -> None:  # a model downloading before the run exists: its progress, not a still screen
+            if line.startswith(("downloading ", "downloaded ")):
+                self.call_from_thread(self.notify, line, timeout=6)
+
+        run = wait_for_run(launched, self.registry, on_line=said)
         self.call_from_thread(self.open_run, run.id)
 
     # Errors: one handler ------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,13 +101,16 @@ def launch(argv: list[str], *, cwd: Path | None = None, log_dir: Path | None = N
 
 
 def wait_for_run(launched: Launched, registry: RunRegistry, *, timeout: float = 120.0,
-                 poll: float = 0.1) -> Run:
+                 poll: float = 0.1, on_line: Callable[[str], None] | None = None) -> Run:
     """The run the launched process registered (its pid is one of the run's processes). Blocks: call in a worker.
 
     `prime rl run` (and `prime sft run`) builds a model preset met for the first time before it creates the run
-    (15-30 s for SmolLM2, longer on a busy machine), hence the long timeout; a command that exits is reported at once.
+    (15-30 s for SmolLM2, longer on a busy machine), hence the long timeout, and downloads a Hugging Face model that
+    is not on this machine, printing a line every few seconds: the wait ends `timeout` seconds after the command's
+    last output, and each line it writes goes to `on_line`. A command that exits is reported at once.
     """
     deadline = time.monotonic() + timeout
+    read = 0
     while time.monotonic() < deadline:
         for run in registry.runs():
             processes = run.read_status().get("processes") or {}
@@ -117,9 +121,27 @@ def wait_for_run(launched: Launched, registry: RunRegistry, *, timeout: float = 
             tail = _tail(launched.log_path)
             raise LaunchError(f"`prime {' '.join(launched.argv)}` exited ({code}) before creating a run"
                               + (f": {tail}" if tail else ""))
+        lines, read = _new_lines(launched.log_path, read)
+        if lines:
+            deadline = time.monotonic() + timeout
+            for line in lines:
+                if on_line is not None:
+                    on_line(line)
         time.sleep(poll)
     raise LaunchError(f"`prime {' '.join(launched.argv)}` created no run within {timeout:g} s "
                       f"(its output: {launched.log_path})")
+
+
+def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """The whole lines written to `path` after byte `offset`, and the offset after them."""
+    try:
+        with path.open("rb") as file:
+            file.seek(offset)
+            data = file.read()
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    return data[:end].decode(errors="replace").splitlines(), offset + end
 
 
 def _tail(path: Path, lines: int = 3) -> str:

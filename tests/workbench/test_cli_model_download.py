@@ -105,3 +105,23 @@ def test_a_downloaded_model_trains_two_rl_steps_with_the_hub_gone(hub: LoopbackH
     assert status["state"] == "completed" and status["step"] == 2, status
     assert status["model_path"].endswith(f"models--acme--tiny-chat/snapshots/{commit}")
     assert json.loads(run.resolved_path.read_text())["model"] == f"acme/tiny-chat@{commit}"  # the branch, pinned
+
+
+def test_the_workbench_waits_for_a_download_and_shows_its_lines(tmp_path: Path) -> None:
+    """The workbench's launch waits while the command prints (a download's line every few seconds), past its
+    timeout, and hands each line on; a command that then exits is reported as such."""
+    import subprocess
+    import sys
+
+    from prime_lab.workbench.launch import Launched, LaunchError, wait_for_run
+
+    log = tmp_path / "launch.log"
+    script = ("import sys, time\nfor i in range(4):\n    print(f'downloading acme/big: {i} GiB', flush=True)\n"
+              "    time.sleep(0.4)\nsys.exit(3)")
+    with log.open("ab") as out:
+        process = subprocess.Popen([sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT)
+    lines: list[str] = []
+    with pytest.raises(LaunchError, match="exited \\(3\\) before creating a run"):
+        wait_for_run(Launched(process.pid, log, ["rl", "run"], process), RunRegistry(), timeout=1.0,
+                     on_line=lines.append)
+    assert lines == [f"downloading acme/big: {i} GiB" for i in range(4)]
