@@ -2,7 +2,9 @@
 (`snapshot_download`, `hf_hub_download`, `HfApi.model_info`) and datasets call (../shared/notes/hubs.md):
 
 - `GET /api/{models,datasets}/{repo}[/revision/{rev}]`: `id`, `sha`, `siblings`, `gated` (no revision: `main`);
-- `GET /api/{models,datasets}/{repo}/tree/{rev}[/{folder}]`: the files (`type`, `path`, `size`, `oid`), all at once;
+- `GET /api/{models,datasets}/{repo}/tree/{rev}[/{folder}]`: the folder's files (`type`, `path`, `size`, `oid`) and
+  folders (`type: directory`), its direct children or, with `recursive=true`, everything below it, in one page (a
+  folder that is not there: `EntryNotFound`), as `snapshot_download` and `datasets` (through `HfFileSystem`) list;
 - `HEAD`/`GET /{repo}/resolve/{rev}/{path}` (`/datasets/{repo}/resolve/...` for datasets): `X-Repo-Commit`, `ETag`,
   `Content-Length`, `X-Linked-Size`; `Range` answered with 206;
 - errors as the Hub gives them, with `X-Error-Code`: `RepoNotFound` (404), `RevisionNotFound` (404),
@@ -112,10 +114,13 @@ def _handler(hub: LoopbackHub) -> type[BaseHTTPRequestHandler]:
                     self._json(info)
                 else:
                     folder = (api.group("folder") or "").strip("/")
-                    listed = [{"type": "file", "path": name, "size": len(data),
-                               "oid": hashlib.sha1(data).hexdigest()}
-                              for name, data in sorted(repo.files.items())
-                              if not folder or name.startswith(folder + "/")]
+                    recursive = "recursive=true" in urlsplit(self.path).query.lower()
+                    prefix = folder + "/" if folder else ""
+                    listed = [entry for name, entry in sorted(_entries(repo).items()) if name.startswith(prefix)
+                              and (recursive or "/" not in name[len(prefix):])]
+                    if folder and not listed:
+                        self._error(404, "EntryNotFound", f"{folder} does not exist on \"{api.group('rev')}\"")
+                        return
                     self._json(listed)
             elif resolve:
                 kind = "dataset" if resolve.group("datasets") else "model"
@@ -190,6 +195,19 @@ def _handler(hub: LoopbackHub) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(data)
 
     return Handler
+
+
+def _entries(repo: HubRepo) -> dict[str, dict[str, Any]]:
+    """The repo's files and the folders that hold them, by path, as the tree endpoint describes each."""
+    entries: dict[str, dict[str, Any]] = {}
+    for name, data in repo.files.items():
+        entries[name] = {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+        parts = name.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            folder = "/".join(parts[:depth])
+            entries.setdefault(folder, {"type": "directory", "path": folder, "size": 0,
+                                        "oid": hashlib.sha1(f"{repo.sha}/{folder}".encode()).hexdigest()})
+    return entries
 
 
 @contextmanager
