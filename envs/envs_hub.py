@@ -55,6 +55,17 @@ class HubError(ValueError):
     """The Environments Hub could not give what was asked; the message says why and what to do, in one line."""
 
 
+class HubUnreachable(HubError):
+    """The Hub did not answer (refused, no such host, silent within `TIMEOUT_S`): `where` (its scheme and host) and
+    `reason` in words, so that a command can say what is true of it here and what to run where there is a
+    network."""
+
+    def __init__(self, message: str, where: str, reason: str) -> None:
+        super().__init__(message)
+        self.where = where
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class HubId:
     owner: str
@@ -132,9 +143,40 @@ def _open(url: str, what: str, hub_id: HubId, key: str | None) -> Any:
         if isinstance(reason, socket.timeout | TimeoutError):
             reason = f"no answer within {TIMEOUT_S:g} s"
         host = urllib.parse.urlsplit(url)
-        raise HubError(f"{hub_id} is not installed: the Environments Hub ({host.scheme}://{host.netloc}) cannot be "
-                       f"reached ({reason}); run `{hub_id.install_line()}` where there is a network (or `prime env "
-                       "install PATH` with its wheel or folder)") from None
+        where = f"{host.scheme}://{host.netloc}"
+        raise HubUnreachable(f"{installed_words(hub_id)}: the Environments Hub ({where}) cannot be reached "
+                             f"({reason}); run `{hub_id.install_line()}` where there is a network (or `prime env "
+                             "install PATH` with its wheel or folder)", where, str(reason)) from None
+
+
+def installed_here(hub_id: HubId) -> str | None:
+    """The version of `hub_id`'s environment installed on this machine ('' when its version is not known), or None
+    when no installed environment answers its id. Reads this machine alone (nothing is imported)."""
+    from prime_lab.envs.loader import BUILTIN, EnvironmentLoadError, resolve
+
+    try:
+        where = resolve(hub_id.id)
+    except EnvironmentLoadError:
+        return None
+    if where.source == BUILTIN:
+        return None
+    found = [r.get("version", "") for r in records().values() if r.get("id") == hub_id.id]
+    if found:
+        return str(found[0])
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(hub_id.package)
+    except (PackageNotFoundError, ValueError):
+        return ""
+
+
+def installed_words(hub_id: HubId) -> str:
+    """`acme/word-count 1.1 is installed here` or `acme/word-count is not installed`: what is true of it here."""
+    have = installed_here(hub_id)
+    if have is None:
+        return f"{hub_id.id} is not installed"
+    return f"{hub_id.id}{' ' + have if have else ''} is installed here"
 
 
 def _http_words(exc: urllib.error.HTTPError, what: str, hub_id: HubId, key: str | None, url: str, api: bool) -> str:
@@ -253,6 +295,24 @@ def versions(hub_id: HubId, key: str | None = None) -> list[dict[str, Any]]:
     if isinstance(data, dict):
         data = data.get("versions", [])
     return [v for v in data if isinstance(v, dict)] if isinstance(data, list) else []
+
+
+def url_requirements(found: Release) -> tuple[str, ...]:
+    """The release's `url_dependencies`, each a PEP 508 requirement with a URL (`name @ https://...`), as pip is to
+    be given them beside its wheel; HubError (one line, nothing installed) for one that is not."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    kept = []
+    for text in found.url_dependencies:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            requirement = None
+        if requirement is None or not requirement.url:
+            raise HubError(f"the Environments Hub names {text!r} among {found.hub_id}'s url_dependencies, which is "
+                           "not a PEP 508 requirement with a URL (name @ URL): nothing installed")
+        kept.append(str(requirement))
+    return tuple(kept)
 
 
 def _quote(part: str) -> str:

@@ -38,7 +38,7 @@ import zipfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -107,6 +107,7 @@ class InstallPlan:
     project: str  # the distribution's name when the target says it (a folder's pyproject, a wheel's file name)
     constraints: Path | None
     build_isolation: bool
+    also: tuple[str, ...] = ()  # requirements pip installs with it (an Environments Hub release's url_dependencies)
 
     def command(self, *held: Path, report: Path | None = None) -> list[str]:
         """pip's command beside prime-lab, through prime-lab's constraints file and `held` (more constraints);
@@ -119,7 +120,7 @@ class InstallPlan:
                 cmd += ["-c", str(path)]
         if not self.build_isolation:
             cmd.append("--no-build-isolation")
-        return [*cmd, *(["-e", str(self.target)] if self.editable else [str(self.target)])]
+        return [*cmd, *(["-e", str(self.target)] if self.editable else [str(self.target)]), *self.also]
 
 
 def _build_requires(pyproject: Path) -> list[str]:
@@ -504,15 +505,17 @@ class BesideInstall:
     conflicts: list[str] = field(default_factory=list)
 
 
-def install_beside(target: Path, say: Callable[[str], None] | None = None) -> BesideInstall:
+def install_beside(target: Path, say: Callable[[str], None] | None = None,
+                   also: tuple[str, ...] = ()) -> BesideInstall:
     """Install `target` beside prime-lab with pip, under the lock of prime-lab's environment: first a dry run with
     every installed distribution held (refused, HeldBack, when the package cannot have them, or would bring a
     console script of prime-lab's); then pip; then each environment the package provides imported as the next
     command will. Whatever fails after pip began is taken back (every distribution pip added or changed); what
-    it added and changed is recorded for `uninstall`. InstallError when pip fails or times out."""
+    it added and changed is recorded for `uninstall`. `also`: requirements installed with it, held and taken back
+    the same way (an Environments Hub release's url_dependencies). InstallError when pip fails or times out."""
     from prime_lab.envs.isolated import remove_record
 
-    how = plan(target)
+    how = replace(plan(target), also=also)
     site = Beside()
     with site.locked():
         before = site.dists()
@@ -759,11 +762,12 @@ def broken_neighbours(env: releases.ReleaseEnv, project: str) -> list[tuple[Any,
     return [(record, _failure_words(c)) for record, c in zip(others, checked, strict=True) if not c.get("ok")]
 
 
-def install_isolated(target: Path, choice: ReleaseChoice, say: Any = None) -> list[Any]:
+def install_isolated(target: Path, choice: ReleaseChoice, say: Any = None, also: tuple[str, ...] = ()) -> list[Any]:
     """Install `target` into the environment of the first of `choice.candidates` it imports under (stepping down
     on an import failure) and record it; the records. Each try runs under that release's lock, holds verifiers at
     the release, and is taken back when the package does not import or another environment recorded there no
-    longer does. Raises InstallError naming every release tried and what failed."""
+    longer does; `also` (requirements installed with it) with it. Raises InstallError naming every release tried and
+    what failed."""
     from prime_lab.envs import isolated
 
     how = plan(target)
@@ -780,7 +784,7 @@ def install_isolated(target: Path, choice: ReleaseChoice, say: Any = None) -> li
                 raise InstallError(str(exc)) from None
             before = env.dists()
             try:
-                done = env.pip("install", *(["-e"] if how.editable else []), str(how.target))
+                done = env.pip("install", *(["-e"] if how.editable else []), str(how.target), *also)
             except releases.ReleaseError as exc:  # pip timed out: what it left is taken back
                 raise InstallError(f"{exc} (taken back: {take_back_in(env, before, how.project)})") from None
             if done.returncode != 0:

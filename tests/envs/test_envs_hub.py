@@ -63,9 +63,12 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[EnvsHub]:
     source archive); this process and `prime` pointed at it, no key, HOME a scratch folder."""
     files = tmp_path / "hub-files"
     state = EnvsHub()
+    helper = wheel(files / "deps", "word-helper", "0.1", {"word_helper.py": "WORDS = 3\n"})
+    state.files[helper.name] = helper
     state.add(HubEnv("acme", "word-count", {
-        v: wheel(files, "word_count", v, {"word_count.py": env_module(f"word count {v}")}, requires=("prime-lab",))
-        for v in ("1.0", "1.1")}, description="Count the words."))
+        v: wheel(files, "word_count", v, {"word_count.py": env_module(f"word count {v}", "import word_helper")},
+                 requires=("prime-lab", "word-helper")) for v in ("1.0", "1.1")}, description="Count the words.",
+        url_dependencies=(f"word-helper @ {{url}}/files/{helper.name}",)))
     state.add(HubEnv("acme", "secret-env", {"0.2": source_archive(files, "secret_env", "0.2")}, private=True))
     home = tmp_path / "home"
     home.mkdir()
@@ -86,22 +89,41 @@ def error_line(proc: object) -> str:
 def test_install_by_id_goes_the_way_a_wheel_goes_and_env_list_names_the_hub_id(
         hub: EnvsHub, lab: Lab) -> None:  # noqa: F811 - the fixture imported above
     """The Hub's latest (1.1) from its index, checked by sha256, installed beside prime-lab by the same safe path
-    as a file; `prime env list` says where it came from and the Hub id loads it."""
+    as a file, with its url_dependencies (`word-helper @ URL`, a wheel the Hub serves, which it imports): both in
+    pip's dry run with every installed distribution held, and recorded as what its install added; `prime env list`
+    says where it came from and the Hub id loads it."""
     assert lab.env["PRIME_API_BASE_URL"] == hub.url  # the layer's environment is this test's
     done = lab.prime("env", "install", "acme/word-count")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["word-count", "word_count"]
     assert "ready: prime eval run acme/word-count" in done.stderr
-    assert lab.installed() == {"word-count": "1.1"}
+    helper = f"{hub.url}/files/word_helper-0.1-py3-none-any.whl"
+    assert f"with its url dependencies: word-helper @ {helper}" in done.stderr
+    assert "pip: installing word-count beside prime-lab (2 distribution(s); every installed one held" in done.stderr
+    assert lab.installed() == {"word-count": "1.1", "word-helper": "0.1"}
+    recorded = json.loads((lab.folder / "prime-lab-installs.json").read_text())
+    assert recorded["word-count"]["added"] == ["word-helper"]  # so `prime env uninstall` takes it too
     asked = [path for _, path, _ in hub.requests]
     assert asked[0] == "/api/v1/environmentshub/acme/word-count/@latest"
     assert "/acme/simple/word-count/" in asked and "/files/word_count-1.1-py3-none-any.whl" in asked
+    assert "/files/word_helper-0.1-py3-none-any.whl" in asked
     listed = json.loads(lab.prime("env", "list", "-o", "json").stdout)
     [row] = [r for r in listed if r["id"] == "word-count"]
     assert row["hub_id"] == "acme/word-count@1.1" and row["version"] == "1.1"
     loads = subprocess.run([str(lab.python), "-c", "from prime_lab.envs.loader import describe; "
                             "print(describe('acme/word-count').module)"], capture_output=True, text=True, env=lab.env)
     assert loads.stdout.strip() == "word_count", loads.stderr
+
+
+def test_a_url_dependency_that_is_no_url_requirement_is_refused_before_anything_is_fetched(
+        hub: EnvsHub, tmp_path: Path) -> None:
+    hub.add(HubEnv("acme", "loose", {"1.0": wheel(tmp_path / "w", "loose", "1.0", {"loose.py": env_module("loose")})},
+                   url_dependencies=("word-helper>=0.1",)))
+    refused = prime("env", "install", "acme/loose")
+    assert error_line(refused) == ("Error: the Environments Hub names 'word-helper>=0.1' among acme/loose's "
+                                   "url_dependencies, which is not a PEP 508 requirement with a URL (name @ URL): "
+                                   "nothing installed")
+    assert [path for _, path, _ in hub.requests] == ["/api/v1/environmentshub/acme/loose/@latest"]
 
 
 def test_a_version_fetches_that_version_and_a_wrong_checksum_installs_nothing(hub: EnvsHub) -> None:
@@ -158,7 +180,7 @@ def test_a_source_archive_that_reaches_outside_its_folder_is_refused(hub: EnvsHu
         assert not (tmp_path / "out").exists()
 
 
-def test_an_unknown_id_or_version_and_an_unreachable_hub_each_say_one_line(hub: EnvsHub) -> None:
+def test_an_unknown_id_or_version_and_an_unreachable_hub_each_say_one_line(hub: EnvsHub, tmp_path: Path) -> None:
     assert error_line(prime("env", "install", "acme/nope")) == (
         f"Error: no environment acme/nope on the Environments Hub ({hub.url}) (Environment acme/nope not found): "
         "check the id")
@@ -175,14 +197,24 @@ def test_an_unknown_id_or_version_and_an_unreachable_hub_each_say_one_line(hub: 
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     env = {**os.environ, "PRIME_API_BASE_URL": f"http://127.0.0.1:{port}"}
-    for args in (("env", "install", "acme/word-count"), ("env", "info", "acme/word-count")):
+    started = time.monotonic()
+    proc = prime("env", "install", "acme/word-count", env=env)
+    assert time.monotonic() - started < 10 and proc.returncode == 1
+    assert error_line(proc) == (f"Error: acme/word-count is not installed: the Environments Hub "
+                                f"(http://127.0.0.1:{port}) cannot be reached ([Errno 111] Connection refused); "
+                                "run `prime env install acme/word-count` where there is a network (or `prime "
+                                "env install PATH` with its wheel or folder)")
+    # `prime env info` offline says what is true here, installed or not, and its command for where there is a network
+    installed = tmp_path / "site"
+    installed.mkdir()
+    (installed / "word_count.py").write_text(env_module("word count here"))
+    for where, state in ((env, "is not installed"), ({**env, "PYTHONPATH": str(installed)}, "is installed here")):
         started = time.monotonic()
-        proc = prime(*args, env=env)
+        proc = prime("env", "info", "acme/word-count", env=where)
         assert time.monotonic() - started < 10 and proc.returncode == 1
-        assert error_line(proc) == (f"Error: acme/word-count is not installed: the Environments Hub "
-                                    f"(http://127.0.0.1:{port}) cannot be reached ([Errno 111] Connection refused); "
-                                    "run `prime env install acme/word-count` where there is a network (or `prime "
-                                    "env install PATH` with its wheel or folder)")
+        assert error_line(proc) == (f"Error: acme/word-count {state}; the Environments Hub (http://127.0.0.1:{port}) "
+                                    "cannot be reached ([Errno 111] Connection refused): run `prime env info "
+                                    "acme/word-count` where there is a network")
 
 
 def test_a_config_whose_environment_is_not_installed_is_refused_with_the_install_line(tmp_path: Path) -> None:
@@ -227,7 +259,7 @@ def test_install_on_rl_run_installs_what_the_config_names_then_checks_it_as_befo
     proc = lab.prime("rl", "run", f"@{path}", "--install")
     assert proc.returncode == 1 and proc.stdout == "", proc.stderr
     assert "acme/word-count is not installed: installing it from the Environments Hub (--install)" in proc.stderr
-    assert lab.installed() == {"word-count": "1.1"}
+    assert lab.installed() == {"word-count": "1.1", "word-helper": "0.1"}
     assert error_line(proc) == ("Error: environment 'acme/word-count' does not take argument(s) max_words; its "
                                 "arguments are: size=2")
     assert lab.prime("rl", "list", "-o", "json").stdout.strip() == "[]"

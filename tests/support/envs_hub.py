@@ -7,7 +7,8 @@ a PEP 503 package index per owner, and the files, served by the standard library
   `detail` for an unknown id or version.
 - `GET /api/v1/environmentshub/{owner}/{name}/versions`: `{"data": [{"version", "created_at", "sha256", "size"}]}`.
 - `GET /{owner}/simple/{package}/`: anchors to each file, `#sha256=...`.
-- `GET /files/{name}`: a wheel or an archive (the key needed for a private environment's).
+- `GET /files/{name}`: a wheel or an archive (the key needed for a private environment's), or one of `files` (what
+  a release's `url_dependencies` name).
 
 Every request is kept (`requests`: method, path, the Authorization header) so a test can say what was asked.
 """
@@ -32,6 +33,7 @@ class HubEnv:
     files: dict[str, Path]  # version -> the wheel or the source archive of that version
     private: bool = False
     description: str = ""
+    url_dependencies: tuple[str, ...] = ()  # PEP 508 `name @ URL`; `{url}` stands for the server's URL
 
     @property
     def package(self) -> str:
@@ -51,6 +53,7 @@ class EnvsHub:
     envs: dict[tuple[str, str], HubEnv] = field(default_factory=dict)
     requests: list[tuple[str, str, str]] = field(default_factory=list)
     url: str = ""
+    files: dict[str, Path] = field(default_factory=dict)  # more files served at /files/{name} (a url dependency's)
 
     def add(self, env: HubEnv) -> HubEnv:
         self.envs[(env.owner, env.name)] = env
@@ -81,7 +84,7 @@ class EnvsHub:
             return _json(200, {"data": {
                 "id": f"{env.owner}-{env.name}-{version}", "visibility": "PRIVATE" if env.private else "PUBLIC",
                 "semantic_version": version, "simple_index_url": f"{self.url}/{env.owner}/simple/" if wheel else None,
-                "wheel_url": None, "url_dependencies": [],
+                "wheel_url": None, "url_dependencies": [d.replace("{url}", self.url) for d in env.url_dependencies],
                 "package_url": f"{self.url}/files/{archive.name}" if not wheel else None,
                 "metadata": {"description": env.description}}})
         if len(parts) == 3 and parts[1] == "simple":
@@ -91,6 +94,8 @@ class EnvsHub:
             links = "".join(f'<a href="../../../files/{p.name}#sha256={_sha(p)}">{p.name}</a>\n'
                             for p in found[0].files.values())
             return 200, "text/html", f"<!DOCTYPE html><html><body>\n{links}</body></html>\n".encode()
+        if len(parts) == 2 and parts[0] == "files" and parts[1] in self.files:
+            return 200, "application/octet-stream", self.files[parts[1]].read_bytes()
         if len(parts) == 2 and parts[0] == "files":
             for env in self.envs.values():
                 for file in env.files.values():

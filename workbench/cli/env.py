@@ -140,23 +140,24 @@ def install(
         fail(str(exc))
 
 
-def install_path(path: Path, verifiers: str | None, isolate: bool, hub_id: str = "") -> None:
+def install_path(path: Path, verifiers: str | None, isolate: bool, hub_id: str = "",
+                 also: tuple[str, ...] = ()) -> None:
     """Install a folder, wheel or sdist beside prime-lab, or at its release (`prime env install`'s path); `hub_id`:
-    the id the ready line names."""
+    the id the ready line names; `also`: requirements pip installs with it (a Hub release's url_dependencies)."""
     from prime_lab.envs.install import HeldBack, choose_release, own_release_for
 
     choice = choose_release(path, verifiers, isolate)
     if choice.release is None:
         try:
-            install_beside(path, choice.reason, hub_id)
+            install_beside(path, choice.reason, hub_id, also)
             return
         except HeldBack as held:
             choice = own_release_for(path, verifiers, held)
             err(f"not beside prime-lab: {held.words()}; into verifiers {choice.release}'s own environment "
                 f"instead ({choice.reason})")
-            install_at_release(path, choice, said=True, hub_id=hub_id)
+            install_at_release(path, choice, said=True, hub_id=hub_id, also=also)
             return
-    install_at_release(path, choice, hub_id=hub_id)
+    install_at_release(path, choice, hub_id=hub_id, also=also)
 
 
 def install_from_hub(text: str, verifiers: str | None = None, isolate: bool = False) -> None:
@@ -172,9 +173,12 @@ def install_from_hub(text: str, verifiers: str | None = None, isolate: bool = Fa
     key = envs_hub.api_key()
     found = envs_hub.release(hub_id, key)
     err(f"{hub_id.id} {found.version or hub_id.version} ({found.visibility.lower()}) from {envs_hub.base_url()}")
+    also = envs_hub.url_requirements(found)  # checked before anything is fetched
     wheel = envs_hub.fetch(found, key, say=err)
+    if also:
+        err(f"with its url dependencies: {', '.join(also)}")
     with envs_hub.extra_index(found):  # what it needs from its owner's index too
-        install_path(wheel, verifiers, isolate, hub_id=hub_id.id)
+        install_path(wheel, verifiers, isolate, hub_id=hub_id.id, also=also)
     name, version, _, _ = parse_wheel_filename(wheel.name)
     envs_hub.remember(name, found, str(version))
 
@@ -217,12 +221,12 @@ def _ready(env_id: str, hub_id: str) -> None:
     err(f"ready: prime eval run {hub_id or env_id}")
 
 
-def install_beside(target: Path, reason: str, hub_id: str = "") -> None:
+def install_beside(target: Path, reason: str, hub_id: str = "", also: tuple[str, ...] = ()) -> None:
     """`prime env install` beside prime-lab (install.install_beside: taken back when an environment does not
     import); prints each id it provides."""
     from prime_lab.envs import install
 
-    done = install.install_beside(target, say=err)
+    done = install.install_beside(target, say=err, also=also)
     how = done.plan
     err(f"installed {how.project or how.target} ({'editable' if how.editable else 'from a file'}"
         + (f", constraints {how.constraints}" if how.constraints else "") + ")")
@@ -232,7 +236,8 @@ def install_beside(target: Path, reason: str, hub_id: str = "") -> None:
         _ready(str(env["id"]), hub_id)
 
 
-def install_at_release(target: Path, choice: ReleaseChoice, said: bool = False, hub_id: str = "") -> None:
+def install_at_release(target: Path, choice: ReleaseChoice, said: bool = False, hub_id: str = "",
+                       also: tuple[str, ...] = ()) -> None:
     """`prime env install` into the environment of `choice`'s release (`said`: its reason is printed already)."""
     from prime_lab.envs.install import install_isolated
 
@@ -240,7 +245,7 @@ def install_at_release(target: Path, choice: ReleaseChoice, said: bool = False, 
         err(f"ruled out by what it imports: verifiers {ruled}")
     if not said:
         err(f"verifiers {choice.release}: {choice.reason}")
-    records = install_isolated(target, choice, say=err)
+    records = install_isolated(target, choice, say=err, also=also)
     for record in records:
         err(f"installed {record.distribution} {record.version} into verifiers {record.release}'s own "
             f"environment ({record.python})")
@@ -263,6 +268,9 @@ def info(
         key = envs_hub.api_key()
         found = envs_hub.release(hub_id, key)
         listed = envs_hub.versions(hub_id, key)
+    except envs_hub.HubUnreachable as exc:  # what is true here, and the command for where there is a network
+        fail(f"{envs_hub.installed_words(hub_id)}; the Environments Hub ({exc.where}) cannot be reached "
+             f"({exc.reason}): run `prime env info {hub_id.id}` where there is a network")
     except envs_hub.HubError as exc:
         fail(str(exc))
     line = envs_hub.HubId(hub_id.owner, hub_id.name).install_line()
