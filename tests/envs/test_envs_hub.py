@@ -218,8 +218,9 @@ def test_an_unknown_id_or_version_and_an_unreachable_hub_each_say_one_line(hub: 
 
 
 def test_a_config_whose_environment_is_not_installed_is_refused_with_the_install_line(tmp_path: Path) -> None:
-    """Before a run is registered (`prime rl run`, `prime eval run`), and in `prime lab doctor`; with --install, what
-    the Hub says ends the command before a run is registered too (here: a Hub that does not have it)."""
+    """Before a run is registered (`prime rl run`, `prime eval run`), and in `prime lab doctor`; with --install (`prime
+    rl run`, `prime gepa run`), what the Hub says ends the command before a run is registered too (here: a Hub that
+    does not have it)."""
     with serve(EnvsHub()) as hub:
         refused_with_the_install_line(tmp_path, hub)
 
@@ -242,6 +243,12 @@ def refused_with_the_install_line(tmp_path: Path, hub: EnvsHub) -> None:
     assert error_line(asked) == (f"Error: no environment acme/word-count on the Environments Hub ({hub.url}) "
                                  "(Environment acme/word-count not found): check the id")
     assert prime("rl", "list", "-o", "json").stdout.strip() == "[]"
+    gepa = prime("gepa", "run", "acme/word-count", "--install", cwd=tmp_path,
+                 env={**os.environ, "PRIME_API_BASE_URL": hub.url})
+    assert gepa.returncode == 1 and gepa.stdout == "", gepa.stderr
+    assert "acme/word-count is not installed: installing it from the Environments Hub (--install)" in gepa.stderr
+    assert error_line(gepa) == error_line(asked)
+    assert prime("gepa", "list", "-o", "json").stdout.strip() == "[]"
     doctor = prime("lab", "doctor", "--plain", cwd=tmp_path)
     assert doctor.returncode == 1
     assert any(row.startswith("FAIL  configs/rl/hub.toml:") and "env[0].id: no environment 'acme/word-count'" in row
