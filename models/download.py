@@ -4,10 +4,14 @@
 revision names (default `main`) and its files, and downloads, with huggingface_hub's `snapshot_download` at that
 commit, what a model folder needs: the top-level `*.safetensors` weights and the config, tokenizer and chat-template
 files (`*.json`, `*.txt`, `*.model`, `*.tiktoken`, `*.jinja`); `*.bin`, `*.pt`, `*.pth` or `*.gguf` weights only
-when the model has no safetensors. Files already in the cache are not fetched again, so a download cut short (Ctrl-C,
-a dropped connection) goes on where the finished files end; a file cut mid-way is fetched again by huggingface_hub
-(2.4.0 resumes a dropped connection with a Range request within the call, and drops the partial file if the call
-ends). Progress: huggingface_hub's bars on a terminal; otherwise a plain line every `REPORT_SECONDS`.
+when the model has no safetensors. The weights come first, each through a partial file of our own in the cache
+(`blobs/<etag>.incomplete`, written with huggingface_hub's `http_get`) that outlives the process: a download cut
+short (Ctrl-C, a kill, a dropped connection) goes on from the partial file's end with a Range request when the same
+command runs again (huggingface_hub 2.4.0 writes to a file named for its call and deletes it when the call ends, so
+it resumes nothing across calls). A file the Hub serves through Xet, with hf_xet installed, is left to
+huggingface_hub (Xet's own transfer; a cut one starts over). `snapshot_download` then finds the weights in the cache
+and fetches the small files. Progress: huggingface_hub's bars on a terminal; otherwise a plain line every
+`REPORT_SECONDS`.
 
 Every failure is a `DownloadError` with one line (`obtain_model` makes it a `ModelNotFoundError`): a gated or
 private model (401/403) names the page to accept and `HF_TOKEN`; a missing one (404) says so, with the closest names
@@ -18,13 +22,16 @@ from __future__ import annotations
 
 import difflib
 import os
+import queue
 import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
+from urllib.parse import urlsplit
 
 from prime_lab.runs.display import size as format_bytes
 from prime_lab.runs.hub_probe import hub_endpoint
@@ -34,6 +41,7 @@ WEIGHTS = (".safetensors",)
 OTHER_WEIGHTS = (".bin", ".pt", ".pth", ".gguf")
 SMALL_FILES = (".json", ".txt", ".model", ".tiktoken", ".jinja")
 REPORT_SECONDS = 5.0
+WORKERS = 8  # weight files at once, as snapshot_download fetches files
 TOKEN_HINT = "HF_TOKEN (export HF_TOKEN=hf_..., or `prime secret create -n HF_TOKEN`)"
 
 
@@ -136,15 +144,124 @@ def download_model(repo_id: str, revision: str | None = None, *, token: str | No
         stream.write(f"downloading {repo_id} at {info.sha[:12]} from {url}: {len(chosen)} files, "
                      f"{format_bytes(total)}, into {cache}\n")
         stream.flush()
+        bars = None if terminal else _silent()
         with _PlainLines(repo_id, cache, total, stream, enabled=not terminal):
+            weights = [name for name in chosen if name.endswith(WEIGHTS + OTHER_WEIGHTS)]
+            fetch_blobs(repo_id, info.sha, weights, token=token, endpoint=url, cache=cache, tqdm_class=bars)
             folder = snapshot_download(repo_id, revision=info.sha, allow_patterns=chosen, token=token,
-                                       endpoint=url, cache_dir=cache, tqdm_class=None if terminal else _silent())
+                                       endpoint=url, cache_dir=cache, tqdm_class=bars)
         _write_ref(cache, repo_id, revision or "main", info.sha)
     except DownloadError:
         raise
     except Exception as exc:  # huggingface_hub's and httpx's errors, read by name (no import of either here)
         raise DownloadError(failure_line(exc, repo_id, revision, url, cache)) from exc
     return Path(folder)
+
+
+@dataclass
+class _Blob:
+    name: str
+    url: str
+    headers: dict[str, str]
+    path: Path  # blobs/<etag>, as huggingface_hub names it
+    size: int | None
+
+
+def fetch_blobs(repo_id: str, commit: str, names: Sequence[str], *, token: str | None, endpoint: str, cache: Path,
+                tqdm_class: Any = None) -> None:
+    """Files `names` of model `repo_id` at `commit` into the cache's blobs folder, where `snapshot_download` then
+    finds them, each through `blobs/<etag>.incomplete`, which is kept when the transfer stops (an exception, Ctrl-C,
+    a kill) and resumed from its end by the next call. Up to WORKERS files at once; on Ctrl-C (KeyboardInterrupt in
+    the calling thread) the transfers stop at their next chunk and the partial files stay."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import is_xet_available
+    from huggingface_hub.utils import build_hf_headers
+
+    storage = cache / f"models--{repo_id.replace('/', '--')}"
+    blobs: list[_Blob] = []
+    for name in names:
+        url = hf_hub_url(repo_id, name, revision=commit, endpoint=endpoint)
+        meta = get_hf_file_metadata(url, token=token, endpoint=endpoint, retry_on_errors=True)
+        if meta.etag is None or (meta.xet_file_data is not None and is_xet_available()):
+            continue  # huggingface_hub's own path (it names the missing ETag, or transfers through Xet)
+        headers = build_hf_headers(token=token)
+        if urlsplit(meta.location).netloc != urlsplit(url).netloc:
+            headers.pop("authorization", None)  # a signed CDN address, as huggingface_hub does
+        blob = _Blob(name, meta.location, headers, storage / "blobs" / meta.etag, meta.size)
+        if not blob.path.exists():
+            blobs.append(blob)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    pending: queue.SimpleQueue[_Blob] = queue.SimpleQueue()
+    for blob in blobs:
+        pending.put(blob)
+
+    def work() -> None:
+        while not errors and not stop.is_set():
+            try:
+                blob = pending.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                _fetch_blob(blob, storage, stop, tqdm_class)
+            except BaseException as exc:  # handed to the calling thread
+                errors.append(exc)
+
+    threads = [threading.Thread(target=work, name="download-blob", daemon=True)
+               for _ in range(min(WORKERS, len(blobs)))]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        stop.set()  # daemon threads: the process may end before they notice
+        raise
+    if errors and not isinstance(errors[0], _Stopped):
+        raise errors[0]
+
+
+class _Stopped(Exception):
+    """A transfer stopped because the calling thread was interrupted."""
+
+
+class _StoppableFile:
+    """The partial file as `http_get` writes it; a write after `stop` is set raises `_Stopped`."""
+
+    def __init__(self, file: BinaryIO, stop: threading.Event) -> None:
+        self.file, self.stop = file, stop
+
+    def write(self, data: bytes) -> int:
+        if self.stop.is_set():
+            raise _Stopped
+        return self.file.write(data)
+
+    def __getattr__(self, name: str) -> Any:  # tell, seek, truncate
+        return getattr(self.file, name)
+
+
+def _fetch_blob(blob: _Blob, storage: Path, stop: threading.Event, tqdm_class: Any) -> None:
+    """`blob` through `blobs/<etag>.incomplete`, appended from its end (huggingface_hub's `http_get` asks for the rest
+    with a Range header, and starts over if the server answers 200), renamed to `blobs/<etag>` when whole. The
+    lock is the one huggingface_hub takes for the same blob, so two commands never append to one file."""
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import WeakFileLock
+
+    lock = storage.parent / ".locks" / storage.name / f"{blob.path.name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    blob.path.parent.mkdir(parents=True, exist_ok=True)
+    partial = blob.path.with_name(blob.path.name + ".incomplete")
+    with WeakFileLock(lock):
+        if blob.path.exists():
+            return
+        with partial.open("ab") as file:
+            if blob.size is not None and file.tell() > blob.size:  # not a prefix of this blob: start over
+                file.seek(0)
+                file.truncate()
+            http_get(blob.url, _StoppableFile(file, stop), resume_size=file.tell(),  # type: ignore[arg-type]
+                     headers=blob.headers, expected_size=blob.size, displayed_filename=blob.name,
+                     tqdm_class=tqdm_class)
+        os.replace(partial, blob.path)
 
 
 def _write_ref(cache: Path, repo_id: str, revision: str, commit: str) -> None:
@@ -181,7 +298,7 @@ def failure_line(exc: BaseException, repo_id: str, revision: str | None, endpoin
         return f"the Hugging Face Hub answered {status} for model {repo_id!r} ({page}); try again later"
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return (f"the download of model {repo_id!r} from {endpoint} stopped ({type(exc).__name__}: {reason}); run the "
-            "same command again to go on (the files already downloaded are kept)")
+            "same command again to go on from where it stopped (what was downloaded is kept)")
 
 
 def _silent() -> Any:

@@ -1,11 +1,15 @@
 """A Hugging Face model id that is not on the machine is downloaded from the Hub (a loopback one the test starts),
 once, safetensors and the config and tokenizer files only; afterwards it resolves offline. A gated model, a missing
-one, a dropped connection and no network each end in one line (or, for the drop, a finished download)."""
+one, a dropped connection and no network each end in one line (or, for the drop, a finished download); Ctrl-C keeps
+the file cut mid-way, and the next command resumes it."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import signal
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +18,7 @@ import pytest
 
 from prime_lab.models import ModelNotFoundError, resolve_model
 from prime_lab.models.resolve import local_model_folder, obtain_model
+from tests.support.cli import PRIME
 from tests.support.hf_hub import HubRepo, LoopbackHub, files_of, loopback_hub
 
 MIB = 1024 * 1024
@@ -27,7 +32,9 @@ def hub(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     repos = [HubRepo("acme/tiny-chat", files, revisions=("main", "v1")),
              HubRepo("acme/gated-chat", files_of(tiny_model_dir), token="hf_letmein"),
              HubRepo("acme/dropped-chat", {**files_of(tiny_model_dir), "model.safetensors": BIG_WEIGHTS},
-                     drop_after={"model.safetensors": 12 * MIB})]
+                     drop_after={"model.safetensors": 12 * MIB}),
+             HubRepo("acme/stalled-chat", {**files_of(tiny_model_dir), "model.safetensors": BIG_WEIGHTS},
+                     stall_after={"model.safetensors": 12 * MIB})]
     for name in ("HF_HUB_OFFLINE", "HF_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
@@ -92,6 +99,36 @@ def test_a_dropped_connection_resumes_where_it_stopped(hub: LoopbackHub) -> None
     assert (folder / "model.safetensors").read_bytes() == BIG_WEIGHTS
     gets = hub.file_gets("model.safetensors")
     assert [g.range for g in gets] == [None, f"bytes={10 * MIB}-"], gets  # from the last whole chunk it wrote
+
+
+def test_ctrl_c_keeps_the_file_cut_midway_and_the_same_command_resumes_it(hub: LoopbackHub, tmp_path: Path) -> None:
+    # a real `prime serve` downloading the weights, which the Hub stops sending after 12 MiB; Ctrl-C when 10 MiB
+    # (huggingface_hub writes 10 MiB at a time) are on disk
+    partial = (tmp_path / "hf-cache" / "models--acme--stalled-chat" / "blobs" /
+               f"{hashlib.sha256(BIG_WEIGHTS).hexdigest()}.incomplete")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    serve = subprocess.Popen([PRIME, "serve", "acme/stalled-chat", "--port", port], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (partial.exists() and partial.stat().st_size >= 10 * MIB):
+            assert serve.poll() is None and time.monotonic() < deadline, serve.communicate()
+            time.sleep(0.05)
+        interrupted = time.monotonic()
+        serve.send_signal(signal.SIGINT)
+        out, err = serve.communicate(timeout=30)
+    finally:
+        serve.kill()
+    assert time.monotonic() - interrupted < 5  # at once, not when the stalled transfer gives up
+    assert serve.returncode == 130 and out == "" and "Traceback" not in err, err
+    assert err.splitlines()[-1] == ("Error: the download of acme/stalled-chat was interrupted; run the same command "
+                                    "again to go on from where it stopped (what was downloaded is kept)"), err
+    assert partial.stat().st_size == 10 * MIB
+    folder = obtain_model("acme/stalled-chat", out=io.StringIO())  # the next command
+    assert (folder / "model.safetensors").read_bytes() == BIG_WEIGHTS and not partial.exists()
+    assert [g.range for g in hub.file_gets("model.safetensors") if "stalled" in g.path] == [None, f"bytes={10 * MIB}-"]
 
 
 def test_no_network_is_one_line_within_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

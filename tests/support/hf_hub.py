@@ -11,8 +11,11 @@
   `EntryNotFound` (404), `GatedRepo` (401 without the repo's token);
 - anything else (`HEAD /`, `/api/agent-harnesses`): 404 without an error code, an answer all the same.
 
-`HubRepo.drop_after` cuts the connection after that many bytes of a file's first GET (a dropped download); every
-request is kept in `LoopbackHub.requests` (method, path, Range header) for tests to read.
+A file's content is bytes, or a `Path` served from disk with `sendfile` (a benchmark's large weights; its hashes are
+read once, when the repo is made). `HubRepo.drop_after` cuts the connection after that many bytes of a file's first
+GET (a dropped download); `HubRepo.stall_after` sends that many bytes of its first GET and then nothing until the Hub
+shuts down (a download to interrupt mid-file). Every request is kept in `LoopbackHub.requests` (method, path, Range
+header) for tests to read.
 
     with loopback_hub([HubRepo("acme/tiny", files_of(folder))]) as hub:
         env["HF_ENDPOINT"] = hub.url
@@ -24,7 +27,7 @@ import hashlib
 import json
 import re
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,19 +39,49 @@ from urllib.parse import unquote, urlsplit
 @dataclass
 class HubRepo:
     repo_id: str
-    files: dict[str, bytes]
+    files: Mapping[str, bytes | Path]
     sha: str = ""
     kind: str = "model"  # or "dataset"
     revisions: tuple[str, ...] = ("main",)  # the names that resolve to `sha` (besides the sha itself)
     token: str | None = None  # a gated repo: its files need `Authorization: Bearer <token>`
     drop_after: dict[str, int] = field(default_factory=dict)  # path -> bytes sent before the first GET is cut
+    stall_after: dict[str, int] = field(default_factory=dict)  # path -> bytes sent before the first GET waits
+    hashes: dict[str, tuple[int, str, str]] = field(default_factory=dict, init=False)  # size, sha1, sha256
 
     def __post_init__(self) -> None:
+        for name, content in self.files.items():
+            sha1, sha256 = hashlib.sha1(), hashlib.sha256()
+            for chunk in _chunks(content):
+                sha1.update(chunk)
+                sha256.update(chunk)
+            self.hashes[name] = (_size(content), sha1.hexdigest(), sha256.hexdigest())
         if not self.sha:
             digest = hashlib.sha1(self.repo_id.encode())
             for name in sorted(self.files):
-                digest.update(name.encode() + hashlib.sha1(self.files[name]).digest())
+                digest.update(name.encode() + bytes.fromhex(self.hashes[name][1]))
             self.sha = digest.hexdigest()
+
+
+def _size(content: bytes | Path) -> int:
+    return content.stat().st_size if isinstance(content, Path) else len(content)
+
+
+def _chunks(content: bytes | Path, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+    """The bytes [start, end) of a file's content, in pieces of at most 8 MiB."""
+    end = _size(content) if end is None else end
+    if isinstance(content, bytes):
+        view = memoryview(content)
+        for at in range(start, end, 8 << 20):
+            yield bytes(view[at:min(at + (8 << 20), end)])
+        return
+    with content.open("rb") as file:
+        file.seek(start)
+        while start < end:
+            chunk = file.read(min(8 << 20, end - start))
+            if not chunk:
+                return
+            start += len(chunk)
+            yield chunk
 
 
 def files_of(folder: Path) -> dict[str, bytes]:
@@ -69,6 +102,7 @@ class LoopbackHub:
         self.repos = {(r.kind, r.repo_id): r for r in repos}
         self.requests: list[Request] = []
         self.lock = threading.Lock()
+        self.closing = threading.Event()  # set at shutdown: a stalled answer ends
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -150,28 +184,37 @@ def _handler(hub: LoopbackHub) -> type[BaseHTTPRequestHandler]:
             return repo
 
         def _file(self, repo: HubRepo, name: str, body: bool) -> None:
-            data = repo.files[name]
+            content = repo.files[name]
+            size, _, sha256 = repo.hashes[name]
             start = 0
             match = re.match(r"bytes=(\d+)-", self.headers.get("Range") or "")
             if match and body:
                 start = int(match.group(1))
             self.send_response(206 if start else 200)
             self.send_header("X-Repo-Commit", repo.sha)
-            self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
-            self.send_header("X-Linked-Size", str(len(data)))
-            self.send_header("Content-Length", str(len(data) - start))
+            self.send_header("ETag", f'"{sha256}"')
+            self.send_header("X-Linked-Size", str(size))
+            self.send_header("Content-Length", str(size - start))
             if start:
-                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
             self.end_headers()
             if not body:
                 return
             cut = repo.drop_after.pop(name, None) if not start else None
-            if cut is not None:  # a dropped connection: part of the body, then nothing
-                self.wfile.write(data[:cut])
+            stall = repo.stall_after.pop(name, None) if not start else None
+            if cut is not None or stall is not None:  # part of the body, then nothing (at once, or at shutdown)
+                for chunk in _chunks(content, 0, cut if cut is not None else stall):
+                    self.wfile.write(chunk)
                 self.wfile.flush()
+                if stall is not None:
+                    hub.closing.wait()
                 self.close_connection = True
                 return
-            self.wfile.write(data[start:])
+            if isinstance(content, Path):
+                with content.open("rb") as file:
+                    self.connection.sendfile(file, offset=start)
+                return
+            self.wfile.write(memoryview(content)[start:])
 
         def _json(self, value: Any) -> None:
             data = json.dumps(value).encode()
@@ -200,8 +243,8 @@ def _handler(hub: LoopbackHub) -> type[BaseHTTPRequestHandler]:
 def _entries(repo: HubRepo) -> dict[str, dict[str, Any]]:
     """The repo's files and the folders that hold them, by path, as the tree endpoint describes each."""
     entries: dict[str, dict[str, Any]] = {}
-    for name, data in repo.files.items():
-        entries[name] = {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+    for name in repo.files:
+        entries[name] = {"type": "file", "path": name, "size": repo.hashes[name][0], "oid": repo.hashes[name][1]}
         parts = name.split("/")[:-1]
         for depth in range(1, len(parts) + 1):
             folder = "/".join(parts[:depth])
@@ -218,5 +261,6 @@ def loopback_hub(repos: Iterable[HubRepo]) -> Iterator[LoopbackHub]:
     try:
         yield hub
     finally:
+        hub.closing.set()
         hub.server.shutdown()
         hub.server.server_close()

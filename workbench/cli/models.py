@@ -70,7 +70,8 @@ def _cached_rows() -> list[dict[str, Any]]:
 def obtain(spec: str, field: str = "model") -> Path:
     """The folder of model `spec`, built or downloaded here first if it is not on this machine (models/resolve.py
     `obtain_model`, once per command; progress on stderr, which stdout's run id never shares); one line and exit 1
-    when it cannot be had, 130 on Ctrl-C (the files already downloaded are kept for the next try)."""
+    when it cannot be had, 130 on Ctrl-C (what was downloaded, a file cut mid-way included, is kept: the same command
+    goes on from there)."""
     from prime_lab.models import ModelNotFoundError
     from prime_lab.models.resolve import obtain_model
 
@@ -79,8 +80,8 @@ def obtain(spec: str, field: str = "model") -> Path:
     except ModelNotFoundError as exc:
         fail(f"{field}: {exc}" if field != "model" else str(exc))
     except KeyboardInterrupt:
-        fail(f"the download of {spec} was interrupted; run the same command again to go on (the files already "
-             "downloaded are kept)", code=130)
+        fail(f"the download of {spec} was interrupted; run the same command again to go on from where it stopped "
+             "(what was downloaded is kept)", code=130)
 
 
 def hf_token() -> str | None:
