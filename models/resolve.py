@@ -202,11 +202,15 @@ def _download(spec: str, *, token: str | None, out: TextIO | None,
         raise ModelNotFoundError(str(exc)) from None
 
 
+def hf_download_command(spec: str) -> str:
+    """`hf download owner/name [--revision REV]`: what gets Hugging Face id `spec` into the cache by hand."""
+    repo_id, revision = spec.partition("@")[::2]
+    return f"hf download {repo_id}" + (f" --revision {revision}" if revision else "")
+
+
 def offline_message(spec: str, why: str) -> str:
     """One line for a Hugging Face id that is neither on this machine nor downloadable now."""
-    repo_id, revision = spec.partition("@")[::2]
-    pinned = f" --revision {revision}" if revision else ""
-    return (f"model {spec!r} is not on this machine and {why}: run `hf download {repo_id}{pinned}` where the Hub is "
+    return (f"model {spec!r} is not on this machine and {why}: run `{hf_download_command(spec)}` where the Hub is "
             "reachable and copy the Hugging Face cache here, or run this command again with a network")
 
 

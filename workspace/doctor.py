@@ -1,11 +1,13 @@
-"""`prime lab doctor`: a workspace checked offline, the same way every time, each problem where it is (file:line).
+"""`prime lab doctor`: a workspace checked the same way every time, each problem where it is (file:line); nothing goes
+to the network but one probe of the Hugging Face Hub, and that only when a config names a model that is not here.
 
 Checks: the folders `prime lab setup` makes; the .gitignore keeps secrets and run outputs out of git; every config
 under `configs/` validates (with the validator of its kind, handed in by the caller: lab sits below the trainer and
-GEPA); every environment id a config names resolves, and every model preset it names is on this machine or can be
-built; every environment package under `environments/` imports (in a child interpreter: its import errors, and
-whatever it imports, stay out of this process). `fix_workspace` repairs what is safe to repair: folders and the
-.gitignore.
+GEPA); every environment id a config names resolves, every model preset it names is on this machine or can be built,
+and every Hugging Face id it serves here is on this machine or named with the command that gets it (offline: one
+probe of the Hub, runs/hub_probe.py, about a second, and nothing touched); every environment package under
+`environments/` imports (in a child interpreter: its import errors, and whatever it imports, stay out of this
+process). `fix_workspace` repairs what is safe to repair: folders and the .gitignore.
 """
 
 from __future__ import annotations
@@ -147,7 +149,8 @@ def _config(folder: Path, path: Path, validate: ConfigValidator) -> list[Finding
         for p in result.problems]
     if result.data is not None:
         locator = KeyLocator(path.read_text(encoding="utf-8-sig"))
-        findings += _environment_ids(folder, rel, result.data, locator) + _models(rel, result.data, locator)
+        findings += _environment_ids(folder, rel, result.data, locator) + _models(folder, rel, kind, result.data,
+                                                                                   locator)
     if not any(f.status == "fail" for f in findings):
         findings.insert(0, Finding("config", "ok", f"valid ({kind})", file=rel))
     return findings
@@ -185,19 +188,60 @@ def _environment_ids(folder: Path, rel: str, data: dict[str, Any], locator: KeyL
     return findings
 
 
-def _models(rel: str, data: dict[str, Any], locator: KeyLocator) -> list[Finding]:
-    """A model preset whose source is not installed cannot run (other names are checked when a run starts)."""
-    model = data.get("model")
-    path: KeyPath = ("model",)
+def model_references(kind: str, data: dict[str, Any]) -> list[tuple[KeyPath, str]]:
+    """(key path, name) of every model a config of `kind` has served on this machine: `model` (an SFT config's
+    [model] name), a [teacher] model without its own endpoint, GEPA's reflection model; none reached through a
+    `base_url` (the endpoint serves it)."""
+    refs: list[tuple[KeyPath, str]] = []
+    named = "model" if "model" in data else "model_name"
+    path: KeyPath = (named,)
+    model = data.get(named)
     if isinstance(model, dict):
         model, path = model.get("name"), ("model", "name")
+    remote = bool(data.get("base_url"))
+    if isinstance(model, str) and not remote:
+        refs.append((path, model))
+    teacher = data.get("teacher")
+    client = teacher.get("client") if isinstance(teacher, dict) else None
+    if isinstance(teacher, dict) and isinstance(teacher.get("model"), str) and not (
+            isinstance(client, dict) and client.get("base_url")):
+        refs.append((("teacher", "model"), teacher["model"]))
+    reflection = data.get("reflection_model")
+    if kind == "gepa" and isinstance(reflection, str) and reflection != model and not (
+            remote or data.get("reflection_base_url")):
+        refs.append((("reflection_model",), reflection))
+    return refs
+
+
+def _models(folder: Path, rel: str, kind: str, data: dict[str, Any], locator: KeyLocator) -> list[Finding]:
+    """A model preset whose source is not installed cannot run; a Hugging Face id not on this machine is named with
+    the command that gets it (online, the run's own command downloads it; offline, one probe of the Hub, about a
+    second, says so and nothing is touched). Other names are checked when a run starts."""
+    from prime_lab.models.download import is_hub_id
+    from prime_lab.models.resolve import hf_download_command, local_model_folder
+
     findings = []
-    for key, name in ((path, model), (("teacher", "model"), (data.get("teacher") or {}).get("model")
-                                      if isinstance(data.get("teacher"), dict) else None)):
-        preset = PRESETS.get(name) if isinstance(name, str) else None
-        if preset is not None and preset.availability() is Availability.MISSING:
-            findings.append(Finding("model", "fail", f"model {name} is not on this machine and cannot be built: "
-                                    f"{preset.missing_hint}", file=rel, line=locator.line_of(key), key=dotted(key)))
+    for key, name in model_references(kind, data):
+        line, where = locator.line_of(key), dotted(key)
+        preset = PRESETS.get(name)
+        if preset is not None:
+            if preset.availability() is Availability.MISSING:
+                findings.append(Finding("model", "fail", f"model {name} is not on this machine and cannot be "
+                                        f"built: {preset.missing_hint}", rel, line, where))
+            continue
+        if not is_hub_id(name) or (folder / name).exists() or local_model_folder(name) is not None:
+            continue
+        from prime_lab.runs.hub_probe import offline_reason
+
+        command, by_hand = f"prime {kind} run @{rel}", hf_download_command(name)
+        why = offline_reason()
+        if why is None:
+            findings.append(Finding("model", "warn", f"model {name} is not on this machine: `{command}` downloads it "
+                                    f"from the Hugging Face Hub before the run starts (or `{by_hand}` now)", rel,
+                                    line, where))
+        else:
+            findings.append(Finding("model", "fail", f"model {name} is not on this machine and {why}: `{command}` "
+                                    f"(or `{by_hand}`) gets it where there is a network", rel, line, where))
     return findings
 
 

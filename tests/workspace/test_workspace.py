@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from prime_lab.envs import load_environment
+from prime_lab.runs.hub_probe import probed_reason
 from prime_lab.runs.paths import runs_dir
 from prime_lab.workbench.cli.lab import validate_config
 from prime_lab.workspace.doctor import Finding, check_workspace, env_references, failed, fix_workspace
@@ -23,6 +26,7 @@ from prime_lab.workspace.layout import (
     setup_workspace,
 )
 from prime_lab.workspace.machine import survey
+from tests.support.hf_hub import loopback_hub
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "workspace" / "templates"
@@ -174,6 +178,58 @@ def test_doctor_reports_each_problem_where_it_is(tmp_path: Path) -> None:
     assert gitignore.status == "fail" and "does not ignore /outputs/" in gitignore.message
     # what still works is said to work
     assert any(f.file == "configs/rl/reverse-text.toml" and f.status == "ok" for f in findings)
+
+
+def test_doctor_names_each_hugging_face_model_not_here_with_the_command_that_gets_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An RL config's model, a GEPA config's task and reflection models: online (the loopback Hub answers) a warning
+    with the run's own command, which downloads it; offline (a Hub that accepts and never answers) a failure saying
+    so, within seconds, the Hugging Face cache untouched. A preset, and a model reached through base_url, are not
+    named."""
+    (tmp_path / "configs" / "rl").mkdir(parents=True)
+    (tmp_path / "configs" / "gepa").mkdir()
+    (tmp_path / "configs" / "eval").mkdir()
+    rl = (TEMPLATES / "configs" / "rl" / "reverse-text.toml").read_text()
+    (tmp_path / "configs" / "rl" / "hub.toml").write_text(rl.replace('model = "smollm2-135m"',
+                                                                     'model = "acme/policy@v2"', 1))
+    (tmp_path / "configs" / "gepa" / "hub.toml").write_text(
+        'model = "acme/task"\nreflection_model = "acme/reflect"\n\n[env]\nid = "reverse-text"\n')
+    (tmp_path / "configs" / "eval" / "remote.toml").write_text(
+        'model = "acme/served"\nbase_url = "http://127.0.0.1:9/v1"\n\n[env]\nid = "reverse-text"\n')
+    (tmp_path / "configs" / "eval" / "preset.toml").write_text('model = "smollm2-135m"\n\n[env]\nid = "reverse-text"\n')
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+    def models() -> list[tuple[str, str]]:
+        return [(f.status, f.format()) for f in check_workspace(tmp_path, validate_config) if f.check == "model"]
+
+    with loopback_hub([]) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        assert models() == [
+            ("warn", "configs/gepa/hub.toml:1: model: model acme/task is not on this machine: `prime gepa run "
+                     "@configs/gepa/hub.toml` downloads it from the Hugging Face Hub before the run starts (or `hf "
+                     "download acme/task` now)"),
+            ("warn", "configs/gepa/hub.toml:2: reflection_model: model acme/reflect is not on this machine: `prime "
+                     "gepa run @configs/gepa/hub.toml` downloads it from the Hugging Face Hub before the run starts "
+                     "(or `hf download acme/reflect` now)"),
+            ("warn", "configs/rl/hub.toml:6: model: model acme/policy@v2 is not on this machine: `prime rl run "
+                     "@configs/rl/hub.toml` downloads it from the Hugging Face Hub before the run starts (or `hf "
+                     "download acme/policy --revision v2` now)")]
+    with socket.socket() as silent:  # accepts (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
+        started = time.monotonic()
+        offline = models()
+        assert time.monotonic() - started < 5
+    why = probed_reason(endpoint)  # what the probe decided (kept for the process): timed out, or no answer within 1 s
+    assert why is not None and why.startswith(f"the Hugging Face Hub at {endpoint} cannot be reached (")
+    assert offline[2] == ("fail", f"configs/rl/hub.toml:6: model: model acme/policy@v2 is not on this machine and "
+                                  f"{why}: `prime rl run @configs/rl/hub.toml` (or `hf download acme/policy --revision "
+                                  "v2`) gets it where there is a network")
+    assert [status for status, _ in offline] == ["fail"] * 3 and not cache.exists()
 
 
 def test_doctor_finds_a_package_without_load_environment_and_a_syntax_error(tmp_path: Path) -> None:
