@@ -100,6 +100,19 @@ def launch(argv: list[str], *, cwd: Path | None = None, log_dir: Path | None = N
     return Launched(process.pid, log_path, argv, process)
 
 
+def run_to_end(argv: list[str], *, cwd: Path | None = None) -> tuple[int, str]:
+    """Start `prime ARGV` as `launch` does and wait for it to exit (blocks: call in a worker): its exit code and what
+    it said last (its `Error:` line, else its last lines). `prime env install ID` from the editor goes this way."""
+    launched = launch(argv, cwd=cwd)
+    code = launched.process.wait()
+    try:
+        lines = launched.log_path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        lines = []
+    errors = [line for line in lines if line.startswith("Error:")]
+    return code, errors[-1] if errors else _tail(launched.log_path)
+
+
 def wait_for_run(launched: Launched, registry: RunRegistry, *, timeout: float = 120.0,
                  poll: float = 0.1, on_line: Callable[[str], None] | None = None) -> Run:
     """The run the launched process registered (its pid is one of the run's processes). Blocks: call in a worker.

@@ -21,8 +21,9 @@ from textual.widget import Widget
 from textual.widgets import Header, Static, TextArea
 
 from prime_lab.envs import EnvInfo
+from prime_lab.problems.validation import Problem
 from prime_lab.workbench.config_document import ConfigDocument, schema_for
-from prime_lab.workbench.launch import LaunchError, config_argv
+from prime_lab.workbench.launch import LaunchError, config_argv, run_to_end
 from prime_lab.workbench.screens.confirm import ConfirmScreen
 from prime_lab.workbench.screens.pick_env import PickEnvScreen
 from prime_lab.workbench.widgets.config_form import ConfigForm, FieldRow
@@ -45,6 +46,8 @@ class EditorScreen(Screen[None]):
         Binding("ctrl+r", "launch", "Launch", id="editor.launch", priority=True),
         Binding("ctrl+t", "toggle_view", "Form/TOML", id="editor.toggle_view", priority=True),
         Binding("ctrl+g", "problems", "Problems", id="editor.problems", priority=True),
+        # shown while an owner/name environment the config names is not installed (its problem line names the key)
+        Binding("ctrl+o", "install_envs", "Install env", id="editor.install_envs", priority=True),
         Binding("escape", "close", "Back", id="editor.close"),
         Binding("q", "quit", "Quit", id="editor.quit"),  # (typed into a field, q is text; elsewhere it quits)
     ]
@@ -57,6 +60,9 @@ class EditorScreen(Screen[None]):
         self._focused_pane: Widget | None = None
         self._status = ""
         self._syncing = False
+        self._installed: dict[str, bool] = {}  # environment id -> whether it resolves here (asked once per id)
+        self._missing: list[str] = []  # the owner/name ids the config names that are not installed
+        self._installing = False
 
     @property
     def lab(self) -> LabApp:
@@ -153,7 +159,7 @@ class EditorScreen(Screen[None]):
                 await self.query_one(ConfigForm).show(document)
             finally:
                 self._syncing = False
-            self.query_one(ProblemsPanel).show(document.problems or [])
+            self.query_one(ProblemsPanel).show([*(document.problems or []), *self._env_notes()])
             errors = len(document.errors)
             state = "modified" if document.dirty else "saved"
             verdict = "valid" if not errors else f"{errors} error{'s' if errors != 1 else ''}"
@@ -223,6 +229,74 @@ class EditorScreen(Screen[None]):
             self.lab.start_launch(config_argv(document.kind, document.path))
         except LaunchError as exc:
             self.lab.report(exc)
+
+    # Environments the config names that are not installed: a note each, ctrl+o installs them -----------------
+    def _env_notes(self) -> list[Problem]:
+        """A note on each `owner/name` environment id the config names that no installed environment answers, saying
+        that ctrl+o installs it (`prime env install ID`, as the CLI names it)."""
+        from prime_lab.envs.envs_hub import parse_id
+        from prime_lab.problems.toml_lines import KeyLocator, dotted
+        from prime_lab.workspace.doctor import env_references
+
+        data = self.document.doc.unwrap() if self.document.doc is not None else {}
+        missing = [(path, env_id) for path, env_id in env_references(data)
+                   if parse_id(env_id) is not None and not self._resolves(env_id)]
+        ids = list(dict.fromkeys(env_id for _, env_id in missing))
+        if ids != self._missing:
+            self._missing = ids
+            self.refresh_bindings()
+        if not missing:
+            return []
+        locator = KeyLocator(self.document.text)
+        return [Problem(dotted(path), f"{env_id} is not installed: ctrl+o installs it from the Environments Hub "
+                        f"(prime env install {env_id})", locator.line_of(path), severity="note")
+                for path, env_id in missing]
+
+    def _resolves(self, env_id: str) -> bool:
+        from prime_lab.envs import EnvironmentLoadError
+        from prime_lab.envs.loader import resolve
+
+        if env_id not in self._installed:
+            try:
+                resolve(env_id)
+                self._installed[env_id] = True
+            except EnvironmentLoadError:
+                self._installed[env_id] = False
+        return self._installed[env_id]
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return bool(self._missing) if action == "install_envs" else True
+
+    def action_install_envs(self) -> None:
+        """`prime env install ID` for each environment the notes name, one after another, as the CLI runs it."""
+        if not self._missing:
+            return
+        if self._installing:
+            self.notify("an install is running: its result shows when it ends")
+            return
+        self._installing = True
+        ids = list(self._missing)
+        self.notify(f"Installing: prime env install {' '.join(ids)}", timeout=4)
+        self.run_worker(lambda: self._install(ids), thread=True, group="install-envs", exit_on_error=False)
+
+    def _install(self, ids: list[str]) -> None:
+        try:
+            for env_id in ids:
+                code, said = run_to_end(["env", "install", env_id], cwd=self.lab.settings.root)
+                if code != 0:
+                    self.app.call_from_thread(self.lab.report, f"prime env install {env_id} failed: {said}")
+                    return
+                self.app.call_from_thread(self.notify, f"Installed {env_id}")
+        finally:
+            self._installing = False
+            self.app.call_from_thread(self._recheck)
+
+    def _recheck(self) -> None:
+        import importlib
+
+        importlib.invalidate_caches()
+        self._installed.clear()
+        self.run_worker(self._show_document(update_text=False), exit_on_error=False)
 
     def action_toggle_view(self) -> None:
         self.view = "toml" if self.view == "form" else "form"
