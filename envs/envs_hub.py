@@ -163,6 +163,11 @@ def installed_here(hub_id: HubId) -> str | None:
     found = [r.get("version", "") for r in records().values() if r.get("id") == hub_id.id]
     if found:
         return str(found[0])
+    from prime_lab.envs.isolated import record_for
+
+    isolated = record_for(hub_id.id)
+    if isolated is not None:
+        return isolated.version
     from importlib.metadata import PackageNotFoundError, version
 
     try:
