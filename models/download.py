@@ -1,17 +1,18 @@
 """A Hugging Face model downloaded into the local Hugging Face cache, as `hf download` would put it there.
 
 `download_model("owner/name", revision)` asks the Hub (`HF_ENDPOINT`, else https://huggingface.co) for the commit the
-revision names (default `main`) and its files, and downloads, with huggingface_hub's `snapshot_download` at that
-commit, what a model folder needs: the top-level `*.safetensors` weights and the config, tokenizer and chat-template
-files (`*.json`, `*.txt`, `*.model`, `*.tiktoken`, `*.jinja`); `*.bin`, `*.pt`, `*.pth` or `*.gguf` weights only
-when the model has no safetensors. The weights come first, each through a partial file of our own in the cache
-(`blobs/<etag>.incomplete`, written with huggingface_hub's `http_get`) that outlives the process: a download cut
-short (Ctrl-C, a kill, a dropped connection) goes on from the partial file's end with a Range request when the same
-command runs again (huggingface_hub 2.4.0 writes to a file named for its call and deletes it when the call ends, so
-it resumes nothing across calls). A file the Hub serves through Xet, with hf_xet installed, is left to
-huggingface_hub (Xet's own transfer; a cut one starts over). `snapshot_download` then finds the weights in the cache
-and fetches the small files. Progress: huggingface_hub's bars on a terminal; otherwise a plain line every
-`REPORT_SECONDS`.
+revision names (default `main`) and its files, and downloads at that commit what a model folder needs: the top-level
+`*.safetensors` weights and the config, tokenizer and chat-template files (`*.json`, `*.txt`, `*.model`, `*.tiktoken`,
+`*.jinja`); `*.bin`, `*.pt`, `*.pth` or `*.gguf` weights only when the model has no safetensors.
+
+The weights come through partial files of our own in the cache (`blobs/<etag>.incomplete`, written by
+huggingface_hub's `http_get`, up to WORKERS at once) that outlive the process: a download cut short (Ctrl-C, a kill,
+a dropped connection) goes on from the partial file's end with a Range request when the same command runs again
+(huggingface_hub 2.4.0 writes to a file named for its call and deletes it when the call ends, so it resumes nothing
+across calls). The small files, and a weight file the Hub serves through Xet when hf_xet is installed (Xet's own
+transfer; one cut short starts over), come meanwhile through huggingface_hub's `snapshot_download`; the snapshot
+folder then links the weights to their blobs as huggingface_hub does. Progress: huggingface_hub's bars on a
+terminal; otherwise a plain line every `REPORT_SECONDS`.
 
 Every failure is a `DownloadError` with one line (`obtain_model` makes it a `ModelNotFoundError`): a gated or
 private model (401/403) names the page to accept and `HF_TOKEN`; a missing one (404) says so, with the closest names
@@ -145,11 +146,17 @@ def download_model(repo_id: str, revision: str | None = None, *, token: str | No
                      f"{format_bytes(total)}, into {cache}\n")
         stream.flush()
         bars = None if terminal else _silent()
+        folder = _storage(cache, repo_id) / "snapshots" / info.sha
         with _PlainLines(repo_id, cache, total, stream, enabled=not terminal):
             weights = [name for name in chosen if name.endswith(WEIGHTS + OTHER_WEIGHTS)]
-            fetch_blobs(repo_id, info.sha, weights, token=token, endpoint=url, cache=cache, tqdm_class=bars)
-            folder = snapshot_download(repo_id, revision=info.sha, allow_patterns=chosen, token=token,
-                                       endpoint=url, cache_dir=cache, tqdm_class=bars)
+            blobs, left = plan_blobs(repo_id, info.sha, weights, token=token, endpoint=url, cache=cache)
+            others = [name for name in chosen if name not in weights] + left
+            with Transfers(blobs, _storage(cache, repo_id), bars) as transfers:
+                if others:  # the small files meanwhile
+                    snapshot_download(repo_id, revision=info.sha, allow_patterns=others, token=token,
+                                      endpoint=url, cache_dir=cache, tqdm_class=bars)
+                transfers.wait()
+            link_blobs(folder, blobs)
         _write_ref(cache, repo_id, revision or "main", info.sha)
     except DownloadError:
         raise
@@ -167,58 +174,84 @@ class _Blob:
     size: int | None
 
 
-def fetch_blobs(repo_id: str, commit: str, names: Sequence[str], *, token: str | None, endpoint: str, cache: Path,
-                tqdm_class: Any = None) -> None:
-    """Files `names` of model `repo_id` at `commit` into the cache's blobs folder, where `snapshot_download` then
-    finds them, each through `blobs/<etag>.incomplete`, which is kept when the transfer stops (an exception, Ctrl-C,
-    a kill) and resumed from its end by the next call. Up to WORKERS files at once; on Ctrl-C (KeyboardInterrupt in
-    the calling thread) the transfers stop at their next chunk and the partial files stay."""
+def plan_blobs(repo_id: str, commit: str, names: Sequence[str], *, token: str | None, endpoint: str,
+               cache: Path) -> tuple[list[_Blob], list[str]]:
+    """Which of files `names` of model `repo_id` at `commit` come through our own partial files (their blobs, one
+    HEAD each), and which are left to huggingface_hub (a file served through Xet with hf_xet installed, or one
+    without an ETag, which huggingface_hub then names)."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import is_xet_available
     from huggingface_hub.utils import build_hf_headers
 
-    storage = cache / f"models--{repo_id.replace('/', '--')}"
     blobs: list[_Blob] = []
+    left: list[str] = []
     for name in names:
         url = hf_hub_url(repo_id, name, revision=commit, endpoint=endpoint)
         meta = get_hf_file_metadata(url, token=token, endpoint=endpoint, retry_on_errors=True)
         if meta.etag is None or (meta.xet_file_data is not None and is_xet_available()):
-            continue  # huggingface_hub's own path (it names the missing ETag, or transfers through Xet)
+            left.append(name)
+            continue
         headers = build_hf_headers(token=token)
         if urlsplit(meta.location).netloc != urlsplit(url).netloc:
             headers.pop("authorization", None)  # a signed CDN address, as huggingface_hub does
-        blob = _Blob(name, meta.location, headers, storage / "blobs" / meta.etag, meta.size)
-        if not blob.path.exists():
-            blobs.append(blob)
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    pending: queue.SimpleQueue[_Blob] = queue.SimpleQueue()
-    for blob in blobs:
-        pending.put(blob)
+        blobs.append(_Blob(name, meta.location, headers, _storage(cache, repo_id) / "blobs" / meta.etag, meta.size))
+    return blobs, left
 
-    def work() -> None:
-        while not errors and not stop.is_set():
+
+def _storage(cache: Path, repo_id: str) -> Path:
+    return cache / f"models--{repo_id.replace('/', '--')}"
+
+
+def link_blobs(folder: Path, blobs: Sequence[_Blob]) -> None:
+    """`folder/<name>` -> `../../blobs/<etag>` for each blob, as huggingface_hub links a snapshot's files."""
+    for blob in blobs:
+        pointer = folder / blob.name
+        if not os.path.lexists(pointer):
+            pointer.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.path.relpath(blob.path, pointer.parent), pointer)
+
+
+class Transfers:
+    """`blobs` not in the cache yet, up to WORKERS at once in daemon threads while the block runs, each through
+    `blobs/<etag>.incomplete`, which is kept when its transfer stops (an exception, Ctrl-C, a kill) and resumed from
+    its end by the next command. `wait()` waits for them and raises the first failure; leaving the block on an
+    exception (KeyboardInterrupt included) stops them at their next chunk, without waiting."""
+
+    def __init__(self, blobs: Sequence[_Blob], storage: Path, tqdm_class: Any) -> None:
+        self.storage, self.tqdm_class = storage, tqdm_class
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.pending: queue.SimpleQueue[_Blob] = queue.SimpleQueue()
+        todo = [blob for blob in blobs if not blob.path.exists()]
+        for blob in todo:
+            self.pending.put(blob)
+        self.threads = [threading.Thread(target=self._work, name="download-blob", daemon=True)
+                        for _ in range(min(WORKERS, len(todo)))]
+
+    def __enter__(self) -> Transfers:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
+        self.stop.set()  # daemon threads: the process may end before they notice
+
+    def _work(self) -> None:
+        while not self.errors and not self.stop.is_set():
             try:
-                blob = pending.get_nowait()
+                blob = self.pending.get_nowait()
             except queue.Empty:
                 return
             try:
-                _fetch_blob(blob, storage, stop, tqdm_class)
+                _fetch_blob(blob, self.storage, self.stop, self.tqdm_class)
             except BaseException as exc:  # handed to the calling thread
-                errors.append(exc)
+                self.errors.append(exc)
 
-    threads = [threading.Thread(target=work, name="download-blob", daemon=True)
-               for _ in range(min(WORKERS, len(blobs)))]
-    for thread in threads:
-        thread.start()
-    try:
-        for thread in threads:
+    def wait(self) -> None:
+        for thread in self.threads:
             thread.join()
-    except BaseException:
-        stop.set()  # daemon threads: the process may end before they notice
-        raise
-    if errors and not isinstance(errors[0], _Stopped):
-        raise errors[0]
+        if self.errors and not isinstance(self.errors[0], _Stopped):
+            raise self.errors[0]
 
 
 class _Stopped(Exception):
