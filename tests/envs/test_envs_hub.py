@@ -90,8 +90,8 @@ def test_install_by_id_goes_the_way_a_wheel_goes_and_env_list_names_the_hub_id(
         hub: EnvsHub, lab: Lab) -> None:  # noqa: F811 - the fixture imported above
     """The Hub's latest (1.1) from its index, checked by sha256, installed beside prime-lab by the same safe path
     as a file, with its url_dependencies (`word-helper @ URL`, a wheel the Hub serves, which it imports): both in
-    pip's dry run with every installed distribution held, and recorded as what its install added; `prime env list`
-    says where it came from and the Hub id loads it."""
+    pip's dry run with every installed distribution held; `prime env list` says where it came from, the Hub id loads
+    it, and `prime env uninstall` takes both (the helper is what its install added)."""
     assert lab.env["PRIME_API_BASE_URL"] == hub.url  # the layer's environment is this test's
     done = lab.prime("env", "install", "acme/word-count")
     assert done.returncode == 0, done.stderr
@@ -101,8 +101,6 @@ def test_install_by_id_goes_the_way_a_wheel_goes_and_env_list_names_the_hub_id(
     assert f"with its url dependencies: word-helper @ {helper}" in done.stderr
     assert "pip: installing word-count beside prime-lab (2 distribution(s); every installed one held" in done.stderr
     assert lab.installed() == {"word-count": "1.1", "word-helper": "0.1"}
-    recorded = json.loads((lab.folder / "prime-lab-installs.json").read_text())
-    assert recorded["word-count"]["added"] == ["word-helper"]  # so `prime env uninstall` takes it too
     asked = [path for _, path, _ in hub.requests]
     assert asked[0] == "/api/v1/environmentshub/acme/word-count/@latest"
     assert "/acme/simple/word-count/" in asked and "/files/word_count-1.1-py3-none-any.whl" in asked
@@ -113,6 +111,9 @@ def test_install_by_id_goes_the_way_a_wheel_goes_and_env_list_names_the_hub_id(
     loads = subprocess.run([str(lab.python), "-c", "from prime_lab.envs.loader import describe; "
                             "print(describe('acme/word-count').module)"], capture_output=True, text=True, env=lab.env)
     assert loads.stdout.strip() == "word_count", loads.stderr
+    gone = lab.prime("env", "uninstall", "acme/word-count")  # what its install added goes with it
+    assert gone.returncode == 0 and "also uninstalled what its install added: word-helper" in gone.stderr, gone.stderr
+    assert lab.installed() == {}
 
 
 def test_a_url_dependency_that_is_no_url_requirement_is_refused_before_anything_is_fetched(
