@@ -5,8 +5,8 @@ revision names (default `main`) and its files, and downloads at that commit what
 `*.safetensors` weights and the config, tokenizer and chat-template files (`*.json`, `*.txt`, `*.model`, `*.tiktoken`,
 `*.jinja`); `*.bin`, `*.pt`, `*.pth` or `*.gguf` weights only when the model has no safetensors.
 
-The weights come through partial files of our own in the cache (`blobs/<etag>.incomplete`, written by
-huggingface_hub's `http_get`, up to WORKERS at once) that outlive the process: a download cut short (Ctrl-C, a kill,
+The weights come through partial files of our own in the cache (`blobs/<etag>.incomplete`, written as the bytes
+arrive, up to WORKERS at once) that outlive the process: a download cut short (Ctrl-C, a kill,
 a dropped connection) goes on from the partial file's end with a Range request when the same command runs again
 (huggingface_hub 2.4.0 writes to a file named for its call and deletes it when the call ends, so it resumes nothing
 across calls). The small files, and a weight file the Hub serves through Xet when hf_xet is installed (Xet's own
@@ -43,6 +43,7 @@ OTHER_WEIGHTS = (".bin", ".pt", ".pth", ".gguf")
 SMALL_FILES = (".json", ".txt", ".model", ".tiktoken", ".jinja")
 REPORT_SECONDS = 5.0
 WORKERS = 8  # weight files at once, as snapshot_download fetches files
+RETRIES = 5  # a dropped connection resumed this many times in a row, as huggingface_hub's http_get does
 TOKEN_HINT = "HF_TOKEN (export HF_TOKEN=hf_..., or `prime secret create -n HF_TOKEN`)"
 
 
@@ -258,26 +259,9 @@ class _Stopped(Exception):
     """A transfer stopped because the calling thread was interrupted."""
 
 
-class _StoppableFile:
-    """The partial file as `http_get` writes it; a write after `stop` is set raises `_Stopped`."""
-
-    def __init__(self, file: BinaryIO, stop: threading.Event) -> None:
-        self.file, self.stop = file, stop
-
-    def write(self, data: bytes) -> int:
-        if self.stop.is_set():
-            raise _Stopped
-        return self.file.write(data)
-
-    def __getattr__(self, name: str) -> Any:  # tell, seek, truncate
-        return getattr(self.file, name)
-
-
 def _fetch_blob(blob: _Blob, storage: Path, stop: threading.Event, tqdm_class: Any) -> None:
-    """`blob` through `blobs/<etag>.incomplete`, appended from its end (huggingface_hub's `http_get` asks for the rest
-    with a Range header, and starts over if the server answers 200), renamed to `blobs/<etag>` when whole. The
+    """`blob` through `blobs/<etag>.incomplete`, appended from its end and renamed to `blobs/<etag>` when whole. The
     lock is the one huggingface_hub takes for the same blob, so two commands never append to one file."""
-    from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import WeakFileLock
 
     lock = storage.parent / ".locks" / storage.name / f"{blob.path.name}.lock"
@@ -291,10 +275,51 @@ def _fetch_blob(blob: _Blob, storage: Path, stop: threading.Event, tqdm_class: A
             if blob.size is not None and file.tell() > blob.size:  # not a prefix of this blob: start over
                 file.seek(0)
                 file.truncate()
-            http_get(blob.url, _StoppableFile(file, stop), resume_size=file.tell(),  # type: ignore[arg-type]
-                     headers=blob.headers, expected_size=blob.size, displayed_filename=blob.name,
-                     tqdm_class=tqdm_class)
+            _append(blob, file, stop, tqdm_class)
         os.replace(partial, blob.path)
+
+
+def _append(blob: _Blob, file: BinaryIO, stop: threading.Event, tqdm_class: Any) -> None:
+    """The rest of `blob` onto `file`: a GET with `Range: bytes=<its size>-` (from the start if the server answers
+    200), each piece written as it arrives (memory stays flat whatever the file's size, and a stop loses nothing that
+    arrived). A dropped connection or a timeout is resumed the same way, RETRIES times in a row at most, as
+    huggingface_hub's own `http_get` does; `stop` set ends it at the next piece (`_Stopped`)."""
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
+    from huggingface_hub.utils import tqdm as hub_tqdm
+
+    bar_class = tqdm_class or hub_tqdm
+    retries = RETRIES
+    with bar_class(total=blob.size, initial=file.tell(), unit="B", unit_scale=True, unit_divisor=1024,
+                   desc=blob.name) as bar:
+        while blob.size is None or file.tell() < blob.size:
+            done = file.tell()
+            headers = {**blob.headers, **({"Range": f"bytes={done}-"} if done else {})}
+            try:
+                with http_stream_backoff(method="GET", url=blob.url, headers=headers,
+                                         timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT, retry_on_exceptions=(),
+                                         retry_on_status_codes=(408, 429)) as response:
+                    hf_raise_for_status(response)
+                    if done and response.status_code == 200:  # the Range was not honoured: from the start
+                        file.seek(0)
+                        file.truncate()
+                        bar.reset(total=blob.size)
+                    for piece in response.iter_bytes():
+                        if stop.is_set():
+                            raise _Stopped
+                        file.write(piece)
+                        bar.update(len(piece))
+                        retries = RETRIES
+                if blob.size is None:
+                    break
+            except (httpx2.ConnectError, httpx2.TimeoutException, httpx2.RemoteProtocolError):
+                if retries <= 0:
+                    raise
+                retries -= 1
+                time.sleep(1)
+    if blob.size is not None and file.tell() != blob.size:
+        raise OSError(f"{blob.name} has {file.tell()} bytes, the Hub said {blob.size}")
 
 
 def _write_ref(cache: Path, repo_id: str, revision: str, commit: str) -> None:

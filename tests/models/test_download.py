@@ -22,7 +22,7 @@ from tests.support.cli import PRIME
 from tests.support.hf_hub import HubRepo, LoopbackHub, files_of, loopback_hub
 
 MIB = 1024 * 1024
-BIG_WEIGHTS = bytes(range(256)) * (24 * MIB // 256)  # huggingface_hub writes what it gets in 10 MiB chunks
+BIG_WEIGHTS = bytes(range(256)) * (24 * MIB // 256)
 
 
 @pytest.fixture
@@ -98,12 +98,12 @@ def test_a_dropped_connection_resumes_where_it_stopped(hub: LoopbackHub) -> None
     folder = obtain_model("acme/dropped-chat", out=io.StringIO())  # the first GET of the weights is cut at 12 MiB
     assert (folder / "model.safetensors").read_bytes() == BIG_WEIGHTS
     gets = hub.file_gets("model.safetensors")
-    assert [g.range for g in gets] == [None, f"bytes={10 * MIB}-"], gets  # from the last whole chunk it wrote
+    assert [g.range for g in gets] == [None, f"bytes={12 * MIB}-"], gets  # from the last byte it got
 
 
 def test_ctrl_c_keeps_the_file_cut_midway_and_the_same_command_resumes_it(hub: LoopbackHub, tmp_path: Path) -> None:
-    # a real `prime serve` downloading the weights, which the Hub stops sending after 12 MiB; Ctrl-C when 10 MiB
-    # (huggingface_hub writes 10 MiB at a time) are on disk
+    # a real `prime serve` downloading the weights, which the Hub stops sending after 12 MiB; Ctrl-C when they are on
+    # disk
     partial = (tmp_path / "hf-cache" / "models--acme--stalled-chat" / "blobs" /
                f"{hashlib.sha256(BIG_WEIGHTS).hexdigest()}.incomplete")
     with socket.socket() as sock:
@@ -113,7 +113,7 @@ def test_ctrl_c_keeps_the_file_cut_midway_and_the_same_command_resumes_it(hub: L
                              stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while not (partial.exists() and partial.stat().st_size >= 10 * MIB):
+        while not (partial.exists() and partial.stat().st_size >= 12 * MIB):
             assert serve.poll() is None and time.monotonic() < deadline, serve.communicate()
             time.sleep(0.05)
         interrupted = time.monotonic()
@@ -125,10 +125,10 @@ def test_ctrl_c_keeps_the_file_cut_midway_and_the_same_command_resumes_it(hub: L
     assert serve.returncode == 130 and out == "" and "Traceback" not in err, err
     assert err.splitlines()[-1] == ("Error: the download of acme/stalled-chat was interrupted; run the same command "
                                     "again to go on from where it stopped (what was downloaded is kept)"), err
-    assert partial.stat().st_size == 10 * MIB
+    assert partial.stat().st_size == 12 * MIB
     folder = obtain_model("acme/stalled-chat", out=io.StringIO())  # the next command
     assert (folder / "model.safetensors").read_bytes() == BIG_WEIGHTS and not partial.exists()
-    assert [g.range for g in hub.file_gets("model.safetensors") if "stalled" in g.path] == [None, f"bytes={10 * MIB}-"]
+    assert [g.range for g in hub.file_gets("model.safetensors") if "stalled" in g.path] == [None, f"bytes={12 * MIB}-"]
 
 
 def test_no_network_is_one_line_within_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
