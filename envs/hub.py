@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from prime_lab.envs import judges
 from prime_lab.runs.hub_probe import hub_endpoint, hub_online, probed_reason
 
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
@@ -142,8 +143,10 @@ def failure_message(exc: BaseException, env_id: str, arguments: dict[str, Any]) 
     """A one-line message for a Hub dataset out of reach (None when `exc` is something else).
 
     `arguments` are the environment's `load_environment` arguments with their values for this load (defaults
-    included): the one holding the dataset id is the one to point at a local copy."""
-    return lines_failure_message(error_lines(exc), env_id, arguments)
+    included): the one holding the dataset id is the one to point at a local copy. An LLM judge with no key gets its
+    own line (`judges.lines_failure_message`), as it fails the same way in both interpreters."""
+    lines = error_lines(exc)
+    return lines_failure_message(lines, env_id, arguments) or judges.lines_failure_message(lines, env_id, arguments)
 
 
 def driver_failure_message(answer: Mapping[str, Any], env_id: str) -> str | None:
@@ -153,8 +156,8 @@ def driver_failure_message(answer: Mapping[str, Any], env_id: str) -> str | None
     arguments = answer.get("arguments")
     if not isinstance(lines, list):
         return None
-    return lines_failure_message([str(line) for line in lines], env_id,
-                                 dict(arguments) if isinstance(arguments, dict) else {})
+    texts, given = [str(line) for line in lines], dict(arguments) if isinstance(arguments, dict) else {}
+    return lines_failure_message(texts, env_id, given) or judges.lines_failure_message(texts, env_id, given)
 
 
 def lines_failure_message(lines: Sequence[str], env_id: str, arguments: Mapping[str, Any]) -> str | None:
