@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from prime_lab.inference.builtin.completions import CompletionService, model_card
-from prime_lab.inference.builtin.errors import APIError, error_body
+from prime_lab.inference.builtin.errors import APIError, EngineStoppedError, error_body
 from prime_lab.inference.builtin.schemas import (
     ChatCompletionRequest,
     CollectiveRpcRequest,
@@ -96,6 +96,11 @@ def create_app(
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(EngineStoppedError)
+    async def stopping(request: Request, error: EngineStoppedError) -> JSONResponse:
+        status = HTTPStatus.SERVICE_UNAVAILABLE
+        return JSONResponse(error_body(str(error), status), status_code=status)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:

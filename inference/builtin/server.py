@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from prime_lab.inference.builtin.adapters import ModelRegistry, ServedModel
@@ -158,18 +161,39 @@ def build_service(settings: BuiltinServerSettings) -> CompletionService:
     )
 
 
+GRACEFUL_SHUTDOWN_S = 2  # what a request still open after the engine stopped gets before uvicorn cancels it
+
+
 def run_server(
     settings: BuiltinServerSettings,
     host: str = "127.0.0.1",
     port: int = 8000,
     on_ready: Callable[[], None] | None = None,
 ) -> None:
-    """Serve until interrupted (SIGINT/SIGTERM stop uvicorn, then the engine). `on_ready` runs once it serves."""
+    """Serve until SIGINT or SIGTERM, then return. `on_ready` runs once it serves.
+
+    uvicorn's graceful shutdown waits for every open request to be answered, which would decode each client's
+    generation to its end first (minutes of a judge's long answers on a CPU). So shutdown stops the engine first: the
+    requests in flight are answered 503 "the server is shutting down" at its next step, and the process exits within
+    a second or two. A second SIGINT exits at once."""
     import uvicorn
 
     from prime_lab.inference.builtin.app import create_app
 
     service = build_service(settings)
     app = create_app(service, on_startup=on_ready, on_shutdown=service.engine.stop)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # uvicorn's own also re-raises the signal once served (SIGTERM: exit code -15); here run_server returns.
+            self.force_exit = self.should_exit and sig == signal.SIGINT
+            self.should_exit = True
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            service.engine.stop(timeout=0)  # the requests in flight fail now instead of decoding to their end
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
     log.info("serving %s on http://%s:%d/v1", settings.model_name, host, port)
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+    Server(config).run()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -391,3 +393,68 @@ def test_prime_serve_explains_a_missing_model_without_a_traceback(tmp_path: Path
     assert result.returncode == 1
     assert result.stderr.startswith("Error: model 'no-such-model-anywhere' is not a preset")
     assert "Traceback" not in result.stderr
+
+
+LONG_CLIENTS = 8  # as a judge's rollouts: several long generations at once
+
+
+def long_chats(server: BuiltinServer, max_tokens: int) -> list[socket.socket]:
+    """`LONG_CLIENTS` clients each waiting on a long generation (ignore_eos: each decodes to max_tokens)."""
+    payload = {"model": server.model_name, "messages": MESSAGES, "max_tokens": max_tokens, "ignore_eos": True}
+    return [send_and_wait(server, "/v1/chat/completions", payload) for _ in range(LONG_CLIENTS)]
+
+
+def decoding(server: BuiltinServer, since: dict[str, int]) -> dict[str, int]:
+    """Wait until the server has generated tokens since `since` (the long requests are in the batch)."""
+    tokens = f'prime_lab_generation_tokens_total{{model="{server.model_name}"}}'
+    return wait_for("generated token", lambda: grown_by(server, tokens, since, 1))
+
+
+def grown_by(server: BuiltinServer, series: str, since: dict[str, int], n: int) -> dict[str, int] | None:
+    """The server's counters once `series` has grown by `n` since `since`, else None."""
+    now = counters(server)
+    return now if now.get(series, 0) - since.get(series, 0) >= n else None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_the_server_stops_within_5_s_of_a_signal_with_long_generations_in_flight(
+    tiny_model_dir: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """uvicorn's graceful shutdown waits for every open request to be answered: without a bound on it, the server
+    would decode all the clients' tokens before it stopped (minutes on two cores)."""
+    settings = BuiltinServerSettings(model=tiny_model_dir, served_model_name="tiny-stop", max_model_len=4096)
+    server = start_builtin_server(settings, log_path=tmp_path / "server.log", timeout=120)
+    try:
+        clients = long_chats(server, 4000)  # tens of seconds of decoding on two cores
+        decoding(server, {})
+        assert server.process.pid is not None
+        os.kill(server.process.pid, sig)
+        start = time.monotonic()
+        while (code := server.process.poll()) is None:
+            assert time.monotonic() - start < 5, f"the server did not stop within 5 s of {sig.name}"
+            time.sleep(0.02)
+        answers = [client.recv(4096) for client in clients]
+        for client in clients:
+            client.close()
+    finally:
+        server.stop()
+    assert all(answer.startswith(b"HTTP/1.1 503") and b"shutting down" in answer for answer in answers), answers[0]
+    log_text = server.log_path.read_text()
+    assert code == 0, f"exit code {code} after {sig.name}; log:\n{log_text}"
+    assert "Traceback" not in log_text
+
+
+def test_many_abandoned_long_requests_are_dropped_and_a_new_request_is_answered_at_once(
+    builtin_server: BuiltinServer,
+) -> None:
+    cancelled = f'prime_lab_requests_cancelled_total{{route="chat",model="{builtin_server.model_name}"}}'
+    before = counters(builtin_server)
+    clients = long_chats(builtin_server, 1800)
+    decoding(builtin_server, before)
+    for client in clients:
+        client.close()
+    wait_for(f"{LONG_CLIENTS} cancelled requests", lambda: grown_by(builtin_server, cancelled, before, LONG_CLIENTS))
+    start = time.monotonic()
+    answer = httpx.post(builtin_server.base_url + "/chat/completions", timeout=5,
+                        json={"model": builtin_server.model_name, "messages": MESSAGES, "max_tokens": 8})  # fmt: skip
+    assert answer.status_code == 200 and time.monotonic() - start < 3, "the abandoned requests are still decoding"
