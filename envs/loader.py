@@ -7,8 +7,9 @@ does not mention `load_environment` (some unrelated package with the same name) 
 `environments()` lists both, with what each id resolves to. Problems (no such environment, no `load_environment`,
 an argument it does not take, a Hub dataset out of reach, a key it needs that is not set) raise
 `EnvironmentLoadError` with a one-line message that names the id and what to do. Environments load with the Hub
-offline unless the user chose (`hub.py`). `import prime_sandboxes` in an environment gives the local sandboxes unless
-`[sandbox] provider = "prime"` (sandbox/shim.py, installed before an environment's module is imported).
+offline unless it answered the command's probe or the user chose (`hub.py`). `import prime_sandboxes` in an
+environment gives the local sandboxes unless `[sandbox] provider = "prime"` (sandbox/shim.py, installed before an
+environment's module is imported).
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ _VERIFIERS_MODULE = '''\
 
 A starting point: change the data, the system prompt and the reward, then `prime eval run {name}`. `dataset_name`
 takes a local folder of json, jsonl, csv or parquet files with `question` and `answer` columns (or a Hub id, which
-needs the Hub: prime-lab loads environments offline unless HF_HUB_OFFLINE=0). The partial credit is what makes it
+needs the Hub: prime-lab loads environments offline when the Hub does not answer). The partial credit is what makes it
 learnable: a reward that is 0 on every rollout gives RL nothing to reinforce.
 """
 

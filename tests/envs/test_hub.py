@@ -1,4 +1,5 @@
-"""The Hub while environments load: offline unless the user chose, restored afterwards; failures in one line."""
+"""The Hub while environments load: offline unless it answered the probe or the user chose, restored afterwards;
+failures in one line."""
 
 from __future__ import annotations
 
