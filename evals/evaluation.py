@@ -169,10 +169,10 @@ def run_evaluation(
     for line in host_code.warnings_for([spec.env_id]):  # its own code runs what the model writes, on this machine
         _teller(writer, announce)(line, "WARNING")
     # what its sandboxes say once (a command without the network names the setting), whichever process made them
-    notices = NoticeFollower(run.dir) if run is not None else None
+    notices = NoticeFollower(run.dir if run is not None else None)
 
     def tell_notices() -> None:
-        for message in notices.take() if notices is not None else ():
+        for message in notices.take():
             _teller(writer, announce)(message, "WARNING")
     api_key = os.environ.get(spec.api_key_var, "") if spec.api_key_var else ""
     client = AsyncOpenAI(base_url=spec.base_url, api_key=api_key or "EMPTY", max_retries=1,
@@ -233,7 +233,7 @@ def run_evaluation(
         "difficulty": asdict(stats), "errors": stats.errors,
         "env_system_prompt": _system_message(own_rows), "format_hint": _format_hint(env),
         "run_id": run.id if run is not None else None, **spec.metadata,
-        **({"sandbox_notices": notices.messages} if notices is not None and notices.messages else {}),
+        **({"sandbox_notices": notices.messages} if notices.messages else {}),
     })
     readiness = assess(written, metadata)
     metadata["readiness"] = readiness.to_dict()

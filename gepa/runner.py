@@ -120,10 +120,10 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
         if writer is not None:
             writer.log(message, level=level, step=step)
 
-    notices = NoticeFollower(run.dir) if run is not None else None  # what the environment's sandboxes said
+    notices = NoticeFollower(run.dir if run is not None else None)  # what the environment's sandboxes said
 
     def tell_notices() -> None:
-        for message in notices.take() if notices is not None else ():
+        for message in notices.take():
             tell(message, "WARNING")
 
     def emit(kind: str, data: dict[str, Any], step: int) -> None:

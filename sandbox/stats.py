@@ -105,15 +105,17 @@ class StatsFollower:
 class NoticeFollower:
     """A run's sandbox notices: `take()` gives the messages appended since the previous take, each key once (every
     process that makes sandboxes says each once). `from_start=False` starts at the file's end (a resumed run's
-    processes say theirs again)."""
+    processes say theirs again). Without a run (`run_dir` None) there is nothing to take."""
 
-    def __init__(self, run_dir: Path, from_start: bool = True) -> None:
-        self.path = Path(run_dir) / STATS_FILE
-        self.offset = 0 if from_start else _size(self.path)
+    def __init__(self, run_dir: Path | None, from_start: bool = True) -> None:
+        self.path = Path(run_dir) / STATS_FILE if run_dir is not None else None
+        self.offset = 0 if from_start or self.path is None else _size(self.path)
         self.keys: set[str] = set()
         self.messages: list[str] = []  # every one taken so far
 
     def take(self) -> list[str]:
+        if self.path is None:
+            return []
         whole, self.offset = _appended(self.path, self.offset)
         new = []
         for record in whole:
