@@ -114,16 +114,9 @@ def base_url() -> str:
 
 def api_key() -> str | None:
     """The key sent to the Hub, and None without one (the module docstring's order)."""
-    key = os.environ.get(KEY_VARIABLE)
-    if key:
-        return key
-    from prime_lab.envs.secret_store import SecretError, SecretStore
+    from prime_lab.envs.secret_store import variable_or_secret
 
-    try:
-        stored = next((s.value for s in SecretStore().secrets() if s.name == KEY_VARIABLE), None)
-    except (SecretError, OSError, ValueError):
-        stored = None
-    return stored or str(_prime_config().get("api_key") or "") or None
+    return variable_or_secret(KEY_VARIABLE) or str(_prime_config().get("api_key") or "") or None
 
 
 # HTTP ----------------------------------------------------------------------------------------------------------------

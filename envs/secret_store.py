@@ -3,8 +3,9 @@
 They live in one file, `$PRIME_LAB_HOME/secrets/secrets.json`, mode 0600 in a 0700 folder, written atomically with
 its mode set before the content lands; a store that others can read is refused (the message gives the chmod).
 
-A secret's value leaves the store one way: as an environment variable of the processes that run environments
-(`secret_environment` for a child's environment, `apply_secrets` for this process). Never in a run folder, an
+A secret's value leaves the store two ways: as an environment variable of the processes that run environments
+(`secret_environment` for a child's environment, `apply_secrets` for this process), and as a token prime-lab sends
+itself (`variable_or_secret`: the Hubs'). Never in a run folder, an
 event, W&B or a log line; `envs.secrets.redact` knows the injected names (`SECRET_NAMES_VARIABLE`), so what it
 cleans (evaluation results) shows `***` where a value was. Precedence, the later winning: global secrets, then the
 environment's own, then whatever is set elsewhere (the shell, an env_file, `-e`), which a secret never replaces.
@@ -223,6 +224,17 @@ def secret_environment(env_ids: Iterable[str], *, set_elsewhere: Collection[str]
     if not values:
         return {}
     return {**values, SECRET_NAMES_VARIABLE: _names(values)}
+
+
+def variable_or_secret(name: str) -> str | None:
+    """`name` from this process's environment, else the global secret of that name, else None (an unreadable store
+    counts as none): a token prime-lab sends itself, the Hugging Face Hub's or the Environments Hub's."""
+    if os.environ.get(name):
+        return os.environ[name]
+    try:
+        return SecretStore().values_for([]).get(name) or None
+    except (SecretError, OSError, ValueError):
+        return None
 
 
 def apply_secrets(env_ids: Iterable[str], *, store: SecretStore | None = None) -> list[str]:

@@ -4,7 +4,6 @@ question every command that starts a model asks (`prime rl run`, `prime sft run`
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -87,14 +86,9 @@ def obtain(spec: str, field: str = "model") -> Path:
 def hf_token() -> str | None:
     """A Hugging Face token: `HF_TOKEN` in the environment, else the global secret of that name (`prime secret`),
     else None (huggingface_hub then uses its own login, if any)."""
-    if os.environ.get("HF_TOKEN"):
-        return os.environ["HF_TOKEN"]
-    from prime_lab.envs.secret_store import SecretError, SecretStore
+    from prime_lab.envs.secret_store import variable_or_secret
 
-    try:
-        return SecretStore().values_for([]).get("HF_TOKEN") or None
-    except (SecretError, OSError, ValueError):
-        return None
+    return variable_or_secret("HF_TOKEN")
 
 
 def pinned(spec: str, folder: Path) -> str:
