@@ -14,23 +14,22 @@ import pytest
 from prime_lab.runs.registry import Run, RunError, RunRegistry, pid_alive
 
 # A stand-in run process (the thing under test is the registry, not this script): it registers itself, says it
-# is running, and on SIGTERM either records a clean stop or, with "stubborn", ignores the signal.
+# is running, and on SIGTERM either records a clean stop or, with "stubborn", ignores the signal. Like the trainer's
+# stop flag, the handler only notes the signal and the loop does the writing: a handler that wrote itself would wait
+# forever on the event log's flock when SIGTERM came while set_state("running") still held it (CI saw that once).
 RUN_PROCESS = """
-import signal, sys, time
+import os, signal, sys, time
 from prime_lab.runs.registry import Run
 run = Run(sys.argv[1])
 mode = sys.argv[2]
-def on_term(signum, frame):
-    if mode == "stubborn":
-        return
-    run.writer("trainer").log("checkpoint saved, exiting")
-    run.set_state("stopped", source="trainer", reason="stopped by the user")
-    sys.exit(0)
-signal.signal(signal.SIGTERM, on_term)
-run.register_process("trainer", __import__("os").getpid(), pgid=__import__("os").getpgid(0))
+stop = []
+signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum) if mode != "stubborn" else None)
+run.register_process("trainer", os.getpid(), pgid=os.getpgid(0))
 run.set_state("running", source="trainer")
-while True:
+while not stop:
     time.sleep(0.05)
+run.writer("trainer").log("checkpoint saved, exiting")
+run.set_state("stopped", source="trainer", reason="stopped by the user")
 """
 
 
