@@ -165,6 +165,8 @@ class Environment:
     # The environment's own limit on one rollout, in seconds (None: none); verifiers' `MultiTurnEnv` has the same
     # attribute. Where it is smaller than the run's `[[env]] timeout`, it is the limit (`rollout_time_limit`).
     timeout_seconds: float | None = None
+    # How the loader pointed it at the run's LLM judge (judges.Wiring.describe), for the run's log; None: no judge.
+    judge_wiring: str | None = None
 
     def __init__(
         self,

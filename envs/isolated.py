@@ -224,13 +224,16 @@ def described_rubric(rubric: Mapping[str, Any], parser: Parser) -> Rubric:
                   parser=parser)
 
 
-def server_environment(record: IsolatedRecord, env_id: str, api_key: str) -> dict[str, str]:
-    """What the environment's interpreter gets: our environment, its own secrets, the model's key; the Hub offline
-    when it did not answer the probe, unless the user chose (as in this process, hub.forced_offline)."""
+def server_environment(record: IsolatedRecord, env_id: str, api_key: str,
+                       extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What the environment's interpreter gets: our environment, its own secrets, `extra` (its judge's variables,
+    judges.wire), the model's key; the Hub offline when it did not answer the probe, unless the user chose (as in
+    this process, hub.forced_offline)."""
     from prime_lab.envs.secret_store import SecretStore
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(SecretStore().values_for([env_id, record.name]))
+    env.update(extra or {})
     if hub.forced_offline():
         env.update(dict.fromkeys(hub.OFFLINE_VARIABLES, "1"))
     env[KEY_VARIABLE] = api_key
@@ -240,12 +243,14 @@ def server_environment(record: IsolatedRecord, env_id: str, api_key: str) -> dic
 class IsolatedEnvironment(GroupEnvironment):
     """An environment in its own interpreter, at its own verifiers release, behind our protocol."""
 
-    def __init__(self, record: IsolatedRecord, env_id: str, args: Mapping[str, Any]) -> None:
+    def __init__(self, record: IsolatedRecord, env_id: str, args: Mapping[str, Any],
+                 environ: Mapping[str, str] | None = None) -> None:
         self.record = record
         self.env_id = env_id
         self.load_args = dict(args)
+        self.environ = dict(environ or {})  # added to its interpreter's environment (its judge's, judges.wire)
         described = run_driver(record.python, "describe", record.module, json.dumps(self.load_args),
-                               env=server_environment(record, env_id, "EMPTY"))
+                               env=server_environment(record, env_id, "EMPTY", self.environ))
         if "error" in described:
             if (offline := hub.driver_failure_message(described, env_id)) is not None:
                 raise EnvironmentLoadError(offline)  # the same words and fix as in this process (hub.py)
@@ -305,7 +310,7 @@ class IsolatedEnvironment(GroupEnvironment):
             server = EnvServerProcess(self.record.python, self.record.module, self.load_args,
                                       name=f"environment '{self.env_id}' (verifiers {self.release})",
                                       log_path=log_path or _log_path(name),
-                                      env=server_environment(self.record, self.env_id, api_key),
+                                      env=server_environment(self.record, self.env_id, api_key, self.environ),
                                       health=health_check(self.release), cancels=takes_cancel(self.release))
             server.start()
             with _lock:

@@ -7,17 +7,28 @@ Most published environments that score with an LLM judge take its address, model
 driver.py's `check` or `load_arguments` give them) into the arguments it takes. When the OpenAI SDK finds no key
 while an environment loads, `lines_failure_message` turns the error's lines (`hub.error_lines`, driver.py's
 `error_chain`) into one line: which variable holds the judge's key, the `prime secret` command that stores it, and
-how to point the judge at a local server instead."""
+how to point the judge at a local server instead.
+
+A run, evaluation or GEPA run with a judge (`[judge]`, `--judge MODEL`: `JudgeConfig`) starts it (inference/judge.py)
+and says where it is in its own process environment (`JUDGE_VARIABLES`, as `[sandbox]` is handed on), which the
+environment servers it starts inherit. Each environment loaded then is wired to it (`wire`): the judge arguments its
+`load_environment` takes and the user left unset point at the judge; one that takes no base-URL argument gets
+`OPENAI_BASE_URL` / `OPENAI_API_KEY` in its own process environment (its server's; for one loaded in this process, while
+it loads: the sampler's client never sees them)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import Field
 
 from prime_lab.envs.arguments import EnvArg
 from prime_lab.envs.secrets import NAME_PATTERN, secret_command
+from prime_lab.problems.schema import ConfigSection
 
 BASE_URL_NAMES = ("judge_base_url", "judge_url", "judge_api_base")
 MODEL_NAMES = ("judge_model", "judge_model_name")
@@ -27,6 +38,60 @@ DEFAULT_KEY_VARIABLE = "OPENAI_API_KEY"  # where the OpenAI SDK looks when given
 
 # The OpenAI SDK's words for a client built without a key (before 2.x, then since).
 _NO_KEY = ("The api_key client option must be set", "Missing credentials")
+
+# Where a process with a judge says where it is (read by `endpoint_from_environ`, inherited by environment servers).
+URL_VARIABLE = "PRIME_LAB_JUDGE_BASE_URL"
+MODEL_VARIABLE = "PRIME_LAB_JUDGE_MODEL"
+KEY_VARIABLE = "PRIME_LAB_JUDGE_API_KEY"  # also what a wired `judge_api_key_var` names
+JUDGE_VARIABLES = (URL_VARIABLE, MODEL_VARIABLE, KEY_VARIABLE)
+LOCAL_KEY = "local"  # a local judge checks no key, but the OpenAI client wants one
+DEFAULT_MAX_TOKENS = 256
+
+
+class JudgeSamplingConfig(ConfigSection):
+    max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, ge=1, description="A local judge's answer length when the "
+                            "environment's request sets none (many set none: the model's context would be the limit).")
+    temperature: float | None = Field(default=None, ge=0.0, description="A local judge's temperature when the "
+                                      "environment's request sets none (default: the model's own).")
+
+
+class JudgeClientConfig(ConfigSection):
+    base_url: str | None = Field(default=None, description="An OpenAI-compatible endpoint serving the judge model "
+                                 "(then nothing is started here).")
+    api_key_var: str = Field(default="OPENAI_API_KEY", description="The environment variable (or `prime secret`) "
+                             "holding that endpoint's key.")
+
+
+class JudgeConfig(ConfigSection):
+    model: str = Field(description="Judge model: a preset, a Hugging Face id or a local path (a local server serves "
+                       "it), or the model name at [judge.client].base_url.")
+    backend: Literal["auto", "builtin", "vllm"] = Field(
+        default="auto", description="Engine of the local judge server (like [inference].backend).")
+    sampling: JudgeSamplingConfig = Field(default_factory=JudgeSamplingConfig)
+    client: JudgeClientConfig = Field(default_factory=JudgeClientConfig)
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="Fraction of a GPU's memory the local judge's vLLM engine may take.")
+
+
+@dataclass(frozen=True)
+class JudgeEndpoint:
+    """A running judge: where environments send their judge requests."""
+
+    base_url: str  # ends in /v1
+    model: str
+    api_key: str = LOCAL_KEY
+
+    def environ(self) -> dict[str, str]:
+        return {URL_VARIABLE: self.base_url, MODEL_VARIABLE: self.model, KEY_VARIABLE: self.api_key}
+
+
+def endpoint_from_environ(environ: Mapping[str, str] | None = None) -> JudgeEndpoint | None:
+    """The judge this process was given (`JudgeEndpoint.environ`), or None."""
+    environ = os.environ if environ is None else environ
+    url, model = environ.get(URL_VARIABLE), environ.get(MODEL_VARIABLE)
+    if not url or not model:
+        return None
+    return JudgeEndpoint(url, model, environ.get(KEY_VARIABLE) or LOCAL_KEY)
 
 
 @dataclass(frozen=True)
@@ -102,18 +167,74 @@ def lines_failure_message(lines: Sequence[str], env_id: str, arguments: Signatur
     variable = judge.key_variable() if judge is not None else DEFAULT_KEY_VARIABLE
     store = f"store it with `{secret_command('create', variable)}`, or export it" \
         if NAME_PATTERN.match(variable) else "export it"
-    url, model = "http://127.0.0.1:PORT/v1", "MODEL"
-    local = f"or judge with a local model (`prime serve {model}`, {variable} set to any value) "
-    if judge is not None and judge.base_url is not None:
-        pointed = {judge.base_url.name: url}
-        if judge.model is not None:
-            pointed[judge.model.name] = model
-        local += f"by passing -a '{json.dumps(pointed)}'"
-    else:
-        local += f"with OPENAI_BASE_URL={url}"
+    local = "or judge with a local model: add --judge MODEL (in a config file, a [judge] table with model = MODEL)"
     if variable != DEFAULT_KEY_VARIABLE and judge is not None and judge.key is not None:
         named = f"{variable} (named by {judge.key.name})"
     else:
         named = variable
     return f"environment '{env_id}': its LLM judge needs an API key in {named}, not set: {store}; {local}"
 
+
+@dataclass(frozen=True)
+class Wiring:
+    """How one environment is pointed at the run's judge: its `load_environment` arguments (the user's, then those
+    filled in) and the variables its process gets."""
+
+    args: dict[str, Any]
+    environ: dict[str, str] = field(default_factory=dict)
+    filled: tuple[str, ...] = ()  # the arguments filled in
+
+    def describe(self, env_id: str, judge: JudgeEndpoint) -> str:
+        """One line for the run's log: what was wired where."""
+        parts = [f"{', '.join(self.filled)} (arguments)"] if self.filled else []
+        if self.environ:
+            parts.append(f"{', '.join(sorted(k for k in self.environ if k.startswith('OPENAI_')))} (its environment)")
+        how = " and ".join(parts) or "nothing: its arguments already name a judge"
+        return f"environment '{env_id}': judge {judge.model} at {judge.base_url} through {how}"
+
+
+def wire(signature: Signature, args: Mapping[str, Any], judge: JudgeEndpoint) -> Wiring:
+    """Point an environment at `judge`: the judge arguments its `load_environment` takes (`signature`) and `args`
+    leave unset are filled in (a user's explicit argument always wins); without a base-URL argument it is taken to
+    build its client from `OPENAI_BASE_URL` / `OPENAI_API_KEY`, which go in its environment."""
+    found = judge_arguments(signature)
+    out, filled = dict(args), []
+
+    def fill(argument: Argument | None, value: str) -> None:
+        if argument is not None and argument.name not in args:
+            out[argument.name] = value
+            filled.append(argument.name)
+
+    environ: dict[str, str] = {}
+    if found is not None:
+        fill(found.base_url, judge.base_url)
+        fill(found.model, judge.model)
+        fill(found.key, KEY_VARIABLE if found.key_is_variable else judge.api_key)
+        if found.key_is_variable and found.key is not None and found.key.name in filled:
+            environ[KEY_VARIABLE] = judge.api_key
+    if found is None or found.base_url is None:
+        environ.update(OPENAI_BASE_URL=judge.base_url, OPENAI_API_KEY=judge.api_key)
+    return Wiring(out, environ, tuple(filled))
+
+
+@contextmanager
+def environ_while_loading(wiring: Wiring | None) -> Iterator[None]:
+    """An environment loaded in this process gets its wiring's variables while its `load_environment` runs (where
+    verifiers' JudgeRubric and the like build their client); then this process's own are back, so that nothing
+    else here (the sampler's client) ever reads them. `PRIME_LAB_JUDGE_API_KEY` stays: ours, and a wired
+    `judge_api_key_var` may read it later."""
+    if wiring is None or not wiring.environ:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in wiring.environ}
+    os.environ.update(wiring.environ)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if key == KEY_VARIABLE:
+                continue
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
-from prime_lab.envs import hub, isolated, verifiers_adapter  # the adapter never imports verifiers itself
+from prime_lab.envs import hub, isolated, judges, verifiers_adapter  # the adapter never imports verifiers itself
 from prime_lab.envs.arguments import EnvArg, EnvironmentLoadError, env_args
 from prime_lab.envs.environment import Environment
 from prime_lab.envs.installed import (
@@ -166,6 +166,7 @@ def load_environment(env_id: str, **args: Any) -> Environment:
 
 
 def _load(env_id: str, args: dict[str, Any]) -> Environment:
+    judge = judges.endpoint_from_environ()  # the run's judge, if it has one: the environment is wired to it
     record = isolated.record_for(env_id)
     if record is not None:  # in its own interpreter, at its own verifiers release
         known = {a[0] for a in record.args}
@@ -174,7 +175,12 @@ def _load(env_id: str, args: dict[str, Any]) -> Environment:
             valid = ", ".join(a[0] if a[2] else f"{a[0]}={a[1]!r}" for a in record.args)
             raise EnvironmentLoadError(f"environment '{env_id}' does not take argument(s) {', '.join(unknown)}; "
                                        f"its arguments are: {valid}")
-        return isolated.IsolatedEnvironment(record, env_id, args)
+        wiring = judges.wire(record.args, args, judge) if judge is not None else None
+        loaded: Environment = isolated.IsolatedEnvironment(record, env_id, wiring.args if wiring else args,
+                                                           wiring.environ if wiring else None)
+        if wiring is not None and judge is not None:
+            loaded.judge_wiring = wiring.describe(env_id, judge)
+        return loaded
     _, func = _entry_point(env_id)
     params = inspect.signature(func).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
@@ -183,10 +189,13 @@ def _load(env_id: str, args: dict[str, Any]) -> Environment:
             valid = ", ".join(f"{a.name}={a.default!r}" if not a.required else a.name for a in env_args(func))
             raise EnvironmentLoadError(f"environment '{env_id}' does not take argument(s) {', '.join(unknown)}; "
                                        f"its arguments are: {valid or '(none)'}")
+    wiring = judges.wire(_with_defaults(func, {}), args, judge) if judge is not None else None
+    if wiring is not None:
+        args = wiring.args
     try:
         # a verifiers environment installs its own SIGINT/SIGTERM handlers when built (replacing a run's graceful
         # stop) and cannot be built off the main thread (the samples browser loads in a worker): keep ours
-        with verifiers_adapter.kept_signal_handlers():
+        with verifiers_adapter.kept_signal_handlers(), judges.environ_while_loading(wiring):
             env = func(**args)
     except EnvironmentLoadError:
         raise
@@ -201,6 +210,8 @@ def _load(env_id: str, args: dict[str, Any]) -> Environment:
         env = verifiers_adapter.wrap(env, env_id=env_id, load=func, load_args=args,
                                      reload=lambda **again: load_environment(env_id, **again))
     env.env_id = env_id
+    if wiring is not None and judge is not None:
+        env.judge_wiring = wiring.describe(env_id, judge)
     return env
 
 

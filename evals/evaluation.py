@@ -34,6 +34,7 @@ from prime_lab.envs import (
     replace_system_prompt,
 )
 from prime_lab.envs.environment import DEFAULT_ROLLOUT_TIMEOUT_S
+from prime_lab.envs.judges import JudgeConfig
 from prime_lab.envs.tool_prompt import ToolPrompts
 from prime_lab.evals.readiness import Readiness, RewardStats, assess
 from prime_lab.models.resolve import local_tokenizer
@@ -296,6 +297,7 @@ class EvalFileConfig(ConfigSection):
     adapter: str | None = None  # RUN[:STEP], as --adapter
     system_prompt_file: str | None = None  # a file (relative to this config) or a GEPA run's id
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)  # where its sandboxes run (as --sandbox)
+    judge: JudgeConfig | None = None  # the environment's LLM judge, started here (as --judge MODEL)
 
     @field_validator("num_examples")
     @classmethod

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from prime_lab.envs import Environment, Rollout, SamplingArgs
     from prime_lab.evals.evaluation import EvalFileConfig, EvalResult, SystemPrompt
     from prime_lab.evals.policies import TrainedPolicy
+    from prime_lab.inference.judge import JudgePlan
     from prime_lab.problems.validation import Problem
 
 
@@ -60,19 +61,28 @@ class EvalJob:
     adapter: str | None = None  # RUN[:STEP]: a trained policy, served by a sampler started here
     system_prompt_file: str | None = None  # a file or a GEPA run's id
     sandbox: dict[str, Any] = field(default_factory=dict)  # the [sandbox] settings as given (--sandbox, [sandbox])
+    judge: dict[str, Any] = field(default_factory=dict)  # the [judge] settings as given (--judge MODEL, [judge])
     # how to run it
     max_tokens: int | None = None  # over sampling's
     temperature: float | None = None  # over sampling's
     max_concurrent: int = 32
     api_key_var: str = "OPENAI_API_KEY"  # read only for a given base_url
     seed: int | None = None  # shuffles the examples
+    judge_plan: JudgePlan | None = None  # the judge's (`judge_settings`): its endpoint known before it starts
 
     def to_json(self) -> dict[str, Any]:
         """The run's config.json and resolved.json: the settings as given, under the keys they have always had."""
         return {"env": self.env_id, "model": self.model, "num_examples": self.num_examples,
                 "rollouts": self.rollouts_per_example, "env_args": self.env_args, "sampling": self.sampling,
                 "base_url": self.base_url, "adapter": self.adapter, "system_prompt_file": self.system_prompt_file,
-                **({"sandbox": self.sandbox} if self.sandbox else {})}
+                **({"sandbox": self.sandbox} if self.sandbox else {}), **({"judge": self.judge} if self.judge else {})}
+
+    def judge_settings(self) -> AbstractContextManager[Any]:
+        """Its judge's endpoint in this process's environment for a block (inference/judge.py): the environment
+        loaded in it is wired to the judge, which `evaluate` starts. Raises JudgeUnavailable."""
+        from prime_lab.inference.judge import applied_for
+
+        return applied_for(self)
 
     def sandbox_settings(self, run: Run | None = None) -> AbstractContextManager[None]:
         """Its `[sandbox]` settings (and its run) for the environments this process loads and the servers it starts,
@@ -105,7 +115,8 @@ def job_from_config(cfg: EvalFileConfig, path: Path) -> EvalJob:
     return EvalJob(env_id=cfg.env.id, model=cfg.model, env_args=cfg.env.args, num_examples=cfg.num_examples,
                    rollouts_per_example=cfg.rollouts_per_example, sampling=cfg.sampling, base_url=cfg.base_url,
                    adapter=cfg.adapter, system_prompt_file=prompt,
-                   sandbox=cfg.sandbox.model_dump(exclude_unset=True))
+                   sandbox=cfg.sandbox.model_dump(exclude_unset=True),
+                   judge=cfg.judge.model_dump(exclude_unset=True) if cfg.judge is not None else {})
 
 
 def read_config(path: Path) -> EvalJob:
@@ -178,6 +189,7 @@ def evaluate(run: Run, output_dir: Path, job: EvalJob, environment: Environment,
     from prime_lab.envs.env_server import EnvironmentDown
     from prime_lab.evals.evaluation import EvalSpec, run_evaluation
     from prime_lab.inference.control import AdapterLoadError
+    from prime_lab.inference.judge import JudgeUnavailable, start_for_run
     from prime_lab.inference.vllm import VLLMNotInstalledError
     from prime_lab.models import ModelNotFoundError
     from prime_lab.runs.processes import ServerStartError
@@ -190,6 +202,8 @@ def evaluate(run: Run, output_dir: Path, job: EvalJob, environment: Environment,
         cleanup.enter_context(job.sandbox_settings(run))
         try:
             cleanup.enter_context(sampling(run))  # system metrics of this process and the sampler it starts
+            cleanup.enter_context(job.judge_settings())
+            start_for_run(job, run, cleanup.callback, announce, environment.judge_wiring)
             base_url, served = _endpoint(run, job, policy, backend, cleanup.callback, announce)
             records = {"base_model": policy.base_model if policy is not None else model_name,
                        "policy": policy.metadata() if policy is not None else None,
@@ -207,7 +221,7 @@ def evaluate(run: Run, output_dir: Path, job: EvalJob, environment: Environment,
                                         announce=announce)
         except EnvironmentDown as exc:  # its server died more often than it may be restarted: one line, no trace
             raise _failed(run, exc.line()) from None
-        except ModelNotFoundError as exc:
+        except (ModelNotFoundError, JudgeUnavailable) as exc:
             raise _failed(run, str(exc)) from None
         except (ServerStartError, VLLMNotInstalledError) as exc:
             raise _failed(run, f"the sampler did not start: {exc}",

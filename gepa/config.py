@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import AliasChoices, Field, field_validator
 
+from prime_lab.envs.judges import JudgeConfig
 from prime_lab.envs.tool_prompt import KEY as TOOLS_KEY
 from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.problems.schema import ConfigSection
@@ -60,6 +61,8 @@ class GepaConfig(ConfigSection):
                                      "schemas after the system prompt where the model's chat template drops `tools`.")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Where the environment's sandboxes run "
                                    "(sandbox/config.py).")
+    judge: JudgeConfig | None = Field(default=None, description="The environment's LLM judge, started here (as "
+                                      "--judge MODEL; envs/judges.py).")
 
     @field_validator("env", mode="before")
     @classmethod

@@ -20,6 +20,7 @@ from typing import Any
 from prime_lab.gepa.config import GepaConfig, GepaEnvSection, validate_gepa_file
 from prime_lab.gepa.env_adapter import Endpoint
 from prime_lab.gepa.runner import GepaOutcome, GepaSettings, OnEvent, run_gepa
+from prime_lab.inference.judge import JudgePlan, JudgeUnavailable, applied_for, start_for_run
 from prime_lab.runs.registry import Run, RunRegistry, working
 from prime_lab.runs.system_metrics import sampling
 from prime_lab.sandbox.config import SandboxConfig, applied
@@ -40,16 +41,23 @@ class GepaJob:
     reflection_base_url: str | None = None
     api_key_var: str | None = None
     sandbox: dict[str, Any] = field(default_factory=dict)  # the [sandbox] settings as given
+    judge: dict[str, Any] = field(default_factory=dict)  # the [judge] settings as given (--judge MODEL, [judge])
+    judge_plan: JudgePlan | None = field(default=None, repr=False)  # not recorded: made when first applied
 
     def to_json(self) -> dict[str, Any]:
         return {"settings": self.settings.to_json(), "base_url": self.base_url,
                 "reflection_base_url": self.reflection_base_url, "api_key_var": self.api_key_var,
-                **({"sandbox": self.sandbox} if self.sandbox else {})}
+                **({"sandbox": self.sandbox} if self.sandbox else {}), **({"judge": self.judge} if self.judge else {})}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GepaJob:
         return cls(GepaSettings.from_json(data["settings"]), data.get("base_url"), data.get("reflection_base_url"),
-                   data.get("api_key_var"), dict(data.get("sandbox") or {}))
+                   data.get("api_key_var"), dict(data.get("sandbox") or {}), dict(data.get("judge") or {}))
+
+    def judge_settings(self) -> AbstractContextManager[Any]:
+        """Its judge's endpoint in this process's environment for a block (inference/judge.py): the environment
+        loaded in it is wired to the judge, which `search` starts. Raises JudgeUnavailable."""
+        return applied_for(self)
 
     def sandbox_settings(self, run: Run | None = None) -> AbstractContextManager[None]:
         """Its `[sandbox]` settings (and its run) for the environment this process loads and the server it starts,
@@ -68,7 +76,8 @@ def job_from_config(cfg: GepaConfig) -> GepaJob:
                             reflection_temperature=g.reflection_temperature, use_merge=g.use_merge,
                             max_merge_invocations=g.max_merge_invocations, sampling=cfg.sampling)
     return GepaJob(settings, cfg.base_url, cfg.reflection_base_url, cfg.api_key_var,
-                   cfg.sandbox.model_dump(exclude_unset=True))
+                   cfg.sandbox.model_dump(exclude_unset=True),
+                   cfg.judge.model_dump(exclude_unset=True) if cfg.judge is not None else {})
 
 
 def job_for_env(env_id: str) -> GepaJob:
@@ -91,9 +100,10 @@ def create_run(job: GepaJob, *, config_text: str = "", output_dir: Path | None =
 
     spec = job.settings
     try:
-        with job.sandbox_settings():  # [sandbox] provider: which prime_sandboxes the environment imports
+        # [sandbox] provider: which prime_sandboxes the environment imports; the judge it is wired to
+        with job.sandbox_settings(), job.judge_settings():
             load_environment(spec.env_id, **spec.env_args)
-    except EnvironmentLoadError as exc:
+    except (EnvironmentLoadError, JudgeUnavailable) as exc:
         raise GepaLaunchError(str(exc)) from None
     resolved = job.to_json()
     registry = RunRegistry(output_dir.parent) if output_dir is not None else RunRegistry()
@@ -130,6 +140,8 @@ def search(run: Run, job: GepaJob, *, backend: str = "builtin", on_event: OnEven
         cleanup.enter_context(sampling(run))  # system metrics of this process and the samplers it starts
         cleanup.enter_context(job.sandbox_settings(run))
         try:
+            cleanup.enter_context(job.judge_settings())
+            start_for_run(job, run, cleanup.callback, announce)
             task, reflection = _endpoints(run, job, backend, cleanup.callback, announce)
             run.set_state("running", source="gepa")
             outcome = run_gepa(spec, task, reflection, run.gepa_dir, run=run, on_event=on_event, announce=announce)
@@ -137,7 +149,7 @@ def search(run: Run, job: GepaJob, *, backend: str = "builtin", on_event: OnEven
             raise _failed(run, f"the local sampler did not start: {exc}") from None
         except EnvironmentDown as exc:  # its server died more often than it may be restarted: one line, no trace
             raise _failed(run, exc.line()) from None
-        except (ModelNotFoundError, EnvironmentLoadError, ValueError) as exc:
+        except (ModelNotFoundError, EnvironmentLoadError, ValueError, JudgeUnavailable) as exc:
             raise _failed(run, str(exc)) from None
         except APIError as exc:  # the reflection model's endpoint (a task rollout's error only scores 0)
             where = job.reflection_base_url or job.base_url or "the local sampler"

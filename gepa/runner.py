@@ -105,6 +105,8 @@ def run_gepa(settings: GepaSettings, task: Endpoint, reflection: Endpoint, out_d
     if run is not None:  # an environment at its own verifiers release serves this run: its log goes with the run's
         isolated.serve_for(run)
     env = env or load_environment(settings.env_id, **settings.env_args)
+    if env.judge_wiring and announce is not None:  # how it was pointed at the run's judge
+        announce(env.judge_wiring)
     train, val, test = train_val_test(env, settings.num_train, settings.num_val, settings.num_test, settings.seed)
     if not train or not val:
         raise ValueError(f"{settings.env_id} gave {len(train)} training and {len(val)} validation rows; "

@@ -10,8 +10,9 @@ by side.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from prime_lab.runs.processes import RunningServer
 from prime_lab.runs.registry import Run
@@ -33,6 +34,9 @@ class SamplerOptions:
     max_lora_rank: int = 16  # the adapters' rank ([lora].r); vLLM rounds it up to a rank it accepts
     lora: bool = True  # False: full fine-tuning, the sampler takes full weights at runtime instead of adapters
     expert_lora: bool = False  # vLLM only: adapters on fused MoE experts (peft target_parameters)
+    # Defaults over the model's generation_config (vLLM's --override-generation-config, the built-in server's too):
+    # temperature, top_p, top_k, max_new_tokens (a request's max_tokens when it sets none). A judge's.
+    generation_config: dict[str, Any] = field(default_factory=dict)
 
 
 def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name: str | None = None,
@@ -55,7 +59,8 @@ def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name
                                 tensor_parallel_size=opts.tensor_parallel_size,
                                 data_parallel_size=opts.data_parallel_size,
                                 gpu_memory_utilization=opts.gpu_memory_utilization, cpu_kv_cache_gib=opts.kv_cache_gb,
-                                max_model_len=opts.max_model_len or None)
+                                max_model_len=opts.max_model_len or None,
+                                override_generation_config=dict(opts.generation_config))
         if not opts.lora:
             settings = settings.taking_full_weights()
         return start_vllm(settings, log_path=log_path, timeout=timeout, env=env, wait=wait)
@@ -64,7 +69,8 @@ def start_sampler(backend: str, model_path: Path, log_path: Path, *, served_name
         from prime_lab.inference.builtin.server import BuiltinServerSettings
 
         builtin = BuiltinServerSettings(model=model_path, served_model_name=served_name,
-                                        max_model_len=opts.max_model_len)
+                                        max_model_len=opts.max_model_len,
+                                        generation_overrides=dict(opts.generation_config))
         if dtype:
             builtin = replace(builtin, dtype=dtype)
         return start_builtin_server(builtin, port=opts.port or None, log_path=log_path, timeout=timeout, env=env,

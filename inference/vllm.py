@@ -37,10 +37,12 @@ And the arguments a GPU run needs (`vllm_argv`; checked against vLLM's own parse
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from prime_lab.inference.control import RuntimeAdapters
 from prime_lab.runs.hardware import cuda_available, usable_core_list
@@ -110,6 +112,7 @@ class VLLMSettings:
     prefix_caching: bool = True
     worker_extension: str | None = None  # --worker-extension-cls: a class mixed into vLLM's worker
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: /collective_rpc, /reset_prefix_cache among others
+    override_generation_config: dict[str, Any] = field(default_factory=dict)  # e.g. {"max_new_tokens": 256}
     extra_args: tuple[str, ...] = ()
 
     def taking_full_weights(self) -> VLLMSettings:
@@ -152,6 +155,8 @@ def vllm_argv(settings: VLLMSettings, port: int, *, on_gpu: bool) -> list[str]:
         argv.append("--no-enable-prefix-caching")
     if settings.worker_extension:
         argv += ["--worker-extension-cls", settings.worker_extension]
+    if settings.override_generation_config:
+        argv += ["--override-generation-config", json.dumps(settings.override_generation_config)]
     return argv + list(settings.extra_args)
 
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
+from prime_lab.envs.judges import JudgeConfig
 from prime_lab.problems.schema import ConfigSection
 from prime_lab.problems.validation import CheckContext, Validation, validate_file, validate_toml
 from prime_lab.sandbox.config import SandboxConfig
@@ -348,6 +349,8 @@ class RLConfig(ConfigSection):
         "own tokens (needs [teacher]).")
     # Sections
     teacher: TeacherConfig | None = None
+    judge: JudgeConfig | None = Field(default=None, description="The environments' LLM judge: a local server this "
+                                      "run starts (prime-lab only; envs/judges.py), or [judge.client]'s endpoint.")
     sampling: SamplingConfig
     env: list[EnvConfig] = Field(min_length=1)
     wandb: WandbConfig | None = None

@@ -172,6 +172,7 @@ class Supervisor:
         self.events = run.writer("launcher")
         self.servers: list[RunningServer] = []  # the local sampler servers, in role order
         self.teacher_server: RunningServer | None = None  # distillation's local teacher
+        self.judge_server: RunningServer | None = None  # the environments' local LLM judge ([judge])
         self.placement = Placement([], [], 1)  # planned in start(), before any process starts
         self.devices: dict[str, ChildDevices] = {}  # each local process's GPUs, environment and memory share
         self.vllm_roles: list[str] = []  # the local processes that are vLLM engines on a GPU
@@ -240,13 +241,14 @@ class Supervisor:
                 return
         base_urls, model_name = self.start_sampler(choice, sampler_threads)
         teacher = self.start_teacher(sampler_threads)
+        judge = self.start_judge(sampler_threads)
         if self.stop.set:
             return
         api_key = ["--api-key-var", cfg.inference.api_key_var] if choice.backend == "external" else []
         urls = [arg for url in base_urls for arg in ("--base-url", url)]
         self.start_child("orchestrator", ["prime_lab.trainer.orchestrator", str(run.dir), *urls,
                                           "--model", model_name, "--model-path", str(self.model_path), *api_key,
-                                          *teacher, *resume])
+                                          *teacher, *resume], env=judge)
         run.set_state("running")
         self.start_mirror()
 
@@ -541,6 +543,30 @@ class Supervisor:
             raise LaunchFailed(f"the external sampler at {base_url} does not answer ({exc}); start it, or fix "
                                "[inference].base_url / base_urls") from exc
 
+    def start_judge(self, threads: int = 0) -> dict[str, str]:
+        """`[judge]`: start the environments' LLM judge (inference/judge.py; role `judge`, its log `logs/judge.log`,
+        on the GPU the placement gives it), or take `[judge.client]`'s endpoint. Returns the orchestrator's
+        environment that says where it is (envs/judges.py `endpoint_from_environ`): its environments, in its process
+        and in their servers, are wired to it."""
+        from prime_lab.inference.judge import JudgePlan, JudgeUnavailable
+
+        judge = self.rl.judge if isinstance(self.config, RLConfig) else None
+        if judge is None:
+            return {}
+        devices = self.devices.get("judge", ChildDevices([], {}))
+        env = dict(devices.env)
+        if threads:
+            env["OMP_NUM_THREADS"] = str(max(1, threads // 2))
+        try:
+            plan = JudgePlan(judge)
+            self.judge_server = plan.start(self.run.log_path("judge"), register=self.run.register_process, env=env,
+                                           gpu_memory_utilization=devices.gpu_memory_utilization,
+                                           timeout=self.rl.inference.startup_timeout, announce=self.log)
+        except JudgeUnavailable as exc:
+            raise LaunchFailed(str(exc)) from exc
+        self.log(f"{plan.describe()} ready")
+        return plan.endpoint.environ()
+
     # Watch ------------------------------------------------------------------------------------------------
     def follow_events(self) -> None:
         """Read new events: remember each process's last error, and raise alerts on the metrics and for what the
@@ -569,7 +595,7 @@ class Supervisor:
     def watch(self) -> str:
         """Until the run ends: returns the final state."""
         last_health = time.monotonic()
-        healthy_at = [last_health] * (len(self.servers) + (self.teacher_server is not None))
+        healthy_at = [last_health] * len(self.checked_servers())
         while True:
             self.follow_events()
             if self.stop.set:
@@ -603,12 +629,9 @@ class Supervisor:
     def check_samplers(self, healthy_at: list[float], probe: bool) -> None:
         """Raise LaunchFailed when a local sampler server has exited, or (`probe`: ask /health now) has not answered
         /health for UNHEALTHY_AFTER_S seconds; `healthy_at` holds when each one last answered."""
-        teacher = [self.teacher_server] if self.teacher_server is not None else []
-        for i, server in enumerate(self.servers + teacher):
+        for i, (which, server) in enumerate(self.checked_servers()):
             code = server.process.poll()
             if code is not None:
-                which = " (the teacher)" if i >= len(self.servers) else \
-                    f" ({sampler_role(i)})" if len(self.servers) > 1 else ""
                 raise LaunchFailed(f"the inference server{which} exited with code {code}; its log ends:\n"
                                    f"{log_tail(server.log_path, 8)}")
             if not probe:
@@ -619,6 +642,13 @@ class Supervisor:
             elif now - healthy_at[i] > UNHEALTHY_AFTER_S:
                 raise LaunchFailed(f"the inference server at {server.base_url} stopped answering /health for "
                                    f"{now - healthy_at[i]:.0f} s")
+
+    def checked_servers(self) -> list[tuple[str, RunningServer]]:
+        """The local servers the run needs, each with the words that name it in a failure."""
+        several = len(self.servers) > 1
+        out = [(f" ({sampler_role(i)})" if several else "", s) for i, s in enumerate(self.servers)]
+        out += [(" (the teacher)", s) for s in (self.teacher_server,) if s is not None]
+        return out + [(" (the judge)", s) for s in (self.judge_server,) if s is not None]
 
     def stop_children(self, grace: float = STOP_GRACE_S) -> None:
         for role, process in self.children.items():
@@ -642,9 +672,10 @@ class Supervisor:
                 process.wait()
         while self.servers:
             self.servers.pop().stop()
-        if self.teacher_server is not None:
-            self.teacher_server.stop()
-            self.teacher_server = None
+        for side in (self.teacher_server, self.judge_server):
+            if side is not None:
+                side.stop()
+        self.teacher_server = self.judge_server = None
 
     def supervise(self) -> int:
         final, reason = "failed", ""

@@ -229,6 +229,9 @@ class Orchestrator:
         isolated.serve_for(run, on_restart=self.env_restarted)
         self.envs: dict[str, Environment] = {
             name: load_environment(e.id, **e.args) for name, e in zip(self.names, config.env, strict=True)}
+        for env in self.envs.values():  # how each was pointed at the run's LLM judge ([judge], envs/judges.py)
+            if env.judge_wiring:
+                self.log(env.judge_wiring)
         # each environment's rollout time limit: its [[env]] timeout, or its own where smaller
         self.timeouts = {name: e.timeout for name, e in zip(self.names, config.env, strict=True)}
         self.time_limits = {name: rollout_time_limit(env, self.timeouts[name]) for name, env in self.envs.items()}

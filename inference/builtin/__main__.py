@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -30,6 +31,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-batch-rows", type=int, default=64, help="sequences decoded together at most")
     parser.add_argument("--cuda-graphs", choices=CUDA_GRAPHS, default="auto",
                         help="the decode step replayed as a CUDA graph (auto: on a GPU; off: eager decode)")
+    parser.add_argument("--override-generation-config", type=json.loads, default={}, metavar="JSON",
+                        help="defaults over the model's generation_config, as vLLM's flag: temperature, top_p, "
+                        "top_k, max_new_tokens (a request's max_tokens when it sets none), e.g. "
+                        """'{"max_new_tokens": 256}'""")
     return parser.parse_args(argv)
 
 
@@ -45,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         max_model_len=args.max_model_len,
         max_batch_rows=args.max_batch_rows,
         cuda_graphs=args.cuda_graphs,
+        generation_overrides=dict(args.override_generation_config),
     )
     try:
         run_server(settings, host=args.host, port=args.port)

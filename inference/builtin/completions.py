@@ -38,6 +38,7 @@ class SamplingDefaults:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    max_tokens: int | None = None  # None: what the context leaves (vLLM: generation_config's max_new_tokens)
 
 
 @dataclass
@@ -141,7 +142,7 @@ class CompletionService:
             )
         room = self.max_model_len - prompt_tokens
         if max_tokens is None:
-            max_tokens = room
+            max_tokens = room if self.defaults.max_tokens is None else min(room, self.defaults.max_tokens)
         elif max_tokens > room:
             raise APIError(
                 f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context "

@@ -5,6 +5,7 @@ No torch here: the server process imports it, this one does not.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ def builtin_argv(settings: BuiltinServerSettings, port: int, host: str = "127.0.
         argv += ["--max-model-len", str(settings.max_model_len)]
     for name, path in settings.adapters.items():
         argv += ["--adapter", f"{name}={path}"]
+    if settings.generation_overrides:
+        argv += ["--override-generation-config", json.dumps(settings.generation_overrides)]
     return argv
 
 

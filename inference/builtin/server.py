@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -34,6 +34,8 @@ class BuiltinServerSettings:
     # The decode step through fixed-shape buffers, replayed as a CUDA graph (graph_decode.py). auto: on a GPU;
     # off: the eager decode (vLLM's --enforce-eager); on: also on the CPU, where nothing is captured (tests).
     cuda_graphs: str = "auto"
+    # vLLM's --override-generation-config: temperature, top_p, top_k, max_new_tokens (a request's default max_tokens)
+    generation_overrides: dict[str, Any] = field(default_factory=dict)
 
     @property
     def model_name(self) -> str:
@@ -82,17 +84,18 @@ def torch_dtype(name: str, device: str) -> Any:
     return getattr(torch, name)
 
 
-def sampling_defaults(generation_config: Any) -> SamplingDefaults:
-    """The model's own sampling defaults from generation_config.json, as vLLM applies them."""
-    if generation_config is None:
-        return SamplingDefaults()
-    temperature = getattr(generation_config, "temperature", None)
-    top_p = getattr(generation_config, "top_p", None)
-    top_k = getattr(generation_config, "top_k", None)
+def sampling_defaults(generation_config: Any, overrides: Mapping[str, Any] | None = None) -> SamplingDefaults:
+    """The model's own sampling defaults from generation_config.json with `overrides` over them, as vLLM applies
+    them (`--override-generation-config`; its `max_new_tokens` is a request's default `max_tokens`)."""
+    found = {k: getattr(generation_config, k, None) for k in ("temperature", "top_p", "top_k")}
+    found.update({k: v for k, v in (overrides or {}).items() if k in ("temperature", "top_p", "top_k",
+                                                                       "max_new_tokens")})
+    temperature, top_p, top_k, most = (found.get(k) for k in ("temperature", "top_p", "top_k", "max_new_tokens"))
     return SamplingDefaults(
         temperature=1.0 if temperature is None else float(temperature),
         top_p=1.0 if top_p is None else float(top_p),
         top_k=0 if top_k is None else max(int(top_k), 0),
+        max_tokens=None if most is None else max(int(most), 1),
     )
 
 
@@ -157,7 +160,7 @@ def build_service(settings: BuiltinServerSettings) -> CompletionService:
         engine=engine.start(),
         codec=codec,
         max_model_len=max_model_len,
-        defaults=sampling_defaults(getattr(module, "generation_config", None)),
+        defaults=sampling_defaults(getattr(module, "generation_config", None), settings.generation_overrides),
     )
 
 

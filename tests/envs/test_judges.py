@@ -51,8 +51,9 @@ def test_the_judge_message_names_the_variable_its_arguments_name_and_how_to_judg
     assert message.startswith("environment 'me/judged': its LLM judge needs an API key in JUDGE_KEY (named by "
                               "judge_api_key_var), not set")
     assert "`prime secret create -n JUDGE_KEY`" in message
-    assert """-a '{"judge_base_url": "http://127.0.0.1:PORT/v1", "judge_model": "MODEL"}'""" in message
-    assert "OPENAI_BASE_URL" not in message and "\n" not in message
+    assert message.endswith("; or judge with a local model: add --judge MODEL (in a config file, a [judge] table "
+                            "with model = MODEL)")
+    assert "\n" not in message
     assert lines_failure_message(["ValueError: something else"], "me/judged", args) is None
 
 
@@ -96,12 +97,12 @@ def test_an_environment_whose_judge_has_no_key_fails_to_load_in_one_line(judged_
     message = str(by_variables.value)
     assert message.startswith("environment 'judged-by-variables': its LLM judge needs an API key in OPENAI_API_KEY, "
                               "not set: store it with `prime secret create -n OPENAI_API_KEY`")
-    assert "OPENAI_BASE_URL=http://127.0.0.1:PORT/v1" in message and "-a '" not in message
+    assert "--judge MODEL" in message
     with pytest.raises(EnvironmentLoadError) as by_arguments:
         load_environment("judged-by-arguments", judge_model="gpt-5")
     message = str(by_arguments.value)
     assert "needs an API key in MY_JUDGE_KEY (named by judge_api_key_var)" in message
-    assert "`prime secret create -n MY_JUDGE_KEY`" in message and '"judge_base_url": "http://127.0.0.1' in message
+    assert "`prime secret create -n MY_JUDGE_KEY`" in message and "[judge] table" in message
     # the same line from an environment's own interpreter: driver.py's answer (its error lines and arguments)
     answer = {"error": OLD_NO_KEY, "errors": [OLD_NO_KEY],
               "arguments": {"judge_model": "gpt-5", "judge_base_url": "https://api.openai.com/v1",

@@ -185,6 +185,8 @@ def install_from_hub(text: str, verifiers: str | None = None, isolate: bool = Fa
 
 INSTALL_OPTION = typer.Option(False, "--install", help="First install from the Environments Hub each owner/name "
                                                       "environment the command names that is not installed here.")
+JUDGE_OPTION = typer.Option(None, "--judge", metavar="MODEL", help="Start a local server on MODEL as the environment's "
+                            "LLM judge and point the environment at it (as a [judge] table).")
 
 
 def install_missing(env_ids: list[str]) -> None:

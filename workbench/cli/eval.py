@@ -25,7 +25,7 @@ from prime_lab.workbench.cli.common import (
     fail_unexpected,
     print_json,
 )
-from prime_lab.workbench.cli.env import INSTALL_OPTION, install_missing
+from prime_lab.workbench.cli.env import INSTALL_OPTION, JUDGE_OPTION, install_missing
 from prime_lab.workbench.cli.render import live_output, print_table, progress_console
 from prime_lab.workbench.cli.run_verbs import add_run_verbs
 
@@ -82,10 +82,12 @@ def run(
                                                        "text, or a GEPA run's best prompt."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Print each rollout's reward as it finishes."),
     install: bool = INSTALL_OPTION,
+    judge: str | None = JUDGE_OPTION,
 ) -> None:
     """Evaluate MODEL on ENV: results.jsonl, metadata.json, and a readiness verdict for RL."""
     from prime_lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
     from prime_lab.evals import launcher
+    from prime_lab.inference.judge import JudgeUnavailable, settings_for
     from prime_lab.workbench.cli.models import obtain
     from prime_lab.workbench.cli.secret import inject_secrets
 
@@ -104,6 +106,7 @@ def run(
     job.max_tokens, job.temperature, job.max_concurrent = max_tokens, temperature, concurrency
     job.api_key_var, job.seed = api_key_var, seed
     job.sandbox = _sandbox_settings({**job.sandbox, **given_sandbox})
+    job.judge = settings_for(judge, job.judge)
     if num_examples == 0 or num_examples < -1:
         fail("-n/--num-examples must be -1 (all) or at least 1")
     if backend not in ("builtin", "vllm"):
@@ -117,9 +120,10 @@ def run(
     try:
         load_env_files(env_file)
         inject_secrets([job.env_id])  # `prime secret`: under the shell's variables and --env-file's
-        with job.sandbox_settings():  # [sandbox] provider: which prime_sandboxes the environment imports
+        # [sandbox] provider: which prime_sandboxes the environment imports; the judge it is wired to
+        with job.sandbox_settings(), job.judge_settings():
             environment = load_environment(job.env_id, **job.env_args)
-    except (EnvironmentLoadError, MissingKeyError) as exc:
+    except (EnvironmentLoadError, MissingKeyError, JudgeUnavailable) as exc:
         fail(str(exc))
     if job.model and job.base_url is None and policy is None:
         obtain(job.model)  # built or downloaded here, before the run is registered (its sampler then finds it)

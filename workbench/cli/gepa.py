@@ -11,7 +11,7 @@ import typer
 from prime_lab.gepa.config import GepaSearchSection
 from prime_lab.models.presets import DEFAULT_MODEL
 from prime_lab.workbench.cli.common import config_path, err, fail, fail_unexpected, write_new_file
-from prime_lab.workbench.cli.env import INSTALL_OPTION
+from prime_lab.workbench.cli.env import INSTALL_OPTION, JUDGE_OPTION
 from prime_lab.workbench.cli.eval import _json_arg, _sandbox_settings
 from prime_lab.workbench.cli.render import live_output
 from prime_lab.workbench.cli.run_verbs import add_run_verbs
@@ -56,10 +56,12 @@ def run(
     use_merge: bool = typer.Option(False, "--use-merge", help="Also merge candidates from different branches."),
     backend: str = typer.Option("builtin", "--backend", help="Local sampler when no -b: builtin or vllm."),
     install: bool = INSTALL_OPTION,
+    judge: str | None = JUDGE_OPTION,
 ) -> None:
     """Optimize ENV's system prompt: best_prompt.txt, pareto_frontier.jsonl, metadata.json, proposals.jsonl (every
     proposal, accepted or not) in the run."""
     from prime_lab.gepa import launcher
+    from prime_lab.inference.judge import settings_for
     from prime_lab.workbench.cli.env import install_missing
     from prime_lab.workbench.cli.secret import inject_secrets
 
@@ -90,6 +92,7 @@ def run(
             job.settings.sampling.update({k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature))
                                           if v is not None})
             job.sandbox = _sandbox_settings({**job.sandbox, **_json_arg(sandbox, "--sandbox")})
+            job.judge = settings_for(judge, job.judge)
             job.base_url = base_url or job.base_url
             job.api_key_var = api_key_var or job.api_key_var
             if install:
