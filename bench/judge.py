@@ -328,8 +328,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="judge-bench-") as tmp:
         try:
             result = run(args, Path(tmp))
-        except (ModelNotFoundError, ServerStartError) as exc:
+        except ModelNotFoundError as exc:
+            print(f"bench/judge.py: {exc}", file=sys.stderr)  # the model, then the kinds of name it takes
+            return 1
+        except ServerStartError as exc:  # its first line names the server and its log
             print(f"bench/judge.py: {str(exc).splitlines()[0]}", file=sys.stderr)
+            return 1
+        except openai.APIError as exc:  # a server that failed or died mid-run
+            print(f"bench/judge.py: a request failed mid-run ({type(exc).__name__}: {exc})", file=sys.stderr)
             return 1
         figures = report(result, args)
     if args.json is not None:
