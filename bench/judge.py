@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/judge.py [--model tiny|smollm2-135m|FOLDER] [--requests 16] [--concurrency 16]
                                     [--max-new-tokens 256] [--max-model-len 512] [--rounds 2] [--cpu-split run|none]
-                                    [--sampler-requests 8] [--sampler-tokens 64] [--json out.json]
+                                    [--sampler-requests 8] [--sampler-tokens 128] [--json out.json]
 
 Starts three servers of `--model` (default `tiny`: the tiny random test model, built here; `smollm2-135m` for a real
 one): the judge as a run starts it (`inference.launch.start_sampler`, the built-in engine, with `[judge.sampling]`'s
@@ -164,9 +164,9 @@ async def sampler_batch(server: RunningServer, requests: int, tokens: int) -> tu
 
 async def judge_decoding(meter: JudgeMeter) -> None:
     """Return once the judge's engine has generated tokens since the call (its load is on)."""
-    before = meter.scrape()
+    before = await asyncio.to_thread(meter.scrape)
     start = before.counts["generation_tokens"] if before else 0.0
-    while (now := meter.scrape()) is None or now.counts["generation_tokens"] <= start:
+    while (now := await asyncio.to_thread(meter.scrape)) is None or now.counts["generation_tokens"] <= start:
         await asyncio.sleep(0.02)
 
 
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                         "own; prime serve answers a request without max_tokens up to it)")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds of each part")
     parser.add_argument("--sampler-requests", type=int, default=8, help="requests of the sampler's batch")
-    parser.add_argument("--sampler-tokens", type=int, default=64, help="tokens of each sampler request")
+    parser.add_argument("--sampler-tokens", type=int, default=128, help="tokens of each sampler request")
     parser.add_argument("--cpu-split", choices=("run", "none"), default="run", help="run: the sampler's and the "
                         "judge's CPU threads as an RL run sets them on a CPU; none: each server's default")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
