@@ -187,8 +187,9 @@ class Wiring:
     def describe(self, env_id: str, judge: JudgeEndpoint) -> str:
         """One line for the run's log: what was wired where."""
         parts = [f"{', '.join(self.filled)} (arguments)"] if self.filled else []
-        if self.environ:
-            parts.append(f"{', '.join(sorted(k for k in self.environ if k.startswith('OPENAI_')))} (its environment)")
+        variables = sorted(k for k in self.environ if k.startswith("OPENAI_"))  # not our key a filled argument names
+        if variables:
+            parts.append(f"{', '.join(variables)} (its environment)")
         how = " and ".join(parts) or "nothing: its arguments already name a judge"
         return f"environment '{env_id}': judge {judge.model} at {judge.base_url} through {how}"
 

@@ -8,12 +8,15 @@ keeping an unknown keyword as an attribute; `init_state`, `rollout(...) -> (comp
 responses in the state; `rubric.score_rollout(...) -> RolloutScore`; `get_reward_funcs()`), and an environment
 shaped as gpu_puzzles is (its `info` JSON text, `vf.Rubric(parser=..., reward_funcs=[...])`, and an event loop
 run with `asyncio.get_event_loop().run_until_complete` while it loads). And, in process, the arguments a rollout of
-0.1.5's shape (no `init_state`, a rollout without completion, state or example id) is called with.
+0.1.5's shape (no `init_state`, a rollout without completion, state or example id) is called with. And two
+environments judged by an LLM (envs/judges.py), one taking judge arguments and one building its client from
+OPENAI_BASE_URL, wired to the run's judge in that interpreter.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,9 +24,13 @@ from typing import Any
 
 import pytest
 
-from prime_lab.envs import SamplingArgs, driver, isolated
+from prime_lab.envs import SamplingArgs, driver, isolated, load_environment
+from prime_lab.envs.env_server import run_driver
 from prime_lab.envs.isolated import IsolatedEnvironment, IsolatedRecord
+from prime_lab.envs.judges import JudgeEndpoint
+from tests.envs.test_judge_wiring import requests_answered
 from tests.envs.verifiers_standins import release_interpreter
+from tests.plugins.servers import TINY_SERVED_NAME
 
 STAND_IN_VERIFIERS = '''\
 """A stand-in for verifiers 0.1.7: its Rubric, SingleTurnEnv and load_environment, as that release has them."""
@@ -128,11 +135,55 @@ def load_environment(**kwargs):
 '''
 
 
+# Scored by an LLM judge: the reward is the judge's answer length (at most 3 tokens, so 1-3), by the client given.
+JUDGE_VERDICT = '''\
+import verifiers as vf
+
+
+def judged_env(judge, judge_model):
+    async def verdict(completion, **kwargs):
+        reply = await judge.chat.completions.create(model=judge_model, max_tokens=3, messages=[
+            {"role": "user", "content": "Is this a good answer? " + completion[-1]["content"]}])
+        return float(reply.usage.completion_tokens)
+
+    rows = [{"prompt": [{"role": "user", "content": "Say one."}], "answer": "one"}]
+    return vf.SingleTurnEnv(eval_dataset=rows, rubric=vf.Rubric(funcs=[verdict]))
+'''
+
+# agentic_misalignment's shape: the judge's address, model and key variable are arguments.
+JUDGE_ARGS_ENV = '''\
+import os
+
+from openai import AsyncOpenAI
+
+from judge_verdict import judged_env
+
+
+def load_environment(judge_model="gpt-4.1-mini", judge_base_url="https://api.openai.com/v1",
+                     judge_api_key_var="MY_JUDGE_KEY"):
+    return judged_env(AsyncOpenAI(base_url=judge_base_url, api_key=os.environ[judge_api_key_var], max_retries=0),
+                      judge_model)
+'''
+
+# llm_writer_negative_style's shape: a client built from OPENAI_BASE_URL / OPENAI_API_KEY, only the model an argument.
+JUDGE_VARS_ENV = '''\
+from openai import AsyncOpenAI
+
+from judge_verdict import judged_env
+
+
+def load_environment(judge_model="gpt-5"):
+    return judged_env(AsyncOpenAI(max_retries=0), judge_model)
+'''
+
+
 @pytest.fixture(scope="session")
 def classic_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An interpreter of verifiers 0.1.7 (the stand-in) with the puzzle environment installed."""
+    """An interpreter of verifiers 0.1.7 (the stand-in) with the puzzle and the judged environments installed."""
     return release_interpreter(tmp_path_factory.mktemp("classic-venv"), "0.1.7",
-                               {"verifiers/__init__.py": STAND_IN_VERIFIERS, "puzzle_env.py": PUZZLE_ENV})
+                               {"verifiers/__init__.py": STAND_IN_VERIFIERS, "puzzle_env.py": PUZZLE_ENV,
+                                "judge_verdict.py": JUDGE_VERDICT, "judge_args_env.py": JUDGE_ARGS_ENV,
+                                "judge_vars_env.py": JUDGE_VARS_ENV})
 
 
 @pytest.fixture
@@ -170,6 +221,43 @@ def test_a_release_without_run_group_is_described_and_driven(classic_python: Pat
         assert len(turn.completion_logprobs) == len(turn.completion_token_ids)
         assert turn.finish_reason in ("stop", "length") and rollout.is_truncated == (turn.finish_reason == "length")
         assert rollout.completion[0]["role"] == "assistant" and rollout.timing["generation_ms"] > 0
+
+
+def test_judged_environments_are_wired_to_the_judge_in_their_own_interpreter(
+        classic_python: Path, servers_here: Path, builtin_server: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the run's judge in this process's environment (the session's server, as a run's orchestrator is given
+    one), each installed environment is loaded wired to it: the judge arguments it takes filled in (read from its
+    signature in its own interpreter), OPENAI_BASE_URL / OPENAI_API_KEY in its server's environment for the one that
+    reads them (never in this process). Its rollouts' rewards are the judge's answers."""
+    for variable in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MY_JUDGE_KEY"):
+        monkeypatch.delenv(variable, raising=False)
+    endpoint = JudgeEndpoint(builtin_server.base_url, TINY_SERVED_NAME)
+    for name, value in endpoint.environ().items():
+        monkeypatch.setenv(name, value)
+    for module in ("judge_args_env", "judge_vars_env"):
+        checked = run_driver(classic_python, "check", module)  # what `prime env install` records
+        assert checked.get("ok"), checked
+        isolated.save_record(IsolatedRecord(
+            name=module.replace("_", "-"), module=module, distribution=module, version="0.1", release="0.1.7",
+            python=str(classic_python), target=str(tmp_path), reason="a test's",
+            args=tuple(tuple(a) for a in checked["args"])))
+    by_arguments, by_variables = load_environment("judge-args-env"), load_environment("judge-vars-env")
+    assert isinstance(by_arguments, IsolatedEnvironment) and isinstance(by_variables, IsolatedEnvironment)
+    assert by_arguments.judge_wiring == (f"environment 'judge-args-env': judge {TINY_SERVED_NAME} at "
+                                         f"{builtin_server.base_url} through judge_base_url, judge_model, "
+                                         "judge_api_key_var (arguments)")
+    assert by_variables.judge_wiring is not None and \
+        "judge_model (arguments) and OPENAI_API_KEY, OPENAI_BASE_URL (its environment)" in by_variables.judge_wiring
+    assert "OPENAI_BASE_URL" not in os.environ and "OPENAI_API_KEY" not in os.environ
+    model = SimpleNamespace(base_url=builtin_server.base_url, api_key="EMPTY")
+    for env in (by_arguments, by_variables):
+        before = requests_answered(builtin_server.root_url)
+        rows = env.get_eval_dataset()
+        rollouts = asyncio.run(env.run_group(model, TINY_SERVED_NAME, rows * 2, SamplingArgs(max_tokens=4)))
+        assert [r.error for r in rollouts] == [None, None]
+        assert all(1.0 <= r.reward <= 3.0 for r in rollouts), [r.reward for r in rollouts]
+        assert requests_answered(builtin_server.root_url) - before == 4  # each rollout: the policy, then the judge
 
 
 class Release015Env:
