@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, redirect_stdout
+from contextlib import contextmanager, nullcontext, redirect_stdout
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -116,14 +116,21 @@ def check_environments(cfg: RLConfig, extra_env: dict[str, str]) -> None:
     """Load each of the run's environments ([[env]], then [[eval.env]]) once here, with what the run's orchestrator
     will have in its environment (the config's env_file, --env-file, -e, the stored secrets): one that cannot load
     ends this command with its one-line error before the run is registered, not the run a minute later. Nothing
-    loaded here reaches the run (an isolated environment is only described by its interpreter, no server starts)."""
+    loaded here reaches the run (an isolated environment is only described by its interpreter, no server starts).
+    With a `[judge]` they load wired to it (inference/judge.py `JudgePlan.applied`), as the orchestrator's do."""
     from prime_lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
+    from prime_lab.inference.judge import JudgeUnavailable, plan
     from prime_lab.sandbox.config import applied
 
     entries: list[tuple[str, dict[str, Any]]] = [(e.id, e.args) for e in cfg.env]
     entries += [(e.id, e.args) for e in (cfg.eval.env if cfg.eval is not None else [])]
     loaded: set[str] = set()
-    with _process_environment(extra_env), applied(cfg.sandbox), redirect_stdout(sys.stderr):  # stdout: the run id
+    try:
+        judge = plan(cfg.judge)
+    except JudgeUnavailable as exc:
+        fail(str(exc))
+    with _process_environment(extra_env), applied(cfg.sandbox), redirect_stdout(sys.stderr), \
+            judge.applied() if judge is not None else nullcontext():  # stdout: the run id
         try:
             if cfg.env_file:
                 load_env_files(cfg.env_file, base=Path.cwd())
