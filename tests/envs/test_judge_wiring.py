@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import textwrap
 import urllib.request
 from collections.abc import Iterator
@@ -141,14 +142,19 @@ def judge(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 @pytest.fixture
-def judged_envs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for name, source in (("judged_by_arguments", BY_ARGUMENTS), ("judged_by_variables", BY_VARIABLES),
-                         ("simulated_user", SIMULATED_USER)):
+def judged_envs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    sources = {"judged_by_arguments": BY_ARGUMENTS, "judged_by_variables": BY_VARIABLES,
+               "simulated_user": SIMULATED_USER}
+    for name, source in sources.items():
         (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
     for variable in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MY_JUDGE_KEY", KEY_VARIABLE):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    for name in sources:  # before and after: tests/envs/test_judges.py imports other modules of these names
+        sys.modules.pop(name, None)
+    yield tmp_path
+    for name in sources:
+        sys.modules.pop(name, None)
 
 
 def requests_answered(root_url: str) -> int:
