@@ -63,8 +63,10 @@ from prime_lab.envs import (
 )
 from prime_lab.envs.env_server import EnvironmentDown
 from prime_lab.envs.environment import DEFAULT_ROLLOUT_TIMEOUT_S, empty, rollout_time_limit, timed_out, timed_rollout
+from prime_lab.envs.judges import endpoint_from_environ
 from prime_lab.envs.tool_prompt import ToolPrompts
 from prime_lab.inference.control import AdapterLoadError, policy_cache_salt
+from prime_lab.inference.judge_metrics import JudgeMeter
 from prime_lab.models.resolve import local_tokenizer
 from prime_lab.monitors.alerts import ENV_RESTART
 from prime_lab.runs.evaluations import Failures, with_failures
@@ -284,6 +286,11 @@ class Orchestrator:
         self.errored_steps: dict[str, list[tuple[int, float]]] = {}  # (step, errored share) in a row >= limit
         self.tallies: dict[str, EnvTally] = {}  # each environment's rollouts seen while the last batch filled
         self.sandbox_stats = StatsFollower(run.dir)  # what the run's sandboxes did since the previous step
+        # the run's LLM judge ([judge]): its judge/* metrics from its own /metrics, where it is on this machine (a
+        # hosted [judge.client] endpoint has none to give)
+        judge = endpoint_from_environ()
+        local = judge is not None and judge.base_url.startswith(("http://127.0.0.1:", "http://localhost:"))
+        self.judge_meter = JudgeMeter(judge.base_url) if judge is not None and local else None
 
     def log(self, message: str, level: str = "INFO", step: int | None = None) -> None:
         log_both(self.events, message, level, step)
@@ -727,6 +734,8 @@ class Orchestrator:
                     counts = self.samplers.take_counts()
                     metrics["sampler/max_share"] = max(counts) / max(1, sum(counts))
                 metrics.update(self.sandbox_stats.take())
+                if self.judge_meter is not None:  # a scrape of the judge's /metrics, off the event loop
+                    metrics.update(await asyncio.to_thread(self.judge_meter.step))
                 self.events.metrics(metrics, step)
                 self.run.update_status(reward=metrics["reward/mean"])  # the runs list's REWARD column
                 self.emit_samples(step, samples)

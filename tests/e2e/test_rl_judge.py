@@ -91,6 +91,11 @@ max_tokens = 4
     assert rewards(run)[0] == 1.0, metrics(run, "orchestrator")
     root = re.search(r"judge \S+ at (http://127\.0\.0\.1:\d+)/v1", orchestrator_log)
     assert root is not None and requests_answered(root[1]) >= 4  # batch_size rollouts, one judge request each
+    # the step's judge/* metrics, from the judge's own /metrics (inference/judge_metrics.py)
+    step1 = metrics(run, "orchestrator")[1]
+    assert step1["judge/requests"] >= 4 and step1["judge/errors"] == 0, step1
+    assert 1 <= step1["judge/generation_tokens"] <= 4 * step1["judge/requests"], step1
+    assert 0 < step1["judge/latency_p50_s"] <= step1["judge/latency_p95_s"], step1
 
     judge_pid = status["processes"]["judge"]["pid"]
     os.kill(judge_pid, signal.SIGKILL)
