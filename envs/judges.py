@@ -239,3 +239,35 @@ def environ_while_loading(wiring: Wiring | None) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def how_wired(signature: Signature) -> str:
+    """How a run's judge reaches an environment, in a few words for `prime env list`: through its judge arguments,
+    or (without a base-URL argument) through OPENAI_BASE_URL in its environment; '' for one that takes no judge
+    arguments (it may still build a client from OPENAI_BASE_URL: then that is how it is wired)."""
+    found = judge_arguments(signature)
+    if found is None:
+        return ""
+    names = [a.name for a in (found.base_url, found.model, found.key) if a is not None]
+    return ", ".join(names) + ("" if found.base_url is not None else " + OPENAI_BASE_URL")
+
+
+def config_advice(env_id: str, signature: Signature, args: Mapping[str, Any],
+                  judge_model: str | None) -> tuple[str, str] | None:
+    """What `prime lab doctor` says of an environment a config names that takes judge arguments, as (status,
+    message) (None for one that takes none): "ok", wired to the config's `[judge]` or pointed by the user's own
+    arguments; "warn", calling its default endpoint with a key, with how to judge locally instead."""
+    found = judge_arguments(signature)
+    if found is None:
+        return None
+    how = how_wired(signature)
+    if judge_model is not None:
+        return "ok", f"environment '{env_id}' takes an LLM judge ({how}): wired to [judge] {judge_model}"
+    url_arg = found.base_url.name if found.base_url is not None else None
+    if url_arg is not None and args.get(url_arg):
+        return "ok", f"environment '{env_id}' takes an LLM judge: its args point it at {args[url_arg]}"
+    where = (found.base_url.default if found.base_url is not None and found.base_url.default
+             else "the endpoint OPENAI_BASE_URL names (else api.openai.com)")
+    return "warn", (f"environment '{env_id}' takes an LLM judge ({how}): without a [judge] table it calls {where} "
+                    f"with the key in {found.key_variable()}; add [judge] model = \"MODEL\" to judge with a local "
+                    "model")

@@ -175,9 +175,12 @@ def env_references(data: dict[str, Any]) -> list[tuple[KeyPath, str]]:
 
 def _environment_ids(folder: Path, rel: str, data: dict[str, Any], locator: KeyLocator) -> list[Finding]:
     findings = []
+    judge = data.get("judge")
+    judge_model = str(judge.get("model")) if isinstance(judge, dict) and judge.get("model") else None
     for path, env_id in env_references(data):
         try:
             resolve(env_id)
+            findings += _judge(env_id, _env_table(data, path), judge_model, rel, locator.line_of(path), dotted(path))
         except EnvironmentLoadError as exc:
             name = env_id.rsplit("/", 1)[-1]
             local = folder / "environments" / name
@@ -186,6 +189,33 @@ def _environment_ids(folder: Path, rel: str, data: dict[str, Any], locator: KeyL
             findings.append(Finding("environment id", "fail", message, file=rel, line=locator.line_of(path),
                                     key=dotted(path)))
     return findings
+
+
+def _env_table(data: dict[str, Any], path: KeyPath) -> dict[str, Any]:
+    """The `[[env]]` (or `[env]`, `[[eval.env]]`) table whose `id` is at `path`."""
+    table: Any = data
+    for key in path[:-1]:
+        table = table[key]
+    return table if isinstance(table, dict) else {}
+
+
+def _judge(env_id: str, table: dict[str, Any], judge_model: str | None, rel: str, line: int | None,
+           key: str) -> list[Finding]:
+    """Whether the environment takes an LLM judge, and how the config's `[judge]` (or its own args) reaches it
+    (envs/judges.py): a warning where it would call a hosted judge with a key."""
+    from prime_lab.envs.judges import config_advice
+    from prime_lab.envs.loader import describe
+
+    args = table.get("args")
+    try:
+        advice = config_advice(env_id, describe(env_id).args, args if isinstance(args, dict) else {}, judge_model)
+    except EnvironmentLoadError:
+        return []  # its import fails: said by the environment check
+    if advice is None:
+        return []
+    status, message = advice
+    return [Finding("environment judge", "warn" if status == "warn" else "ok", message, file=rel, line=line,
+                    key=key)]
 
 
 def model_references(kind: str, data: dict[str, Any]) -> list[tuple[KeyPath, str]]:

@@ -26,6 +26,7 @@ from prime_lab.envs.judges import (
     JudgeEndpoint,
     JudgeSamplingConfig,
     endpoint_from_environ,
+    how_wired,
     wire,
 )
 from prime_lab.inference.builtin.launcher import BuiltinServer
@@ -129,6 +130,9 @@ def test_wiring_fills_what_the_user_left_and_sends_the_rest_to_the_environment()
     # an environment without judge arguments: only its environment
     assert wire([], {"x": 1}, JUDGE).args == {"x": 1}
     assert endpoint_from_environ(JUDGE.environ()) == JUDGE and endpoint_from_environ({}) is None
+    # how `prime env list` says each is wired
+    assert how_wired(signature) == "judge_base_url, judge_model, judge_api_key_var"
+    assert how_wired({"judge_model": "gpt-5"}) == "judge_model + OPENAI_BASE_URL" and how_wired({"x": 1}) == ""
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +218,35 @@ def test_prime_eval_run_with_judge_starts_it_wires_the_environment_and_logs_it(
     assert (run_dir / "logs" / "judge.log").stat().st_size > 0
     results = [json.loads(line) for line in (lab_home / "out" / "results.jsonl").read_text().splitlines()]
     assert len(results) == 2 and all(r["reward"] == 1.0 for r in results), results
+
+
+def test_env_list_and_doctor_say_which_environments_take_a_judge_and_how_it_is_wired(
+        judged_envs: Path, tmp_path: Path) -> None:
+    from prime_lab.workbench.cli.lab import validate_config
+    from prime_lab.workspace.doctor import check_workspace
+    from prime_lab.workspace.layout import setup_workspace
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(judged_envs), os.environ.get("PYTHONPATH", "")])}
+    proc = cli.prime("env", "list", "--output", "json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    listed = {row["id"]: row for row in json.loads(proc.stdout)}
+    assert listed["primeintellect/reverse-text"]["judge"] is None  # takes no judge
+    assert "JUDGE WIRED BY" in cli.prime("env", "list", env={**env, "COLUMNS": "240"}).stdout
+    workspace = tmp_path / "ws"
+    setup_workspace(workspace)
+    configs = workspace / "configs" / "eval"
+    (configs / "hosted.toml").write_text('model = "smollm2-135m"\n\n[env]\nid = "judged-by-arguments"\n')
+    (configs / "local.toml").write_text('model = "smollm2-135m"\n\n[env]\nid = "judged-by-variables"\n\n'
+                                        '[judge]\nmodel = "smollm2-135m"\n')
+    (configs / "mine.toml").write_text('model = "smollm2-135m"\n\n[env]\nid = "judged-by-arguments"\n'
+                                       'args = {judge_base_url = "http://10.0.0.2:8000/v1"}\n')
+    found = {f.file: f for f in check_workspace(workspace, validate_config) if f.check == "environment judge"}
+    hosted = found["configs/eval/hosted.toml"]
+    assert hosted.status == "warn" and hosted.line == 4 and hosted.message == (
+        "environment 'judged-by-arguments' takes an LLM judge (judge_base_url, judge_model, judge_api_key_var): "
+        "without a [judge] table it calls https://api.openai.com/v1 with the key in MY_JUDGE_KEY; add [judge] "
+        'model = "MODEL" to judge with a local model')
+    local = found["configs/eval/local.toml"]
+    assert local.status == "ok" and local.message == ("environment 'judged-by-variables' takes an LLM judge "
+                                                      "(judge_model + OPENAI_BASE_URL): wired to [judge] smollm2-135m")
+    assert found["configs/eval/mine.toml"].message.endswith("its args point it at http://10.0.0.2:8000/v1")

@@ -41,6 +41,7 @@ def list_envs(
     from rich.table import Column
 
     from prime_lab.envs.envs_hub import hub_id_of
+    from prime_lab.envs.judges import how_wired
     from prime_lab.envs.loader import environments
 
     infos = environments()
@@ -50,16 +51,18 @@ def list_envs(
                      "version": i.version or None, "hub_id": hub[i.id] or None, "shadowed_by": i.shadowed_by or None,
                      "verifiers": i.release or None, "interpreter": i.interpreter or None, "description": i.doc,
                      "args": [{"name": a.name, "default": a.default, "required": a.required,
-                               "annotation": a.annotation} for a in i.args]}
+                               "annotation": a.annotation} for a in i.args],
+                     "judge": how_wired(i.args) or None}
                     for i in infos])
         return
     rows = [(info.id, info.where() + (f" (Hub: {hub[info.id]})" if hub[info.id] else ""),
              runs_on(info.release, info.interpreter, verbose),
              info.doc.split(": ", 1)[-1] if verbose else short_description(info.doc.split(": ", 1)[-1]),
              ", ".join(a.name if a.required else f"{a.name}={a.default!r}" for a in info.args
-                       if a.name != "system_prompt")) for info in infos]
+                       if a.name != "system_prompt"), how_wired(info.args)) for info in infos]
     print_table((Column("ID", no_wrap=True), "SOURCE", Column("RUNS ON", ratio=1), Column("DESCRIPTION", ratio=1),
-                 Column("ARGS", ratio=1)), rows, styles=["dim" if info.shadowed_by else None for info in infos])
+                 Column("ARGS", ratio=1), Column("JUDGE WIRED BY", ratio=1)), rows,
+                styles=["dim" if info.shadowed_by else None for info in infos])
 
 
 def runs_on(release: str, interpreter: str, verbose: bool = False) -> str:
