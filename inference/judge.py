@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prime_lab.envs.judges import LOCAL_KEY, JudgeConfig, JudgeEndpoint
+from prime_lab.inference.judge_metrics import UNREACHABLE, JudgeMeter
 from prime_lab.runs.processes import RunningServer
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class JudgePlan:
             self.endpoint = JudgeEndpoint(f"http://127.0.0.1:{self.port}/v1", config.model, LOCAL_KEY)
         self.server: RunningServer | None = None
         self.reason = ""
+        self.meter: JudgeMeter | None = None  # a local judge's figures since it started (`summary`)
 
     def describe(self) -> str:
         where = f"local, {self.reason}" if self.port is not None else "[judge.client]"
@@ -121,7 +123,23 @@ class JudgePlan:
             raise JudgeUnavailable(f"the judge's {choice.backend} server on {config.model} did not start: "
                                    f"{exc}") from exc
         self.reason = choice.reason
+        self.meter = JudgeMeter(server.root_url)
         return server
+
+    def summary(self) -> str | None:
+        """What a local judge did since it started, in one line (None for [judge.client]'s, or one that no longer
+        answers)."""
+        if self.meter is None:
+            return None
+        figures = self.meter.step()
+        if UNREACHABLE in figures:
+            return None
+        line = (f"judge: {figures['judge/requests']:.0f} requests, {figures['judge/generation_tokens']:.0f} tokens "
+                f"generated, {figures['judge/errors']:.0f} errors, {figures['judge/timed_out']:.0f} timed out")
+        if "judge/latency_p50_s" in figures:
+            line += (f"; latency p50 {figures['judge/latency_p50_s']:.2f} s, "
+                     f"p95 {figures['judge/latency_p95_s']:.2f} s")
+        return line
 
     def stop(self) -> None:
         if self.server is not None:
@@ -167,8 +185,16 @@ def start_for_run(job: JudgedJob, run: Run, on_exit: Callable[[Callable[[], Any]
     through `on_exit`) and say where it is and how each environment (`wirings`) was pointed at it."""
     if job.judge_plan is None:
         return
-    job.judge_plan.start(run.log_path(ROLE), register=run.register_process, announce=announce)
-    on_exit(job.judge_plan.stop)
+    judge = job.judge_plan
+    judge.start(run.log_path(ROLE), register=run.register_process, announce=announce)
+
+    def stop() -> None:
+        line = judge.summary()  # what it did, said as it stops
+        if line:
+            announce(line)
+        judge.stop()
+
+    on_exit(stop)
     for line in (job.judge_plan.describe(), *wirings):
         if line:
             announce(line)

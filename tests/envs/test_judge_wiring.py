@@ -212,6 +212,8 @@ def test_prime_eval_run_with_judge_starts_it_wires_the_environment_and_logs_it(
     out = proc.stdout + proc.stderr
     assert f"judge {tiny_model_dir} at http://127.0.0.1:" in out
     assert "environment 'judged-by-arguments': judge" in out and "(arguments)" in out
+    # what the judge did, said as it stops: one request per rollout
+    assert "judge: 2 requests, " in out and ", 0 errors, 0 timed out; latency p50 " in out, out
     [run_dir] = [p for p in (lab_home / "runs").iterdir() if p.name.startswith("eval-")]
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "completed" and "judge" in status["processes"]
