@@ -34,6 +34,7 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
+from prime_lab.envs.judges import JudgeConfig
 from prime_lab.inference.backend import BackendChoice
 from prime_lab.inference.vllm import vllm_installed
 from prime_lab.models.store import experts_of
@@ -48,9 +49,10 @@ from prime_lab.runs.registry import Run
 from prime_lab.runs.system_metrics import DEFAULT_INTERVAL_S, SystemSampler, interval_from_env
 from prime_lab.sandbox.stats import NoticeFollower
 from prime_lab.trainer.batch import batch_path
-from prime_lab.trainer.config import InferenceConfig, RLConfig
+from prime_lab.trainer.config import InferenceConfig, RLConfig, TeacherConfig
 from prime_lab.trainer.distributed import NODE_VARIABLES, Topology, TopologyError, topology, torchrun_argv
 from prime_lab.trainer.placement import (
+    SIDE_ROLES,
     ChildDevices,
     EngineNeed,
     Placement,
@@ -359,35 +361,33 @@ class Supervisor:
         return self.config
 
     def plan_placement(self, backend: str) -> Placement:
-        """GPUs for the samplers, the trainer (an SFT run's gets them all: `backend` "external") and a local
-        teacher; each local process's devices and each vLLM engine's share of its GPUs (`self.devices`), checked
-        against the cards where torch gives their memory; logged, with the GPUs the plan leaves idle."""
+        """GPUs for the samplers, the trainer (an SFT run's gets them all: `backend` "external") and the side
+        engines (a local teacher, a local judge); each local process's devices and each vLLM engine's share of its
+        GPUs (`self.devices`), checked against the cards where torch gives their memory; logged, with the GPUs the
+        plan leaves idle."""
         cfg = self.config
         inf = cfg.inference if isinstance(cfg, RLConfig) else InferenceConfig()
-        teacher = cfg.teacher if isinstance(cfg, RLConfig) else None
-        # started here beside a local or an external sampler (a node of trainer ranks only starts none)
-        local_teacher = teacher is not None and teacher.client.base_url is None and self.topology.runs_sampler
+        sides = self.local_sides()
         try:
             placement = plan_gpus(visible_gpus(), backend=backend,
                                   num_gpus=cfg.num_gpus if isinstance(cfg, RLConfig) else None,
                                   tensor_parallel_size=inf.tensor_parallel_size,
                                   data_parallel_size=inf.data_parallel_size,
                                   num_servers=inf.num_servers, nproc_per_node=cfg.trainer.nproc_per_node,
-                                  trainer_on_gpu=cfg.trainer.device != "cpu", teacher=local_teacher)
+                                  trainer_on_gpu=cfg.trainer.device != "cpu", sides=list(sides))
         except PlacementError as exc:
             raise LaunchFailed(str(exc)) from exc
         self.vllm_roles = []
         if placement.devices:
             self.vllm_roles = [sampler_role(i) for i, gpus in enumerate(placement.sampler_gpus)
                                if gpus and backend == "vllm"]
-            if local_teacher and teacher is not None and (teacher.backend == "vllm" or teacher.backend == "auto"
-                                                          and vllm_installed()):
-                self.vllm_roles.append("teacher")
+            self.vllm_roles += [role for role, side in sides.items()
+                                if side.backend == "vllm" or side.backend == "auto" and vllm_installed()]
         cards = card_memory() if self.vllm_roles else []
         needs = self.engine_needs(self.vllm_roles) if cards and len(cards) == len(placement.devices) else {}
         try:
             self.devices = child_devices(placement, memory_override=inf.gpu_memory_utilization,
-                                         teacher_memory=teacher.gpu_memory_utilization if teacher else None,
+                                         side_memory={r: s.gpu_memory_utilization for r, s in sides.items()},
                                          cards=cards, needs=needs)
         except PlacementError as exc:
             raise LaunchFailed(str(exc)) from exc
@@ -401,33 +401,51 @@ class Supervisor:
                 self.log(idle)
         return placement
 
+    def local_sides(self) -> dict[str, TeacherConfig | JudgeConfig]:
+        """The side engines this node starts, by role (trainer/placement.py SIDE_ROLES): `[teacher]` and `[judge]`
+        without a `client` base_url, beside a local or an external sampler (a node of trainer ranks only starts
+        none)."""
+        if not isinstance(self.config, RLConfig) or not self.topology.runs_sampler:
+            return {}
+        tables = {"teacher": self.config.teacher, "judge": self.config.judge}
+        return {role: side for role in SIDE_ROLES
+                if (side := tables[role]) is not None and side.client.base_url is None}
+
     def engine_needs(self, roles: list[str]) -> dict[str, EngineNeed]:
         """What each vLLM engine in `roles` needs of each of its GPUs at the least (trainer/placement.py
         `EngineNeed`): its model's weights and the KV cache of one sequence of `[inference] max_model_len` tokens
         (vLLM refuses a cache that holds less), or with it unset of the longest completion (vLLM then fits its
-        context to the cache)."""
+        context to the cache). A judge's sequence is a rollout that long (its prompt) and its own `[judge.sampling]
+        max_tokens` answer; it is served in its model's own dtype."""
         cfg = self.rl
         inf = cfg.inference
         needs: dict[str, EngineNeed] = {}
         sampler = model_size(self.model_path, inf.dtype)
+        rollout = inf.max_model_len or cfg.sampling.max_tokens
         for role in roles:
             if role == "teacher" and cfg.teacher is not None:
                 tokens = inf.max_model_len or cfg.teacher.sampling.max_tokens or cfg.sampling.max_tokens
-                needs[role] = model_size(self.teacher_folder(), inf.dtype).need(tokens)
+                needs[role] = model_size(self.side_folder(role), inf.dtype).need(tokens)
+            elif role == "judge" and cfg.judge is not None:
+                needs[role] = model_size(self.side_folder(role)).need(rollout + cfg.judge.sampling.max_tokens)
             else:
-                tokens = inf.max_model_len or cfg.sampling.max_tokens
-                needs[role] = sampler.need(tokens, inf.tensor_parallel_size)
+                needs[role] = sampler.need(rollout, inf.tensor_parallel_size)
         return needs
 
     def teacher_folder(self) -> Path:
         """The local teacher's model folder (a preset is built, a Hugging Face id found in the cache)."""
+        return self.side_folder("teacher")
+
+    def side_folder(self, role: str) -> Path:
+        """The model folder of the side engine `role` (`[teacher]`, `[judge]`; a preset is built, a Hugging Face id
+        found in the cache)."""
         from prime_lab.models import ModelNotFoundError, resolve_model
 
-        assert self.rl.teacher is not None
+        side = self.local_sides()[role]
         try:
-            return resolve_model(self.rl.teacher.model)
+            return resolve_model(side.model)
         except ModelNotFoundError as exc:
-            raise LaunchFailed(f"[teacher]: {exc}") from exc
+            raise LaunchFailed(f"[{role}] model = {side.model!r}: {exc}") from exc
 
     def cpu_split(self, backend: str) -> tuple[int, int]:
         """On a CPU-only machine with the built-in sampler, the cores split between trainer and sampler: (trainer,

@@ -8,18 +8,20 @@ data_parallel_size fills what num_gpus leaves after the trainer; unset num_gpus,
 the visible ones (CUDA_VISIBLE_DEVICES applies); `Placement.cuda_env` turns them into a child's
 CUDA_VISIBLE_DEVICES. On a CPU-only machine (or with `num_gpus = 0`) the plan is "no GPUs" and nothing is checked.
 
-One GPU (or `num_gpus = 1`) with one sampler server on one GPU and one trainer process: they share it (`shared`),
-as prime-rl once allowed and TRL's colocate mode does. A local teacher (distillation) runs on one GPU (`teacher_gpu`):
-one the plan leaves idle, else beside the process on the fewest GPUs, a sampler server before the trainer (an
-external sampler: the trainer). A card's memory is then split (`child_devices`): the vLLM engines on it (a sampler
-server, the teacher) share 0.9 of it (vLLM's default for an engine alone), less the half the trainer keeps of a card
-it shares; each gets its part as its `gpu_memory_utilization` (one for all of a server's GPUs, as vLLM takes it).
-`[inference] gpu_memory_utilization` sets the samplers' part and `[teacher] gpu_memory_utilization` the teacher's;
-an engine left unset gets what the others leave. Where the card's memory and the models' sizes are known
-(`model_size`: the weights from the folder's safetensors headers, the KV cache of a token from its config.json), two
-unset engines split it by their needs: each first its weights, one sequence's KV cache and vLLM's own allowance
-(`EngineNeed`), then half of what is left; else evenly. Before anything starts, an engine whose need is more than
-its part, or parts that with the trainer's add up past the card, fail the plan with the numbers (`PlacementError`).
+One GPU (or `num_gpus = 1`) with one sampler server on one GPU and one trainer process: they share it (`shared`), as
+prime-rl once allowed and TRL's colocate mode does. The side engines (`SIDE_ROLES`: a local distillation teacher, a
+local `[judge]`) run on one GPU each (`side_gpus`): the GPUs the plan leaves idle, one each in turn (two on one
+where there are fewer idle GPUs than side engines), else beside the process on the fewest GPUs, a sampler server
+before the trainer (an external sampler: the trainer). A card's memory is then split (`child_devices`): the vLLM
+engines on it (a sampler server, the side engines) share 0.9 of it (vLLM's default for an engine alone), less the
+half the trainer keeps of a card it shares; each gets its part as its `gpu_memory_utilization` (one for all of a
+server's GPUs, as vLLM takes it). `[inference] gpu_memory_utilization` sets the samplers' part, `[teacher]` and
+`[judge] gpu_memory_utilization` a side engine's; an engine left unset gets what the others leave. Where the card's
+memory and the models' sizes are known (`model_size`: the weights from the folder's safetensors headers, the KV
+cache of a token from its config.json), the unset engines split it by their needs: each first its weights, one
+sequence's KV cache and vLLM's own allowance (`EngineNeed`), then an even part of what is left; else evenly. Before
+anything starts, an engine whose need is more than its part, or parts that with the trainer's add up past the card,
+fail the plan with the numbers (`PlacementError`).
 
 On a shared card the sampler boots after the trainer has its weights there (`sampler_waits_for_trainer`: vLLM sizes
 its KV cache from the memory free on the whole device while it profiles, so the trainer must not move meanwhile),
@@ -56,7 +58,7 @@ class Placement:
     data_parallel_size: int  # vLLM engines behind each sampler server
     devices: tuple[str, ...] = field(default=())  # the visible GPUs, as CUDA_VISIBLE_DEVICES names them
     shared: bool = False  # one sampler server and the trainer on the same GPU
-    teacher_gpus: list[int] | None = None  # a local teacher's GPU (None: no local teacher; []: it has none)
+    side_gpus: dict[str, list[int]] = field(default_factory=dict)  # each local side engine's GPU ([]: it has none)
 
     def cuda_env(self, gpus: Sequence[int]) -> dict[str, str]:
         """The CUDA_VISIBLE_DEVICES a process placed on `gpus` gets ({} without GPUs: leave it alone)."""
@@ -77,11 +79,11 @@ class Placement:
 
     def used(self) -> list[int]:
         """The GPUs some process of the plan runs on, in order."""
-        teacher = self.teacher_gpus or []
-        return sorted({g for gpus in self.sampler_gpus for g in gpus} | set(self.trainer_gpus) | set(teacher))
+        sides = {g for gpus in self.side_gpus.values() for g in gpus}
+        return sorted({g for gpus in self.sampler_gpus for g in gpus} | set(self.trainer_gpus) | sides)
 
     def describe(self, roles: dict[str, list[int]]) -> str:
-        """The plan as the launcher logs it: `roles` maps each local process (sampler servers, a teacher, the
+        """The plan as the launcher logs it: `roles` maps each local process (sampler servers, side engines, the
         trainer) to its GPUs; processes on the same GPUs are said to share them, one on some of another's GPUs to be
         beside it."""
         groups: dict[tuple[int, ...], list[str]] = {}
@@ -202,6 +204,9 @@ def gib(value: float) -> str:
 
 
 # Who gets what ---------------------------------------------------------------------------------------------------
+SIDE_ROLES = ("teacher", "judge")  # engines a run starts beside its samplers, one GPU each, each its own [ROLE] table
+
+
 def sampler_role(index: int) -> str:
     """The role (and log name) of local sampler server `index`: `inference`, `inference-2`, ..."""
     return "inference" if index == 0 else f"inference-{index + 1}"
@@ -209,39 +214,42 @@ def sampler_role(index: int) -> str:
 
 def share_setting(role: str) -> str:
     """The setting that gives the vLLM engine of `role` its share of a GPU."""
-    return "[teacher] gpu_memory_utilization" if role == "teacher" else "[inference] gpu_memory_utilization"
+    return f"[{role if role in SIDE_ROLES else 'inference'}] gpu_memory_utilization"
 
 
 def child_devices(placement: Placement, *, memory_override: float | None = None,
-                  teacher_memory: float | None = None, cards: Sequence[int] = (),
+                  side_memory: Mapping[str, float | None] | None = None, cards: Sequence[int] = (),
                   needs: Mapping[str, EngineNeed] | None = None,
                   environ: dict[str, str] | None = None) -> dict[str, ChildDevices]:
-    """Each local process's devices, by role: the sampler servers (`sampler_role`), a local `teacher` (on its
-    GPU, `Placement.teacher_gpus`) and the `trainer`. The engines that share a GPU get `split_card`'s shares of it
-    (`memory_override`: [inference] gpu_memory_utilization, `teacher_memory`: [teacher]'s), checked by `check_card`
-    against `cards` (each visible GPU's bytes; () when unknown) and the vLLM engines' `needs` by role; a server's
-    share is one for all of its GPUs, as vLLM takes it. The trainer on a GPU gets PyTorch's expandable segments (less
-    fragmentation as row lengths vary; prime-rl sets it too) unless `environ` (default: this process's) sets the
-    allocator already. Raises PlacementError when the engines do not fit."""
+    """Each local process's devices, by role: the sampler servers (`sampler_role`), the side engines (each on its
+    GPU, `Placement.side_gpus`) and the `trainer`. The engines that share a GPU get `split_card`'s shares of it
+    (`memory_override`: [inference] gpu_memory_utilization, `side_memory`: [teacher]'s and [judge]'s by role),
+    checked by `check_card` against `cards` (each visible GPU's bytes; () when unknown) and the vLLM engines'
+    `needs` by role; a server's share is one for all of its GPUs, as vLLM takes it. The trainer on a GPU gets
+    PyTorch's expandable segments (less fragmentation as row lengths vary; prime-rl sets it too) unless `environ`
+    (default: this process's) sets the allocator already. Raises PlacementError when the engines do not fit."""
     environ = dict(os.environ) if environ is None else environ
-    needs = needs or {}
+    needs, side_memory = needs or {}, side_memory or {}
     engines = {sampler_role(i): gpus for i, gpus in enumerate(placement.sampler_gpus)}
-    teacher = placement.teacher_gpus
-    groups = [[role] + (["teacher"] if teacher and set(teacher) & set(gpus) else []) for role, gpus in engines.items()]
-    if teacher is not None:
-        engines["teacher"] = teacher
-        if not any("teacher" in roles for roles in groups):
-            groups.append(["teacher"])
+    sides = placement.side_gpus
+    # a server and the side engines on one of its GPUs; then the side engines on a GPU of their own, by GPU
+    groups = [[role, *(s for s, on in sides.items() if set(on) & set(gpus))] for role, gpus in engines.items()]
+    placed = {role for roles in groups for role in roles}
+    for side, gpus in sides.items():
+        if side not in placed:
+            groups.append([s for s, on in sides.items() if on == gpus and s not in placed])
+            placed.update(groups[-1])
+    engines.update(sides)
     plan: dict[str, ChildDevices] = {}
     for roles in groups:
         gpus = sorted({g for role in roles for g in engines[role]})
         if not gpus:  # vLLM's CPU build sizes its cache in GiB
             plan.update({role: ChildDevices([], {}) for role in roles})
             continue
-        shared = sorted(set.intersection(*(set(engines[role]) for role in roles)))  # the card they split
+        shared = sorted(set.intersection(*(set(engines[role]) for role in roles))) or gpus  # the card they split
         with_trainer = bool(set(gpus) & set(placement.trainer_gpus))
         card = min(cards[g] for g in gpus) if len(cards) == len(placement.devices) else None
-        wanted = {role: teacher_memory if role == "teacher" else memory_override for role in roles}
+        wanted = {role: side_memory.get(role) if role in sides else memory_override for role in roles}
         shares = split_card(roles, wanted, with_trainer=with_trainer, card=card, needs=needs,
                             where=placement.where(shared))
         if card is not None:
@@ -313,13 +321,15 @@ def check_card(where: str, card: int, shares: Mapping[str, float], needs: Mappin
                 if room * card >= need.total else
                 f"All that is left of the card beside {'them' if others else 'it'} is {gib(room * card)} GiB")
         moves = " (with a second GPU the trainer moves to it)" if trainer else ""
-        elsewhere = (", serve the teacher elsewhere ([teacher.client] base_url) or leave it a GPU of its own (one "
-                     "the run leaves idle is the teacher's)" if role == "teacher"
+        elsewhere = (f", serve the {role} elsewhere ([{role}.client] base_url) or leave it a GPU of its own (one "
+                     f"the run leaves idle is the {role}'s)" if role in SIDE_ROLES
                      else f", or give the sampler a GPU of its own{moves}" if moves else "")
+        length = "[judge.sampling] max_tokens or [inference] max_model_len" if role == "judge" \
+            else "[inference] max_model_len"
         raise PlacementError(f"the {label(role, need)} does not fit {where} ({gib(card)} GiB): it needs "
                              f"{need.describe()}, but its share is {share:g} of the card, {gib(share * card)} GiB"
-                             + (f" (beside it: {others})" if others else "") + f". {hint}; lower [inference] "
-                             f"max_model_len, use a smaller model{elsewhere}")
+                             + (f" (beside it: {others})" if others else "") + f". {hint}; lower {length}, use a "
+                             f"smaller model{elsewhere}")
     total = sum(engines.values()) + trainer
     if engines and total > 1.0 + 1e-9:
         raise PlacementError(f"the shares of {where} add up past the card: {parts()} = {total:g} of it "
@@ -368,10 +378,11 @@ def describe_memory(placement: Placement, plan: dict[str, ChildDevices], cards: 
 
 
 def sampler_waits_for_trainer(plan: Mapping[str, ChildDevices], vllm_roles: Sequence[str]) -> bool:
-    """Whether the samplers (and a local teacher) start only once the trainer has its weights on the card: when a
-    vLLM engine shares a GPU with the trainer. vLLM sizes its KV cache from what the whole device has free while it
-    profiles, so a trainer loading meanwhile would take its memory from the sampler (or stop it with "Error in
-    memory profiling"). The built-in server takes what it needs as it goes; on a CPU all boot side by side."""
+    """Whether the samplers and the side engines (a local teacher, a local judge) start only once the trainer has
+    its weights on the card: when a vLLM engine shares a GPU with the trainer. vLLM sizes its KV cache from what the
+    whole device has free while it profiles, so a trainer loading meanwhile would take its memory from the sampler
+    (or stop it with "Error in memory profiling"). The built-in server takes what it needs as it goes; on a CPU all
+    boot side by side."""
     trainer = set(plan["trainer"].gpus) if "trainer" in plan else set()
     return any(set(plan[role].gpus) & trainer for role in vllm_roles if role in plan)
 
@@ -396,32 +407,36 @@ def idle_gpus_note(placement: Placement, *, backend: str, num_gpus: int | None =
             f"{placement.where(used) if used else 'none'}; {use} would use them")
 
 
-def teacher_gpu(sampler_gpus: Sequence[Sequence[int]], trainer_gpus: Sequence[int], total: int) -> int:
-    """The one GPU a local teacher runs on (it is started as one engine on one GPU): the first of the `total` that no
-    other process uses, else the first GPU of the process on the fewest GPUs, a sampler server before the trainer:
-    vLLM takes one gpu_memory_utilization for all of a server's GPUs, so a teacher beside a server on several lowers
-    its share on each of them, and the trainer's ranks plan their rows from the least free memory among them."""
+def side_gpus(sampler_gpus: Sequence[Sequence[int]], trainer_gpus: Sequence[int], total: int,
+              roles: Sequence[str]) -> dict[str, list[int]]:
+    """The one GPU each side engine in `roles` runs on (each is started as one engine on one GPU): the GPUs of the
+    `total` that no other process uses, one each in turn (with fewer of them than engines, some share one and split
+    it), else the first GPU of the process on the fewest GPUs, a sampler server before the trainer: vLLM takes one
+    gpu_memory_utilization for all of a server's GPUs, so an engine beside a server on several lowers its share on
+    each of them, and the trainer's ranks plan their rows from the least free memory among them."""
     used = {g for gpus in sampler_gpus for g in gpus} | set(trainer_gpus)
     idle = [g for g in range(total) if g not in used]
     if idle:
-        return idle[0]
-    return min((gpus for gpus in [*sampler_gpus, trainer_gpus] if gpus), key=len)[0]
+        return {role: [idle[i % len(idle)]] for i, role in enumerate(roles)}
+    beside = min((gpus for gpus in [*sampler_gpus, trainer_gpus] if gpus), key=len)[0]
+    return {role: [beside] for role in roles}
 
 
 def plan_gpus(devices: Sequence[str], *, backend: str, num_gpus: int | None = None, tensor_parallel_size: int = 1,
               data_parallel_size: int | None = None, num_servers: int = 1, nproc_per_node: int = 1,
-              trainer_on_gpu: bool = True, teacher: bool = False) -> Placement:
+              trainer_on_gpu: bool = True, sides: Sequence[str] = ()) -> Placement:
     """The GPUs of each local sampler server (`backend` "builtin" or "vllm"; "external" starts none), of the
-    trainer's processes and, with `teacher`, of a local teacher (`teacher_gpu`). Raises PlacementError when they do
-    not fit."""
+    trainer's processes and of the local side engines by role (`sides`, of SIDE_ROLES: `side_gpus`). Raises
+    PlacementError when they do not fit."""
     placement = _plan_gpus(devices, backend=backend, num_gpus=num_gpus, tensor_parallel_size=tensor_parallel_size,
                            data_parallel_size=data_parallel_size, num_servers=num_servers,
                            nproc_per_node=nproc_per_node, trainer_on_gpu=trainer_on_gpu)
-    if not teacher:
+    if not sides:
         return placement
     total = len(devices) if num_gpus is None else num_gpus
-    gpus = [teacher_gpu(placement.sampler_gpus, placement.trainer_gpus, total)] if placement.devices else []
-    return replace(placement, teacher_gpus=gpus)
+    gpus = side_gpus(placement.sampler_gpus, placement.trainer_gpus, total, sides) if placement.devices \
+        else {role: [] for role in sides}
+    return replace(placement, side_gpus=gpus)
 
 
 def _plan_gpus(devices: Sequence[str], *, backend: str, num_gpus: int | None, tensor_parallel_size: int,

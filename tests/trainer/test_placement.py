@@ -133,20 +133,21 @@ def test_vllm_engines_split_a_card_they_share() -> None:
     shared = plan_gpus(["0"], backend="vllm")
     assert child_devices(shared)["inference"].gpu_memory_utilization == 0.4
     assert child_devices(shared, memory_override=0.7)["inference"].gpu_memory_utilization == 0.7
-    cpu = plan_gpus([], backend="vllm", teacher=True)  # no GPU: vLLM's CPU build sizes its cache in GiB
+    cpu = plan_gpus([], backend="vllm", sides=["teacher"])  # no GPU: vLLM's CPU build sizes its cache in GiB
     assert child_devices(cpu)["teacher"].gpu_memory_utilization is None
     alone = plan_gpus(EIGHT[:2], backend="vllm")
     assert child_devices(alone)["inference"].gpu_memory_utilization == 0.9
-    assert child_devices(plan_gpus(EIGHT[:2], backend="vllm", teacher=True))["teacher"].gpu_memory_utilization == 0.45
+    beside = child_devices(plan_gpus(EIGHT[:2], backend="vllm", sides=["teacher"]))
+    assert beside["teacher"].gpu_memory_utilization == 0.45
 
 
 def test_the_teacher_has_a_share_of_its_own() -> None:
     """`[teacher] gpu_memory_utilization` sets the teacher's share and `[inference]`'s the sampler's; one left unset
     gets what the other leaves of the card (0.4 beside the trainer); a set share that leaves nothing is refused."""
-    shared = plan_gpus(["0"], backend="vllm", teacher=True)
+    shared = plan_gpus(["0"], backend="vllm", sides=["teacher"])
 
-    def shares(**settings: float) -> tuple[float | None, float | None]:
-        plan = child_devices(shared, **settings)  # type: ignore[arg-type]
+    def shares(memory_override: float | None = None, teacher_memory: float | None = None) -> tuple[float | None, ...]:
+        plan = child_devices(shared, memory_override=memory_override, side_memory={"teacher": teacher_memory})
         return plan["inference"].gpu_memory_utilization, plan["teacher"].gpu_memory_utilization
 
     assert shares() == (0.2, 0.2)
@@ -164,7 +165,7 @@ def test_a_local_teacher_is_planned_on_the_one_gpu_it_runs_on() -> None:
     sampler server before the trainer, and lowers that one's share alone (vLLM takes one gpu_memory_utilization for
     all of a server's GPUs, so beside a sampler on two it would lower the share on both)."""
     def devices(gpus: int, **settings: Any) -> dict[str, tuple[list[int], float | None]]:
-        plan = child_devices(plan_gpus(EIGHT[:gpus], teacher=True, **settings))
+        plan = child_devices(plan_gpus(EIGHT[:gpus], sides=["teacher"], **settings))
         assert plan["teacher"].env == {"CUDA_VISIBLE_DEVICES": ",".join(map(str, plan["teacher"].gpus))}
         return {role: (child.gpus, child.gpu_memory_utilization) for role, child in plan.items()}
 
@@ -175,16 +176,32 @@ def test_a_local_teacher_is_planned_on_the_one_gpu_it_runs_on() -> None:
     assert devices(3, backend="builtin", num_servers=2) == \
         {"inference": ([0], 0.45), "teacher": ([0], 0.45), "inference-2": ([1], 0.9), "trainer": ([2], None)}
     # a GPU left idle: the teacher's own, and no longer idle
-    plan = plan_gpus(EIGHT[:3], backend="vllm", teacher=True)
-    assert plan.teacher_gpus == [2] and plan.idle() == []
+    plan = plan_gpus(EIGHT[:3], backend="vllm", sides=["teacher"])
+    assert plan.side_gpus == {"teacher": [2]} and plan.idle() == []
     assert devices(3, backend="vllm") == {"inference": ([0], 0.9), "teacher": ([2], 0.9), "trainer": ([1], None)}
     # nowhere else (the trainer on the CPU): beside sampler 0 on its first GPU, whose one share is lowered
     assert devices(2, backend="vllm", data_parallel_size=2, trainer_on_gpu=False) == \
         {"inference": ([0, 1], 0.45), "teacher": ([0], 0.45), "trainer": ([], None)}
     # one GPU: the three share it
     assert devices(1, backend="vllm") == {"inference": ([0], 0.2), "teacher": ([0], 0.2), "trainer": ([0], None)}
-    assert plan_gpus([], backend="vllm", teacher=True).teacher_gpus == []  # a CPU: no GPU
-    assert plan_gpus(EIGHT, backend="vllm").teacher_gpus is None  # no local teacher
+    assert plan_gpus([], backend="vllm", sides=["teacher"]).side_gpus == {"teacher": []}  # a CPU: no GPU
+    assert plan_gpus(EIGHT, backend="vllm").side_gpus == {}  # no local teacher
+
+
+def test_side_engines_take_idle_gpus_one_each_else_they_share() -> None:
+    """A teacher and a judge: an idle GPU each where there are two (4 GPUs), both on the one idle GPU where there is
+    one (3 GPUs: they split it), else beside the sampler (2 GPUs; 1 GPU: beside the sampler and the trainer)."""
+    def sides(gpus: int) -> dict[str, list[int]]:
+        return plan_gpus(EIGHT[:gpus], backend="vllm", sides=["teacher", "judge"]).side_gpus
+
+    assert [sides(g) for g in (4, 3, 2, 1)] == [{"teacher": [2], "judge": [3]}, {"teacher": [2], "judge": [2]},
+                                               {"teacher": [0], "judge": [0]}, {"teacher": [0], "judge": [0]}]
+    three = child_devices(plan_gpus(EIGHT[:3], backend="vllm", sides=["teacher", "judge"]))
+    assert {r: (c.gpus, c.gpu_memory_utilization) for r, c in three.items()} == \
+        {"inference": ([0], 0.9), "teacher": ([2], 0.45), "judge": ([2], 0.45), "trainer": ([1], None)}
+    one = child_devices(plan_gpus(["0"], backend="vllm", sides=["judge"]), side_memory={"judge": 0.3})
+    assert (one["inference"].gpu_memory_utilization, one["judge"].gpu_memory_utilization) == (0.1, 0.3)
+    assert plan_gpus(EIGHT[:4], backend="vllm", sides=["judge"]).idle() == [3]
 
 
 # Model sizes: a Qwen3 folder whose safetensors file holds its header alone (the placement reads nothing else) ----
@@ -241,6 +258,7 @@ def test_a_models_size_is_read_from_its_folder(tmp_path: Path) -> None:
 
 
 TEACHER = 'loss = "opd"\n[teacher]\nmodel = "smollm2-135m"\nbackend = "vllm"\n'
+JUDGE = '[judge]\nmodel = "smollm2-135m"\nbackend = "vllm"\n'
 
 # visible GPUs, backend, config lines -> the launcher's log line, and each child's CUDA_VISIBLE_DEVICES and vLLM share
 LAUNCHES = [
@@ -277,6 +295,25 @@ LAUNCHES = [
      {"teacher": ("0", 0.4), "trainer": ("0", None)}),
     (2, "external", TEACHER, "GPUs: teacher on GPU 1; trainer on GPU 0; vLLM's gpu_memory_utilization: teacher 0.9",
      {"teacher": ("1", 0.9), "trainer": ("0", None)}),
+    # a local judge is placed as a local teacher is; with both, an idle GPU each where there are enough
+    (1, "vllm", JUDGE, "GPUs: sampler, judge and trainer share GPU 0; vLLM's gpu_memory_utilization: sampler 0.2, "
+     "judge 0.2", {"inference": ("0", 0.2), "judge": ("0", 0.2), "trainer": ("0", None)}),
+    (1, "vllm", JUDGE + "gpu_memory_utilization = 0.3\n", "GPUs: sampler, judge and trainer share GPU 0; vLLM's "
+     "gpu_memory_utilization: sampler 0.1, judge 0.3 ([inference] gpu_memory_utilization and [judge] "
+     "gpu_memory_utilization set them)", {"inference": ("0", 0.1), "judge": ("0", 0.3), "trainer": ("0", None)}),
+    (2, "vllm", JUDGE, "GPUs: sampler and judge share GPU 0; trainer on GPU 1; vLLM's gpu_memory_utilization: "
+     "sampler 0.45, judge 0.45", {"inference": ("0", 0.45), "judge": ("0", 0.45), "trainer": ("1", None)}),
+    (3, "vllm", JUDGE, "GPUs: sampler on GPU 0; judge on GPU 2; trainer on GPU 1",
+     {"inference": ("0", 0.9), "judge": ("2", 0.9), "trainer": ("1", None)}),
+    (3, "vllm", TEACHER + JUDGE, "GPUs: sampler on GPU 0; teacher and judge share GPU 2; trainer on GPU 1; vLLM's "
+     "gpu_memory_utilization: sampler 0.9, teacher 0.45, judge 0.45",
+     {"inference": ("0", 0.9), "teacher": ("2", 0.45), "judge": ("2", 0.45), "trainer": ("1", None)}),
+    (4, "vllm", TEACHER + JUDGE, "GPUs: sampler on GPU 0; teacher on GPU 2; judge on GPU 3; trainer on GPU 1",
+     {"inference": ("0", 0.9), "teacher": ("2", 0.9), "judge": ("3", 0.9), "trainer": ("1", None)}),
+    # a judge at [judge.client]'s endpoint is not started here: nothing placed
+    (2, "vllm", '[judge]\nmodel = "gpt-4.1-mini"\n[judge.client]\nbase_url = "http://127.0.0.1:9/v1"\n',
+     "GPUs: sampler on GPU 0; trainer on GPU 1; vLLM's gpu_memory_utilization: sampler 0.9",
+     {"inference": ("0", 0.9), "trainer": ("1", None)}),
 ]
 
 
@@ -348,6 +385,30 @@ def test_children_start_with_their_planned_devices(supervisor_for: Callable[...,
     assert env == {"CUDA_VISIBLE_DEVICES": "0"} and options.gpu_memory_utilization == 0.4
 
 
+def test_a_local_judge_is_started_on_its_planned_devices(supervisor_for: Callable[..., launcher.Supervisor],
+                                                         tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """start_judge gives the judge's server the CUDA_VISIBLE_DEVICES and the share the placement planned for it: the
+    GPU the run leaves idle, or its part of the sampler's card ([judge] gpu_memory_utilization where set)."""
+    from prime_lab.inference import launch
+    from prime_lab.runs.processes import ServerStartError
+
+    started: list[tuple[dict[str, str], float | None]] = []
+
+    def refuse(backend: str, model: Path, log: Path, **kwargs: Any) -> Any:
+        started.append((dict(kwargs["env"]), kwargs["options"].gpu_memory_utilization))
+        raise ServerStartError("not started in this test")
+
+    monkeypatch.setattr(launch, "start_sampler", refuse)
+    judge = f'[judge]\nmodel = "{tiny_model_dir}"\nbackend = "vllm"\n'
+    for gpus, extra in ((3, ""), (2, ""), (1, "gpu_memory_utilization = 0.3\n")):
+        supervisor = supervisor_for(gpus, judge + extra)
+        supervisor.placement = supervisor.plan_placement("vllm")
+        with pytest.raises(launcher.LaunchFailed, match="not started in this test"):
+            supervisor.start_judge()
+    assert started == [({"CUDA_VISIBLE_DEVICES": "2"}, 0.9), ({"CUDA_VISIBLE_DEVICES": "0"}, 0.45),
+                       ({"CUDA_VISIBLE_DEVICES": "0"}, 0.3)]
+
+
 def test_a_users_allocator_setting_is_left_alone(supervisor_for: Callable[..., launcher.Supervisor],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     supervisor = supervisor_for(2)
@@ -370,6 +431,12 @@ def distillation(teacher: Path, teacher_lines: str = "", inference_lines: str = 
             f"[inference]\nmax_model_len = 8192\n{inference_lines}")
 
 
+def judging(judge: Path, judge_lines: str = "", inference_lines: str = "") -> str:
+    """A run whose environments' judge is `judge`, served here by vLLM with answers of 512 tokens at most."""
+    return (f'[judge]\nmodel = "{judge}"\nbackend = "vllm"\n{judge_lines}[judge.sampling]\nmax_tokens = 512\n'
+            f"[inference]\nmax_model_len = 8192\n{inference_lines}")
+
+
 def test_an_8b_teacher_fits_one_80gb_card_beside_the_trainer_and_the_sampler(
         supervisor_for: Callable[..., launcher.Supervisor], qwen3_folders: tuple[Path, Path]) -> None:
     """On one H100 (79.2 GiB) with the trainer keeping half, the vLLM engines' 0.4 is split by what each needs: the
@@ -387,6 +454,23 @@ def test_an_8b_teacher_fits_one_80gb_card_beside_the_trainer_and_the_sampler(
     assert sum(shares.values()) + 0.5 <= 1.0
     assert "memory of GPU 0 (79.2 GiB): sampler (Qwen3-0.6B) 0.1 = 7.9 GiB (needs 4.0); teacher (Qwen3-8B) 0.29 = " \
         "23.0 GiB (needs 18.4); the trainer keeps 0.5 = 39.6 GiB" in launcher_log(supervisor)
+
+
+def test_an_8b_judge_fits_one_80gb_card_beside_the_trainer_and_the_sampler(
+        supervisor_for: Callable[..., launcher.Supervisor], qwen3_folders: tuple[Path, Path]) -> None:
+    """A judge on the card of the sampler and the trainer is sized as a teacher is, its sequence a rollout of
+    max_model_len tokens (its prompt) and its [judge.sampling] max_tokens answer; the sampler boots after the trainer
+    (the judge with it)."""
+    student, judge = qwen3_folders
+    supervisor = supervisor_for(1, judging(judge), cards=[H100], model_path=student)
+    supervisor.placement = supervisor.plan_placement("vllm")
+    shares = {role: supervisor.devices[role].gpu_memory_utilization or 0.0 for role in ("inference", "judge")}
+    assert shares == {"inference": 0.1, "judge": 0.29}
+    assert shares["judge"] * H100 >= 2 * 8_190_735_360 + 147456 * (8192 + 512) + ENGINE_OVERHEAD_BYTES
+    assert "memory of GPU 0 (79.2 GiB): sampler (Qwen3-0.6B) 0.1 = 7.9 GiB (needs 4.0); judge (Qwen3-8B) 0.29 = " \
+        "23.0 GiB (needs 18.5); the trainer keeps 0.5 = 39.6 GiB" in launcher_log(supervisor)
+    assert supervisor.vllm_roles == ["inference", "judge"]
+    assert sampler_waits_for_trainer(supervisor.devices, supervisor.vllm_roles)
 
 
 def test_a_teacher_beside_an_external_sampler_gets_a_gpu_and_a_share_that_fits(
@@ -410,27 +494,38 @@ def test_a_teacher_beside_an_external_sampler_gets_a_gpu_and_a_share_that_fits(
     assert devices["trainer"].gpus == [0] and not sampler_waits_for_trainer(devices, supervisor.vllm_roles)
 
 
-@pytest.mark.parametrize(("card", "teacher_lines", "inference_lines", "says"), [
-    (L40S, "", "", ["the teacher (Qwen3-8B) does not fit GPU 0 (44.7 GiB): it needs 18.4 GiB (weights 15.3 GiB + the "
-                    "KV cache of one 8,192-token sequence 1.1 GiB + ~2.0 GiB for vLLM itself), but its share is 0.2 of "
-                    "the card, 8.9 GiB (beside it: sampler 0.2 (8.9 GiB), the trainer 0.5 (22.4 GiB)). All that is "
-                    "left of the card beside them is 13.4 GiB", "[teacher.client] base_url"]),
-    (H100, "gpu_memory_utilization = 0.15\n", "", ["its share is 0.15 of the card, 11.9 GiB",
-                                                   "Set [teacher] gpu_memory_utilization to at least 0.24"]),
-    (H100, "gpu_memory_utilization = 0.35\n", "gpu_memory_utilization = 0.2\n",
-     ["the shares of GPU 0 add up past the card: sampler 0.2 (15.8 GiB), teacher 0.35 (27.7 GiB), the trainer 0.5 "
-      "(39.6 GiB) = 1.05 of it (83.1 GiB of 79.2 GiB)", "Lower [inference] gpu_memory_utilization or [teacher] "
-      "gpu_memory_utilization"]),
+@pytest.mark.parametrize(("side", "card", "side_lines", "inference_lines", "says"), [
+    ("teacher", L40S, "", "", [
+        "the teacher (Qwen3-8B) does not fit GPU 0 (44.7 GiB): it needs 18.4 GiB (weights 15.3 GiB + the KV cache of "
+        "one 8,192-token sequence 1.1 GiB + ~2.0 GiB for vLLM itself), but its share is 0.2 of the card, 8.9 GiB "
+        "(beside it: sampler 0.2 (8.9 GiB), the trainer 0.5 (22.4 GiB)). All that is left of the card beside them is "
+        "13.4 GiB", "[teacher.client] base_url"]),
+    ("teacher", H100, "gpu_memory_utilization = 0.15\n", "", [
+        "its share is 0.15 of the card, 11.9 GiB", "Set [teacher] gpu_memory_utilization to at least 0.24"]),
+    ("teacher", H100, "gpu_memory_utilization = 0.35\n", "gpu_memory_utilization = 0.2\n", [
+        "the shares of GPU 0 add up past the card: sampler 0.2 (15.8 GiB), teacher 0.35 (27.7 GiB), the trainer 0.5 "
+        "(39.6 GiB) = 1.05 of it (83.1 GiB of 79.2 GiB)", "Lower [inference] gpu_memory_utilization or [teacher] "
+        "gpu_memory_utilization"]),
+    ("judge", L40S, "", "", [
+        "the judge (Qwen3-8B) does not fit GPU 0 (44.7 GiB): it needs 18.5 GiB (weights 15.3 GiB + the KV cache of one "
+        "8,704-token sequence 1.2 GiB + ~2.0 GiB for vLLM itself), but its share is 0.2 of the card", "lower "
+        "[judge.sampling] max_tokens or [inference] max_model_len", "serve the judge elsewhere ([judge.client] "
+        "base_url)"]),
+    ("judge", H100, "gpu_memory_utilization = 0.15\n", "", [
+        "its share is 0.15 of the card, 11.9 GiB", "Set [judge] gpu_memory_utilization to at least 0.24"]),
+    ("judge", H100, "gpu_memory_utilization = 0.35\n", "gpu_memory_utilization = 0.2\n", [
+        "sampler 0.2 (15.8 GiB), judge 0.35 (27.7 GiB), the trainer 0.5 (39.6 GiB) = 1.05 of it",
+        "Lower [inference] gpu_memory_utilization or [judge] gpu_memory_utilization"]),
 ])
-def test_a_teacher_that_cannot_fit_is_refused_before_the_run_starts_with_the_numbers(
-        supervisor_for: Callable[..., launcher.Supervisor], qwen3_folders: tuple[Path, Path], card: int,
-        teacher_lines: str, inference_lines: str, says: list[str]) -> None:
-    """Refused by the plan, before any process starts, with the GiB of each part and of the card: an 8B teacher
-    beside the trainer and the sampler on a 48 GB card, a teacher share too small on an 80 GB one, and shares that
-    with the trainer's add up past the card."""
-    student, teacher = qwen3_folders
-    supervisor = supervisor_for(1, distillation(teacher, teacher_lines, inference_lines), cards=[card],
-                                model_path=student)
+def test_a_side_engine_that_cannot_fit_is_refused_before_the_run_starts_with_the_numbers(
+        supervisor_for: Callable[..., launcher.Supervisor], qwen3_folders: tuple[Path, Path], side: str, card: int,
+        side_lines: str, inference_lines: str, says: list[str]) -> None:
+    """Refused by the plan, before any process starts, with the GiB of each part and of the card: an 8B teacher (or
+    judge) beside the trainer and the sampler on a 48 GB card, a share of its own too small on an 80 GB one, and
+    shares that with the trainer's add up past the card."""
+    student, model = qwen3_folders
+    config = (distillation if side == "teacher" else judging)(model, side_lines, inference_lines)
+    supervisor = supervisor_for(1, config, cards=[card], model_path=student)
     with pytest.raises(launcher.LaunchFailed) as caught:
         supervisor.plan_placement("vllm")
     for part in says:
@@ -439,13 +534,14 @@ def test_a_teacher_that_cannot_fit_is_refused_before_the_run_starts_with_the_num
 
 # Boot order on a shared card -------------------------------------------------------------------------------------
 def test_the_sampler_waits_for_the_trainer_only_where_a_vllm_engine_shares_its_gpu() -> None:
-    def waits(devices: list[str], backend: str, teacher: str | None = None) -> bool:
-        plan = child_devices(plan_gpus(devices, backend=backend, teacher=teacher is not None))
+    def waits(devices: list[str], backend: str, teacher: str | None = None, side: str = "teacher") -> bool:
+        plan = child_devices(plan_gpus(devices, backend=backend, sides=[side] if teacher else []))
         roles = [r for r in plan if r.startswith("inference") and backend == "vllm" and plan[r].gpus]
-        roles += ["teacher"] if teacher == "vllm" and plan["teacher"].gpus else []
+        roles += [side] if teacher == "vllm" and plan[side].gpus else []
         return sampler_waits_for_trainer(plan, roles)
 
     assert waits(["0"], "vllm") and waits(["0"], "builtin", teacher="vllm")
+    assert waits(["0"], "builtin", teacher="vllm", side="judge")  # a judge's vLLM waits as a teacher's does
     assert not waits(["0"], "builtin")  # the built-in server does not size itself from the free memory
     assert not waits(["0", "1"], "vllm", teacher="vllm")  # sampler and teacher on 0, trainer on 1
     assert not waits([], "vllm")  # a CPU: side by side, as before
