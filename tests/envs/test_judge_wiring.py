@@ -252,3 +252,18 @@ def test_env_list_and_doctor_say_which_environments_take_a_judge_and_how_it_is_w
     assert local.status == "ok" and local.message == ("environment 'judged-by-variables' takes an LLM judge "
                                                       "(judge_model + OPENAI_BASE_URL): wired to [judge] smollm2-135m")
     assert found["configs/eval/mine.toml"].message.endswith("its args point it at http://10.0.0.2:8000/v1")
+
+
+def test_prime_gepa_run_with_judge_scores_every_candidate_through_it(
+        judged_envs: Path, builtin_server: BuiltinServer, tiny_model_dir: Path, lab_home: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(judged_envs), os.environ.get("PYTHONPATH", "")])}
+    proc = cli.prime("gepa", "run", "judged-by-arguments", "-b", builtin_server.base_url, "-m", TINY_SERVED_NAME,
+                     "-B", "4", "-n", "1", "-N", "1", "--minibatch-size", "1", "--perfect-score", "1", "-t", "4",
+                     "--judge", str(tiny_model_dir), env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "(seed 1.0000)" in proc.stdout  # the seed prompt's rollouts were each scored 1 by the judge
+    assert "environment 'judged-by-arguments': judge" in out and "judge: " in out and ", 0 errors" in out, out
+    [run_dir] = [p for p in (lab_home / "runs").iterdir() if p.name.startswith("gepa-")]
+    assert json.loads((run_dir / "resolved.json").read_text())["judge"] == {"model": str(tiny_model_dir)}
+    assert (run_dir / "logs" / "judge.log").is_file()
