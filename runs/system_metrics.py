@@ -10,13 +10,13 @@ own) and writes each sample to the event bus as one `system` event (source `laun
                "memory_total_bytes": 2}]}
 
 Roles: `supervisor` (the process that samples), `trainer` (`rank` on each of torchrun's ranks; torchrun itself has
-none), `orchestrator`, `sampler` (`rank`: which server), `teacher`, `env_server` (`env`: the environment), `sandbox`,
-`mirror` (the W&B mirror) and `other` (with its `name`). A process registered with the run (status.json
-`processes`) has its registered role; one that is not (torchrun's ranks, an environment server's first moments, the
-mirror) is named by its command line; the rest (vLLM's engine core, an environment server's workers) take the role of
-their nearest named ancestor. CPU % is over the time since the previous sample (100 = one core busy); a process's
-first sample gives its average since it started. GPUs come from NVML (`pynvml`, the `nvidia-ml-py` package): no GPU,
-no driver or an NVML error gives `gpus` [].
+none), `orchestrator`, `sampler` (`rank`: which server), `teacher`, `judge` (a run's LLM judge), `env_server` (`env`:
+the environment), `sandbox`, `mirror` (the W&B mirror) and `other` (with its `name`). A process registered with the
+run (status.json `processes`) has its registered role; one that is not (torchrun's ranks, an environment server's
+first moments, the mirror) is named by its command line; the rest (vLLM's engine core, an environment server's
+workers) take the role of their nearest named ancestor. CPU % is over the time since the previous sample (100 = one
+core busy); a process's first sample gives its average since it started. GPUs come from NVML (`pynvml`, the
+`nvidia-ml-py` package): no GPU, no driver or an NVML error gives `gpus` [].
 
 Sandboxes (sandbox/local.py: each command a `bwrap` process, or with weak isolation the process the run's sandbox
 records name, and everything under it, whichever process of the run ran it; what runs inside one never takes another
@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 SYSTEM = "system"  # the events' kind
 DEFAULT_INTERVAL_S = 5.0
 INTERVAL_VARIABLE = "PRIME_LAB_SYSTEM_INTERVAL_S"  # tests shorten it
-ROLES = ("supervisor", "trainer", "orchestrator", "sampler", "teacher", "env_server", "sandbox", "mirror", "other")
+ROLES = ("supervisor", "trainer", "orchestrator", "sampler", "teacher", "judge", "env_server", "sandbox", "mirror",
+         "other")
 SANDBOX = "sandbox"
 SANDBOX_PROGRAM = "bwrap"  # a local sandbox's outermost process (bubblewrap)
 # Modules whose process has its role whether registered or not (`python -m MODULE`); vLLM's are matched by prefix.
@@ -243,7 +244,7 @@ def registered_role(name: str) -> Role:
     """The role of a process registered with the run as `name` (its status.json key)."""
     if name == "launcher":
         return Role("supervisor")
-    if name in ("trainer", "orchestrator", "teacher", "mirror"):
+    if name in ("trainer", "orchestrator", "teacher", "judge", "mirror"):
         return Role(name)
     if name == "inference":
         return Role("sampler", 0)

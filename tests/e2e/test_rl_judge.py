@@ -97,6 +97,14 @@ max_tokens = 4
     assert 1 <= step1["judge/generation_tokens"] <= 4 * step1["judge/requests"], step1
     assert 0 < step1["judge/latency_p50_s"] <= step1["judge/latency_p95_s"], step1
 
+    # on the System tab as the judge, not as "other" (the supervisor samples its processes every few seconds)
+    deadline, roles = time.monotonic() + 30, set()
+    while "judge" not in roles and time.monotonic() < deadline:
+        roles = {p.get("role") for e in run.event_log().events() if e.kind == "system"
+                 for p in e.data.get("processes", [])}
+        time.sleep(0.5)
+    assert "judge" in roles, roles
+
     judge_pid = status["processes"]["judge"]["pid"]
     os.kill(judge_pid, signal.SIGKILL)
     t0 = time.monotonic()
