@@ -267,3 +267,22 @@ def test_prime_gepa_run_with_judge_scores_every_candidate_through_it(
     [run_dir] = [p for p in (lab_home / "runs").iterdir() if p.name.startswith("gepa-")]
     assert json.loads((run_dir / "resolved.json").read_text())["judge"] == {"model": str(tiny_model_dir)}
     assert (run_dir / "logs" / "judge.log").is_file()
+
+
+def test_a_judge_model_that_cannot_be_had_stops_every_command_before_a_run_in_one_line(
+        lab_home: Path, tmp_path: Path) -> None:
+    """The judge's model is obtained as the run's own is (built, found, or downloaded) before a run is registered;
+    with the Hub unreachable that is one line naming `[judge] model`."""
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
+    config = tmp_path / "rl.toml"
+    config.write_text('model = "smollm2-135m"\nmax_steps = 1\nbatch_size = 2\nrollouts_per_example = 2\n\n'
+                      '[sampling]\nmax_tokens = 4\n\n[[env]]\nid = "reverse-text"\n\n[judge]\nmodel = "nobody/judge"\n')
+    for args in (("eval", "run", "reverse-text", "-b", "http://127.0.0.1:9/v1", "-m", "m", "--judge", "nobody/judge"),
+                 ("gepa", "run", "reverse-text", "-b", "http://127.0.0.1:9/v1", "-m", "m", "--judge", "nobody/judge"),
+                 ("rl", "run", f"@{config}")):
+        proc = cli.prime(*args, env=env)
+        assert proc.returncode == 1, (args, proc.stderr)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("Error: [judge] model: ") and "'nobody/judge'" in lines[0], \
+            (args, proc.stderr)
+    assert not (lab_home / "runs").exists() or not list((lab_home / "runs").iterdir())

@@ -88,7 +88,7 @@ def run(
     from prime_lab.envs import EnvironmentLoadError, MissingKeyError, load_env_files, load_environment
     from prime_lab.evals import launcher
     from prime_lab.inference.judge import JudgeUnavailable, settings_for
-    from prime_lab.workbench.cli.models import obtain
+    from prime_lab.workbench.cli.models import obtain, obtain_judge
     from prime_lab.workbench.cli.secret import inject_secrets
 
     given_env_args = _json_arg(env_args, "-a/--env-args")
@@ -127,6 +127,7 @@ def run(
         fail(str(exc))
     if job.model and job.base_url is None and policy is None:
         obtain(job.model)  # built or downloaded here, before the run is registered (its sampler then finds it)
+    obtain_judge(job.judge)
     _evaluate(job, environment, policy=policy, prompt=prompt, output_dir=output_dir, backend=backend, verbose=verbose)
 
 

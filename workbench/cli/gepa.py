@@ -108,8 +108,9 @@ def run(
 def _obtain_models(job: Any) -> None:
     """The task and reflection models this command serves locally, built or downloaded before the run is registered
     (workbench/cli/models.py `obtain`); none for a model reached through -b/--base-url."""
-    from prime_lab.workbench.cli.models import obtain
+    from prime_lab.workbench.cli.models import obtain, obtain_judge
 
+    obtain_judge(job.judge)
     if job.base_url:
         return
     spec = job.settings

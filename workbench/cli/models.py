@@ -5,6 +5,7 @@ question every command that starts a model asks (`prime rl run`, `prime sft run`
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,14 @@ def obtain(spec: str, field: str = "model") -> Path:
     except KeyboardInterrupt:
         fail(f"the download of {spec} was interrupted; run the same command again to go on from where it stopped "
              "(what was downloaded is kept)", code=130)
+
+
+def obtain_judge(judge: Mapping[str, Any] | None) -> None:
+    """A local judge's model (`[judge]` without `[judge.client] base_url`, as given), built or downloaded here before
+    the run is registered, as the run's own model is."""
+    client = (judge or {}).get("client")
+    if judge and judge.get("model") and not (isinstance(client, Mapping) and client.get("base_url")):
+        obtain(str(judge["model"]), "[judge] model")
 
 
 def hf_token() -> str | None:

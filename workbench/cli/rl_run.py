@@ -161,8 +161,10 @@ def _obtain_models(cfg: RLConfig, *, distillation: bool) -> bool:
     command; `launch` gets the run's model). With `distillation`, True when one was not here: validate again (the
     tokenizers are compared only once both are on this machine, or for a preset that builds its tokenizer alone)."""
     from prime_lab.models.resolve import local_model_folder
-    from prime_lab.workbench.cli.models import obtain
+    from prime_lab.workbench.cli.models import obtain, obtain_judge
 
+    if not distillation and cfg.judge is not None:
+        obtain_judge(cfg.judge.model_dump(exclude_unset=True))
     teacher = cfg.teacher
     if teacher is None or teacher.client.base_url is not None or (distillation and cfg.loss != "opd"):
         return False
