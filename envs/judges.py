@@ -46,6 +46,7 @@ KEY_VARIABLE = "PRIME_LAB_JUDGE_API_KEY"  # also what a wired `judge_api_key_var
 JUDGE_VARIABLES = (URL_VARIABLE, MODEL_VARIABLE, KEY_VARIABLE)
 LOCAL_KEY = "local"  # a local judge checks no key, but the OpenAI client wants one
 DEFAULT_MAX_TOKENS = 256
+LOCAL_JUDGE = "judge with a local model: add --judge MODEL (in a config file, a [judge] table with model = MODEL)"
 
 
 class JudgeSamplingConfig(ConfigSection):
@@ -167,7 +168,7 @@ def lines_failure_message(lines: Sequence[str], env_id: str, arguments: Signatur
     variable = judge.key_variable() if judge is not None else DEFAULT_KEY_VARIABLE
     store = f"store it with `{secret_command('create', variable)}`, or export it" \
         if NAME_PATTERN.match(variable) else "export it"
-    local = "or judge with a local model: add --judge MODEL (in a config file, a [judge] table with model = MODEL)"
+    local = "or " + LOCAL_JUDGE
     if variable != DEFAULT_KEY_VARIABLE and judge is not None and judge.key is not None:
         named = f"{variable} (named by {judge.key.name})"
     else:
@@ -271,3 +272,12 @@ def config_advice(env_id: str, signature: Signature, args: Mapping[str, Any],
     return "warn", (f"environment '{env_id}' takes an LLM judge ({how}): without a [judge] table it calls {where} "
                     f"with the key in {found.key_variable()}; add [judge] model = \"MODEL\" to judge with a local "
                     "model")
+
+
+def local_judge_hint(message: str, signature: Signature) -> str:
+    """`message` (an environment's load failure, no judge configured) with how to judge locally added where the
+    environment takes judge arguments and its error is about its judge (as agentic_misalignment's "requires an LLM
+    judge. Provide judge_base_url and judge_api_key")."""
+    if judge_arguments(signature) is None or "judge" not in message.lower() or LOCAL_JUDGE in message:
+        return message
+    return f"{message}; to {LOCAL_JUDGE}"

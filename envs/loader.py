@@ -176,8 +176,13 @@ def _load(env_id: str, args: dict[str, Any]) -> Environment:
             raise EnvironmentLoadError(f"environment '{env_id}' does not take argument(s) {', '.join(unknown)}; "
                                        f"its arguments are: {valid}")
         wiring = judges.wire(record.args, args, judge) if judge is not None else None
-        loaded: Environment = isolated.IsolatedEnvironment(record, env_id, wiring.args if wiring else args,
-                                                           wiring.environ if wiring else None)
+        try:
+            loaded: Environment = isolated.IsolatedEnvironment(record, env_id, wiring.args if wiring else args,
+                                                               wiring.environ if wiring else None)
+        except EnvironmentLoadError as exc:
+            if judge is not None:
+                raise
+            raise EnvironmentLoadError(judges.local_judge_hint(str(exc), record.args)) from exc
         if wiring is not None and judge is not None:
             loaded.judge_wiring = wiring.describe(env_id, judge)
         return loaded
@@ -201,8 +206,10 @@ def _load(env_id: str, args: dict[str, Any]) -> Environment:
         raise
     except Exception as exc:
         message = hub.failure_message(exc, env_id, _with_defaults(func, args)) or missing_key_message(exc, env_id)
-        raise EnvironmentLoadError(message or f"environment '{env_id}': load_environment({_fmt_args(args)}) raised "
-                                              f"{type(exc).__name__}: {exc}") from exc
+        message = message or f"environment '{env_id}': load_environment({_fmt_args(args)}) raised " \
+                             f"{type(exc).__name__}: {exc}"
+        raise EnvironmentLoadError(message if judge is not None else
+                                   judges.local_judge_hint(message, _with_defaults(func, {}))) from exc
     if not isinstance(env, Environment):
         if not verifiers_adapter.is_verifiers_environment(env):
             raise EnvironmentLoadError(f"environment '{env_id}': load_environment() returned {type(env).__name__}, "

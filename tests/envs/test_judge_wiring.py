@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
-from prime_lab.envs import SamplingArgs, load_environment
+from prime_lab.envs import EnvironmentLoadError, SamplingArgs, load_environment
 from prime_lab.envs.judges import (
     KEY_VARIABLE,
     LOCAL_KEY,
@@ -145,10 +145,23 @@ def judge(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     plan.stop()
 
 
+# Refuses to load without a judge key (agentic_misalignment's shape).
+NEEDS_JUDGE = '''
+    from prime_lab.envs import Rubric, SingleTurnEnv
+
+
+    def load_environment(judge_model: str = "gemma", judge_base_url: str = "https://api.pinference.ai/api/v1",
+                         judge_api_key: str | None = None):
+        if not judge_base_url or not judge_api_key:
+            raise ValueError("needs_judge requires an LLM judge. Provide judge_base_url and judge_api_key")
+        return SingleTurnEnv(dataset=[{"question": "q", "answer": judge_api_key}], rubric=Rubric([]))
+'''
+
+
 @pytest.fixture
 def judged_envs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     sources = {"judged_by_arguments": BY_ARGUMENTS, "judged_by_variables": BY_VARIABLES,
-               "simulated_user": SIMULATED_USER}
+               "simulated_user": SIMULATED_USER, "needs_judge": NEEDS_JUDGE}
     for name, source in sources.items():
         (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
     for variable in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MY_JUDGE_KEY", KEY_VARIABLE):
@@ -286,3 +299,15 @@ def test_a_judge_model_that_cannot_be_had_stops_every_command_before_a_run_in_on
         assert len(lines) == 1 and lines[0].startswith("Error: [judge] model: ") and "'nobody/judge'" in lines[0], \
             (args, proc.stderr)
     assert not (lab_home / "runs").exists() or not list((lab_home / "runs").iterdir())
+
+
+def test_an_environment_that_refuses_to_load_without_its_judge_says_how_to_judge_locally(
+        judged_envs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(EnvironmentLoadError) as refused:
+        load_environment("needs-judge")
+    assert str(refused.value).endswith("requires an LLM judge. Provide judge_base_url and judge_api_key; to judge with "
+                                       "a local model: add --judge MODEL (in a config file, a [judge] table with "
+                                       "model = MODEL)")
+    for key, value in JUDGE.environ().items():
+        monkeypatch.setenv(key, value)
+    assert load_environment("needs-judge").get_dataset(1)[0]["answer"] == LOCAL_KEY  # wired: it loads
