@@ -1,4 +1,5 @@
-"""The HTTP routes (FastAPI): vLLM's OpenAI-compatible surface, with OpenAI-style JSON errors, the two developer
+"""The HTTP routes (FastAPI): vLLM's OpenAI-compatible surface and its token-in, token-out
+`/inference/v1/generate` (route "generate" in the metrics), with OpenAI-style JSON errors, the two developer
 routes a trainer's full weights go through (`/collective_rpc` for `weights.UPDATE_METHOD`, `/reset_prefix_cache`),
 and `/metrics` in Prometheus' text format, as vLLM serves its own (ours are named `prime_lab_*`, after vLLM's names
 where it has one): requests answered, cancelled (by route and model name) and failed (answered 4xx/5xx, by route and
@@ -38,6 +39,7 @@ from prime_lab.inference.builtin.schemas import (
     ChatCompletionRequest,
     CollectiveRpcRequest,
     CompletionRequest,
+    GenerateRequest,
     LoadLoraAdapterRequest,
     UnloadLoraAdapterRequest,
 )
@@ -49,7 +51,8 @@ Body = TypeVar("Body", bound=BaseModel)
 Result = TypeVar("Result")
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request whose client went away before the answer
-COMPLETION_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+COMPLETION_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
+                     "/inference/v1/generate": "generate"}  # fmt: skip
 # vLLM's request latency buckets (vllm/v1/metrics/buckets.py REQUEST_LATENCY_BUCKETS), with finer ones below 0.3 s
 # for the short answers of a small model (a judge's verdict).
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
@@ -204,6 +207,13 @@ def create_app(
     async def completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
         return await answer(request, "completion", body.model, service.complete(body))
+
+    @app.post("/inference/v1/generate")
+    async def generate(request: Request) -> Response:
+        """vLLM's token-in, token-out route (what verifiers v1's renderer client calls): `/v1/completions`'s
+        generation from token ids, in vLLM's `GenerateTokensResponse` shape."""
+        body = await parse_body(request, GenerateRequest)
+        return await answer(request, "generate", body.model, service.generate(body))
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> PlainTextResponse:

@@ -22,6 +22,7 @@ from prime_lab.inference.builtin.schemas import (
     MAX_TOP_LOGPROBS,
     ChatCompletionRequest,
     CompletionRequest,
+    GenerateRequest,
     SamplingFields,
 )
 from prime_lab.inference.builtin.sequences import Choice, GenerationRequest, PromptLogprobs
@@ -91,10 +92,7 @@ class CompletionService:
             raise APIError("prompt must not be empty", param="prompt")
         prompt_ids = [self.codec.text_prompt_ids(p) if isinstance(p, str) else p for p in prompts]
         for ids in prompt_ids:
-            if not ids:
-                raise APIError("prompt must not be empty", param="prompt")
-            if max(ids) >= self.codec.vocab_size:
-                raise APIError(f"token id {max(ids)} is out of the vocabulary", param="prompt")
+            self.check_prompt_ids(ids, "prompt")
         logprobs = body.logprobs is not None
         prompt_logprobs = self.prompt_logprobs_count(body)
         requests = [
@@ -130,6 +128,47 @@ class CompletionService:
             "ec_transfer_params": None,
             "metrics": None,
         }
+
+    async def generate(self, body: GenerateRequest) -> dict[str, Any]:
+        """vLLM's `/inference/v1/generate` (tokens in, tokens out): the text route's generation from token ids,
+        answered in vLLM's `output_mode="tokens"` shape (`GenerateTokensResponse`)."""
+        refuse_unsupported(body)
+        model = self.registry.get(body.model)
+        self.check_prompt_ids(body.token_ids, "token_ids")
+        sampling = body.sampling_params
+        params = self.sampling_params(
+            sampling,
+            len(body.token_ids),
+            sampling.max_tokens,
+            logprobs=sampling.logprobs is not None,
+            top_logprobs=sampling.logprobs or 0,
+        )
+        choices = await self._generate(
+            GenerationRequest(body.token_ids, sampling.n, params, model, self.prompt_logprobs_count(sampling))
+        )
+        return {
+            "request_id": f"generate-tokens-{body.request_id or uuid.uuid4().hex}",
+            "model": model.name,
+            "created": int(time.time()),
+            "usage": usage(len(body.token_ids), choices),
+            "prompt_logprobs": self._prompt_logprobs(body.token_ids, choices[0].prompt_logprobs),
+            "prompt_token_id_logprobs": None,
+            "prompt_token_ids": body.token_ids if body.return_token_ids else None,
+            "mm_placeholders": None,
+            "metrics": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "output_mode": "tokens",
+            "choices": [self._generate_choice(i, choice) for i, choice in enumerate(choices)],
+        }
+
+    def check_prompt_ids(self, ids: list[int], param: str) -> None:
+        if not ids:
+            raise APIError(f"{param} must not be empty", param=param)
+        if max(ids) >= self.codec.vocab_size:
+            raise APIError(
+                f"token id {max(ids)} is out of the vocabulary (ids 0 to {self.codec.vocab_size - 1})", param=param
+            )
 
     def sampling_params(
         self, body: SamplingFields, prompt_tokens: int, max_tokens: int | None, *, logprobs: bool, top_logprobs: int
@@ -233,6 +272,35 @@ class CompletionService:
             "routed_experts": None,
         }
 
+    def _generate_choice(self, index: int, choice: Choice) -> dict[str, Any]:
+        """A choice of vLLM's `GenerateTokensResponse`. Each logprob entry carries the token as its id (`token_id`,
+        vLLM 0.32's field) and as the `token_id:<id>` string of the OpenAI logprob shape that earlier releases of the
+        route answered, which the `renderers` client of verifiers 0.3 checks; `top_logprobs` are the k most likely
+        tokens, most likely first, with their ranks (vLLM 0.32 puts the sampled token first there)."""
+        logprobs = None
+        if choice.logprobs is not None and choice.top_logprobs is not None:
+            content = []
+            for token_id, logprob, top in zip(choice.token_ids, choice.logprobs, choice.top_logprobs, strict=True):
+                rank = next((r for r, (t, _) in enumerate(top, start=1) if t == token_id), None)
+                content.append({
+                    **self._token_logprob(token_id, logprob, rank),
+                    "top_logprobs": [self._token_logprob(t, lp, r) for r, (t, lp) in enumerate(top, start=1)],
+                })  # fmt: skip
+            logprobs = {"content": content}
+        return {
+            "index": index,
+            "finish_reason": choice.finish_reason,
+            "stop_reason": choice.stop_reason,
+            "token_ids": choice.token_ids,
+            "logprobs": logprobs,
+            "routed_experts": None,
+            "sampling_mask": None,
+            "weight_versions": None,
+        }
+
+    def _token_logprob(self, token_id: int, logprob: float, rank: int | None) -> dict[str, Any]:
+        return {"token_id": token_id, "token": self._token_text(token_id, True), "logprob": logprob, "rank": rank}
+
     def _text_choice(
         self,
         index: int,
@@ -292,7 +360,7 @@ def chat_message(choice: Choice, parse_tools: bool) -> tuple[dict[str, Any], str
     return message, finish_reason
 
 
-def refuse_unsupported(body: SamplingFields) -> None:
+def refuse_unsupported(body: SamplingFields | GenerateRequest) -> None:
     unsupported = body.unsupported_settings()
     if unsupported:
         raise APIError(f"the built-in server does not support: {', '.join(unsupported)}", param=unsupported[0])

@@ -1,4 +1,5 @@
-"""Request bodies of the OpenAI routes, with vLLM's extra fields spelled as vLLM spells them.
+"""Request bodies of the OpenAI routes and of vLLM's `/inference/v1/generate`, with vLLM's extra fields spelled as
+vLLM spells them.
 
 Unknown fields are accepted and ignored (as vLLM does); known fields are validated, and a field the built-in
 server cannot honour is refused with a 400 rather than silently ignored (`unsupported_settings`).
@@ -127,6 +128,38 @@ class CompletionRequest(SamplingFields):
             problems.append("suffix")
         if self.best_of not in (None, self.n):
             problems.append("best_of")
+        return problems
+
+
+class GenerateSamplingParams(SamplingFields):
+    """vLLM's `SamplingParams` as `/inference/v1/generate` takes them: the sampling fields of the other routes,
+    `logprobs` a count as on `/v1/completions` (None: none; 0: the sampled token's only; k: the top k beside it)."""
+
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+
+class GenerateRequest(BaseModel):
+    """vLLM's token-in, token-out request (`entrypoints/scale_out/token_in_token_out/protocol.py`
+    `GenerateRequest`): a prompt as token ids and its sampling parameters; the prompt's ids come back when
+    `return_token_ids` is set. Multimodal inputs and streaming are refused."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    token_ids: list[NonNegativeInt] = Field(min_length=1)
+    sampling_params: GenerateSamplingParams
+    request_id: str | None = None
+    return_token_ids: bool = False
+    stream: bool = False
+    features: dict[str, Any] | None = None
+    content_parts: list[dict[str, Any]] | None = None
+
+    def unsupported_settings(self) -> list[str]:
+        problems = self.sampling_params.unsupported_settings()
+        if self.stream:
+            problems.append("stream=true")
+        if self.features or self.content_parts:
+            problems.append("multimodal inputs (features, content_parts)")
         return problems
 
 
