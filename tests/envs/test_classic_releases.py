@@ -16,6 +16,7 @@ OPENAI_BASE_URL, wired to the run's judge in that interpreter.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ from prime_lab.envs.judges import JudgeEndpoint
 from tests.envs.test_judge_wiring import requests_answered
 from tests.envs.verifiers_standins import release_interpreter
 from tests.plugins.servers import TINY_SERVED_NAME
+from tests.support import cli
 
 STAND_IN_VERIFIERS = '''\
 """A stand-in for verifiers 0.1.7: its Rubric, SingleTurnEnv and load_environment, as that release has them."""
@@ -242,6 +244,12 @@ def test_judged_environments_are_wired_to_the_judge_in_their_own_interpreter(
             name=module.replace("_", "-"), module=module, distribution=module, version="0.1", release="0.1.7",
             python=str(classic_python), target=str(tmp_path), reason="a test's",
             args=tuple(tuple(a) for a in checked["args"])))
+    # `prime env list` says how a judge reaches each (the column shows where one here takes a judge)
+    listed = cli.prime("env", "list", env={**os.environ, "COLUMNS": "240"})
+    assert "JUDGE WIRED BY" in listed.stdout, listed.stdout
+    wired = {row["id"]: row["judge"] for row in json.loads(cli.prime("env", "list", "--output", "json").stdout)}
+    assert wired["judge-args-env"] == "judge_base_url, judge_model, judge_api_key_var"
+    assert wired["judge-vars-env"] == "judge_model + OPENAI_BASE_URL"
     by_arguments, by_variables = load_environment("judge-args-env"), load_environment("judge-vars-env")
     assert isinstance(by_arguments, IsolatedEnvironment) and isinstance(by_variables, IsolatedEnvironment)
     assert by_arguments.judge_wiring == (f"environment 'judge-args-env': judge {TINY_SERVED_NAME} at "

@@ -55,13 +55,16 @@ def list_envs(
                      "judge": how_wired(i.args) or None}
                     for i in infos])
         return
+    wired = [how_wired(info.args) for info in infos]
+    judged = any(wired)  # the column only where an environment here takes an LLM judge
     rows = [(info.id, info.where() + (f" (Hub: {hub[info.id]})" if hub[info.id] else ""),
              runs_on(info.release, info.interpreter, verbose),
              info.doc.split(": ", 1)[-1] if verbose else short_description(info.doc.split(": ", 1)[-1]),
              ", ".join(a.name if a.required else f"{a.name}={a.default!r}" for a in info.args
-                       if a.name != "system_prompt"), how_wired(info.args)) for info in infos]
+                       if a.name != "system_prompt"), *([how] if judged else []))
+            for info, how in zip(infos, wired, strict=True)]
     print_table((Column("ID", no_wrap=True), "SOURCE", Column("RUNS ON", ratio=1), Column("DESCRIPTION", ratio=1),
-                 Column("ARGS", ratio=1), Column("JUDGE WIRED BY", ratio=1)), rows,
+                 Column("ARGS", ratio=1), *([Column("JUDGE WIRED BY", ratio=1)] if judged else [])), rows,
                 styles=["dim" if info.shadowed_by else None for info in infos])
 
 
