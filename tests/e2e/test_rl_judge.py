@@ -94,7 +94,9 @@ max_tokens = 4
     # the step's judge/* metrics, from the judge's own /metrics (inference/judge_metrics.py)
     step1 = metrics(run, "orchestrator")[1]
     assert step1["judge/requests"] >= 4 and step1["judge/errors"] == 0, step1
-    assert 1 <= step1["judge/generation_tokens"] <= 4 * step1["judge/requests"], step1
+    # each answered request generated at least one token (its at most 4 the reward checked); tokens the next step's
+    # judge requests generated while this step was scraped count too (in flight, not yet answered), so no upper bound
+    assert step1["judge/generation_tokens"] >= step1["judge/requests"], step1
     assert 0 < step1["judge/latency_p50_s"] <= step1["judge/latency_p95_s"], step1
 
     # on the System tab as the judge, not as "other" (the supervisor samples its processes every few seconds)
