@@ -29,6 +29,7 @@ from pydantic import Field
 from prime_lab.envs.arguments import EnvArg
 from prime_lab.envs.secrets import NAME_PATTERN, secret_command
 from prime_lab.problems.schema import ConfigSection
+from prime_lab.runs.paths import environ_set
 
 BASE_URL_NAMES = ("judge_base_url", "judge_url", "judge_api_base")
 MODEL_NAMES = ("judge_model", "judge_model_name")
@@ -225,21 +226,8 @@ def environ_while_loading(wiring: Wiring | None) -> Iterator[None]:
     verifiers' JudgeRubric and the like build their client); then this process's own are back, so that nothing
     else here (the sampler's client) ever reads them. `PRIME_LAB_JUDGE_API_KEY` stays: ours, and a wired
     `judge_api_key_var` may read it later."""
-    if wiring is None or not wiring.environ:
+    with environ_set(wiring.environ if wiring is not None else {}, keep=(KEY_VARIABLE,)):
         yield
-        return
-    saved = {k: os.environ.get(k) for k in wiring.environ}
-    os.environ.update(wiring.environ)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if key == KEY_VARIABLE:
-                continue
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def how_wired(signature: Signature) -> str:

