@@ -37,8 +37,8 @@ the CPU's smaller rows) at 4 x 2,048 tokens (groups of 4 sharing a 512-token pro
     .venv/bin/python bench/trainer_throughput.py --activation-checkpointing [--seq-len 2048] [--micro-batch-size 2]
     .venv/bin/python bench/trainer_throughput.py --lm-head [--steps 3]
     .venv/bin/python bench/trainer_throughput.py --gpu [--shapes long,rl,rl-varying,long-ac] [--steps 5] [--json PATH]
-(`--tiny` runs the --gpu flow with a 2-layer model and 256-512-token sequences, on the CPU unless --gpu is given: a
-check of the code, not a figure.)
+(`--tiny` runs the --gpu flow with a 2-layer model and 256-512-token sequences, on the CPU unless --gpu is given, one
+CPU thread a side there: a check of the code, not a figure.)
 """
 
 from __future__ import annotations
@@ -229,6 +229,7 @@ class OursSettings:
     seq_len: int
     device: str = "cpu"
     nproc: int = 1
+    threads: int | None = None  # CPU threads a process; None: the cores split evenly between the processes
     trainer: dict[str, Any] = field(default_factory=dict)  # [trainer] settings beyond the bench's own
     sampling: dict[str, Any] = field(default_factory=dict)
 
@@ -289,7 +290,7 @@ def measure(model: Path, batches: list[list[Any]], s: OursSettings) -> dict[str,
         argv = torchrun_argv(Topology(s.nproc), argv[0], argv[1:])
     env = dict(os.environ)
     if s.device == "cpu":
-        env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // s.nproc))
+        env["OMP_NUM_THREADS"] = str(s.threads or max(1, len(os.sched_getaffinity(0)) // s.nproc))
     done = subprocess.run([sys.executable, "-P", "-m", *argv], env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SideFailed(f"ours ({s.nproc} process(es)) failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -362,6 +363,8 @@ def peer_train(spec: dict[str, Any]) -> dict[str, float]:
     device = spec["device"]
     cuda = device.startswith("cuda")
     shape = Shape(**{**spec["shape"], "completion_range": tuple(spec["shape"]["completion_range"] or ()) or None})
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16 if cuda else torch.float32,
                                                 attn_implementation="sdpa").to(device)
@@ -399,9 +402,11 @@ def peer_train(spec: dict[str, Any]) -> dict[str, float]:
             "steps": float(len(after_warmup)), "peak_gib": peak_memory_gib(device)}
 
 
-def run_peer(model: Path, shape: Shape, steps: int, device: str) -> dict[str, float]:
-    """`peer_train` in a process of its own (its own peak memory), through this script's hidden --peer option."""
-    spec = {"model": str(model), "shape": asdict(shape), "steps": steps, "device": device, "temperature": TEMPERATURE}
+def run_peer(model: Path, shape: Shape, steps: int, device: str, threads: int | None = None) -> dict[str, float]:
+    """`peer_train` in a process of its own (its own peak memory), through this script's hidden --peer option;
+    `threads`: its CPU threads (None: torch's default)."""
+    spec = {"model": str(model), "shape": asdict(shape), "steps": steps, "device": device, "temperature": TEMPERATURE,
+            "threads": threads}
     done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--peer", json.dumps(spec)],
                           capture_output=True, text=True, cwd=REPO)
     lines = done.stdout.strip().splitlines()
@@ -447,9 +452,10 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
 
 
 def compare_with_peer(model: Path, device: str, card: str, shapes: list[Shape], steps: int,
-                      report_path: Path | None = None) -> int:
+                      report_path: Path | None = None, threads: int | None = None) -> int:
     """Each shape: ours, then the peer (run once per distinct peer shape); both figures, ours / peer and the goals.
-    With `report_path`, the same figures as JSON (`--json`), rewritten after each shape."""
+    With `report_path`, the same figures as JSON (`--json`), rewritten after each shape. `threads`: each side's CPU
+    threads (None: ours the cores, the peer torch's default)."""
     config = model_shape(model)
     peers: dict[str, dict[str, float]] = {}
     failures = 0
@@ -465,11 +471,11 @@ def compare_with_peer(model: Path, device: str, card: str, shapes: list[Shape], 
         seq = mean_sample_len(batches)
         try:
             ours = measure(model, batches, OursSettings(
-                steps, shape.samples, shape.group, shape.seq_len, device=device, trainer=shape.ours,
+                steps, shape.samples, shape.group, shape.seq_len, device=device, threads=threads, trainer=shape.ours,
                 sampling={"temperature": TEMPERATURE}))
             print(f"  ours: {figures(ours)}\n        {mfu_text(config, ours['tokens_per_s'], seq, card)}", flush=True)
             if shape.peer_key() not in peers:
-                peers[shape.peer_key()] = run_peer(model, shape, steps, device)
+                peers[shape.peer_key()] = run_peer(model, shape, steps, device, threads)
             peer = peers[shape.peer_key()]
             print(f"  peer: {figures(peer)}\n        {mfu_text(config, peer['tokens_per_s'], seq, card)}", flush=True)
         except SideFailed as failed:
@@ -598,13 +604,18 @@ def main(argv: list[str] | None = None) -> int:
             card = torch.cuda.get_device_name(0) if device.startswith("cuda") else \
                 f"CPU, {len(os.sched_getaffinity(0))} cores"
             model = build_qwen3(Path(home) / "qwen3-shaped", TINY_QWEN3 if args.tiny else QWEN3_06B)
+            # --tiny on the CPU: one thread a side. A 2-layer model's matrices are too small to share out, and on a
+            # busy machine (CI: 2 cores, two test workers) threads that wait on each other's cores made each step
+            # 10-20x slower than one thread does.
+            threads = 1 if args.tiny and device == "cpu" else None
             print(f"[{card}] trainer vs a plain transformers + peft GRPO loop: {'a tiny' if args.tiny else 'a'} "
                   f"Qwen3{'' if args.tiny else '-0.6B'}-shaped model (random init, "
                   f"{'bfloat16' if device.startswith('cuda') else 'float32'}), LoRA r{LORA_R} on every linear layer, "
-                  f"temperature {TEMPERATURE}, {steps} steps a run (the first is warm-up)", flush=True)
+                  f"temperature {TEMPERATURE}, {steps} steps a run (the first is warm-up)"
+                  f"{', one CPU thread a side' if threads else ''}", flush=True)
             try:
                 code = compare_with_peer(model, device, card, [shapes[s] for s in args.shapes.split(",")], steps,
-                                         args.json.resolve() if args.json else None)
+                                         args.json.resolve() if args.json else None, threads)
             finally:
                 if not args.tiny:
                     print(f"[{card}] anchor: {ANCHOR}", flush=True)
