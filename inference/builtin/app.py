@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -43,12 +43,14 @@ from prime_lab.inference.builtin.schemas import (
     LoadLoraAdapterRequest,
     UnloadLoraAdapterRequest,
 )
+from prime_lab.inference.builtin.streaming import chat_chunks, completion_chunks, event_stream
 from prime_lab.inference.weights import UPDATE_METHOD
 
 log = logging.getLogger(__name__)
 
 Body = TypeVar("Body", bound=BaseModel)
 Result = TypeVar("Result")
+Chunker = Callable[[dict[str, Any]], Iterable[dict[str, Any]]]  # a whole answer -> its stream's chunks
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request whose client went away before the answer
 COMPLETION_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
@@ -189,24 +191,33 @@ def create_app(
         tokens = {(name,): n for name, n in dict(service.engine.generation_tokens).items()}
         return PlainTextResponse(prometheus_text(counts, tokens), media_type="text/plain; version=0.0.4")
 
-    async def answer(request: Request, route: str, model: str | None, work: Awaitable[dict[str, Any]]) -> Response:
+    async def answer(request: Request, route: str, model: str | None, work: Awaitable[dict[str, Any]],
+                     chunks: Chunker | None = None) -> Response:
+        """The answer of `work` as JSON, or (`chunks`: the request asked for `stream=true`) as an event stream."""
         start = time.monotonic()
         response = await until_disconnected(request, work)
         if response is None:
             counts.cancelled[route, model or registry.base.name] += 1
             return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it: for the access log
         counts.answer(route, response, time.monotonic() - start)
+        if chunks is not None:
+            return Response(event_stream(chunks(response)), media_type="text/event-stream")
         return JSONResponse(response)
+
+    def streamed(body: ChatCompletionRequest | CompletionRequest,
+                 chunks: Callable[[dict[str, Any], bool], Iterable[dict[str, Any]]]) -> Chunker | None:
+        return (lambda response: chunks(response, body.include_usage())) if body.stream else None
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
-        return await answer(request, "chat", body.model, service.chat(body))
+        return await answer(request, "chat", body.model, service.chat(body), streamed(body, chat_chunks))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
-        return await answer(request, "completion", body.model, service.complete(body))
+        return await answer(request, "completion", body.model, service.complete(body),
+                            streamed(body, completion_chunks))
 
     @app.post("/inference/v1/generate")
     async def generate(request: Request) -> Response:

@@ -5,9 +5,10 @@ Unknown fields are accepted and ignored (as vLLM does); known fields are validat
 server cannot honour is refused with a 400 rather than silently ignored (`unsupported_settings`).
 
 `tools` and `tool_choice` are checked in `tool_calls.parses_tool_calls` ("auto" and "none"; see that module).
-`stream=true` is refused for every request, with tools or without, so tool calls always come back whole, in one
-response body. `prompt_logprobs` (vLLM's: the logprob of each prompt token and the top k at its position) is
-answered on both routes, at most `MAX_TOP_LOGPROBS` per position as vLLM's default `--max-logprobs` allows.
+`stream=true` on the chat and text routes is answered as an event stream that carries the whole answer
+(`streaming.py`), tool calls whole in its first chunk; `/inference/v1/generate` refuses it. `prompt_logprobs`
+(vLLM's: the logprob of each prompt token and the top k at its position) is answered on both routes, at most
+`MAX_TOP_LOGPROBS` per position as vLLM's default `--max-logprobs` allows.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class SamplingFields(BaseModel):
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
     stream: bool = False
+    stream_options: dict[str, Any] | None = None  # {"include_usage": true}: a last chunk with the usage
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
@@ -55,6 +57,9 @@ class SamplingFields(BaseModel):
             raise ValueError("stop strings must not be empty")
         return value
 
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
@@ -63,8 +68,6 @@ class SamplingFields(BaseModel):
     def unsupported_settings(self) -> list[str]:
         """Settings that were asked for and that this server does not implement."""
         problems = []
-        if self.stream:
-            problems.append("stream=true")
         if self.presence_penalty not in (None, 0.0):
             problems.append("presence_penalty")
         if self.frequency_penalty not in (None, 0.0):

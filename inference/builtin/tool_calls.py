@@ -7,7 +7,7 @@ message's `tool_calls`; with "none" the tools are still rendered and the text co
 named function need constrained decoding, which the built-in server does not have: they are refused.
 
 Only the response message changes: the token ids and logprobs describe the generated tokens, whatever the parse.
-There is no streaming (the server refuses `stream=true` for every request), so calls are parsed from whole texts.
+Calls are parsed from whole texts (a `stream=true` answer carries them whole too: streaming.py).
 Unlike vLLM's hermes parser, which sets `skip_special_tokens=false` for tool requests, the text is decoded as the
 request asks: a model whose `<tool_call>` is a special token needs `skip_special_tokens: false` (Qwen2.5 and Qwen3
 mark it as an ordinary added token).

@@ -136,6 +136,40 @@ def test_text_completions_with_token_prompts_and_logprobs(
         assert choice["text"] == reference_forward.tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
 
 
+def test_streamed_answers_are_the_whole_answers_in_chunks(builtin_server: BuiltinServer) -> None:
+    """`stream=true` (inference/builtin/streaming.py) through the `openai` client's own stream reader: at
+    temperature 0 the same text, token ids, logprobs and finish reason as the JSON answer, for each of n choices;
+    the usage chunk where asked; counted in /metrics as answered."""
+    client = client_for(builtin_server)
+    fields: dict[str, Any] = {"model": builtin_server.model_name, "messages": MESSAGES, "max_tokens": 6, "temperature": 0, "n": 2,
+              "logprobs": True, "extra_body": {"return_token_ids": True}}
+    whole = client.chat.completions.create(**fields).model_dump()
+    answered = f'prime_lab_requests_total{{route="chat",model="{builtin_server.model_name}"}}'
+    before = counters(builtin_server).get(answered, 0)
+    chunks = [c.model_dump() for c in client.chat.completions.create(
+        **fields, stream=True, stream_options={"include_usage": True})]  # fmt: skip
+    assert counters(builtin_server)[answered] == before + 1
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    for choice in whole["choices"]:
+        mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == choice["index"]]
+        assert "".join(m["delta"]["content"] or "" for m in mine) == choice["message"]["content"]
+        assert mine[0]["delta"]["role"] == "assistant" and mine[0]["token_ids"] == choice["token_ids"]
+        assert [m["finish_reason"] for m in mine] == [None, choice["finish_reason"]]
+        assert mine[0]["logprobs"]["content"] == choice["logprobs"]["content"]
+
+    text: dict[str, Any] = {"model": builtin_server.model_name, "prompt": "The capital of France is", "max_tokens": 5,
+            "temperature": 0, "logprobs": 1}
+    whole_text = client.completions.create(**text).model_dump()
+    streamed = [c.model_dump() for c in client.completions.create(**text, stream=True)]
+    assert "".join(c["choices"][0]["text"] for c in streamed) == whole_text["choices"][0]["text"]
+    assert streamed[-1]["choices"][0]["finish_reason"] == whole_text["choices"][0]["finish_reason"]
+    assert streamed[0]["choices"][0]["logprobs"] == whole_text["choices"][0]["logprobs"]
+    raw = post(builtin_server, "/v1/completions", {**text, "stream": True, "logprobs": None})
+    assert raw.headers["content-type"].startswith("text/event-stream") and raw.text.endswith("data: [DONE]\n\n")
+
+
 def test_chat_template_kwargs_reach_the_template(builtin_server: BuiltinServer) -> None:
     thinking = chat(builtin_server, max_tokens=1, extra_body={"return_token_ids": True})
     template_kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -158,7 +192,7 @@ def test_min_tokens_and_ignore_eos_hold_back_the_stop(builtin_server: BuiltinSer
         ({"messages": MESSAGES, "top_p": 0}, 400, "top_p"),
         ({"messages": MESSAGES, "top_logprobs": 50, "logprobs": True}, 400, "top_logprobs"),
         ({"messages": []}, 400, "messages"),
-        ({"messages": MESSAGES, "stream": True}, 400, "stream=true"),
+        ({"messages": MESSAGES, "stream": True, "n": 0}, 400, "n"),  # refused before a stream starts
         ({"messages": MESSAGES, "max_tokens": 10_000}, 400, "max_tokens"),
         ({"messages": [{"role": "user", "content": "word " * 3000}]}, 400, "messages"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0]"),

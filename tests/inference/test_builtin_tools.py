@@ -242,7 +242,6 @@ def test_tool_calls_and_results_in_the_history_are_rendered(tools_template_serve
             '"none"',
         ),
         ({"tool_choice": "auto"}, "tool_choice", "`tools` must be set"),
-        ({"tools": TOOLS, "stream": True}, "stream=true", "stream=true"),
     ],
 )
 def test_unsupported_tool_requests_get_400s_in_the_server_error_format(
@@ -275,16 +274,17 @@ def test_a_call_the_model_writes_comes_back_as_tool_calls_with_its_tokens_intact
 ) -> None:
     client = openai.OpenAI(base_url=builtin_smollm2_server.base_url, api_key="unused", max_retries=0, timeout=300)
 
+    request: dict[str, Any] = {
+        "model": builtin_smollm2_server.model_name,
+        "messages": few_shot_tool_calls("Berlin"),
+        "tools": TOOLS,
+        "max_tokens": 40,
+        "temperature": 0,
+        "logprobs": True,
+        "extra_body": {"return_token_ids": True},
+    }
+
     def ask(**fields: Any) -> dict[str, Any]:
-        request: dict[str, Any] = {
-            "model": builtin_smollm2_server.model_name,
-            "messages": few_shot_tool_calls("Berlin"),
-            "tools": TOOLS,
-            "max_tokens": 40,
-            "temperature": 0,
-            "logprobs": True,
-            "extra_body": {"return_token_ids": True},
-        }
         return client.chat.completions.create(**request, **fields).model_dump()
 
     parsed, unparsed = ask(), ask(tool_choice="none")
@@ -302,6 +302,11 @@ def test_a_call_the_model_writes_comes_back_as_tool_calls_with_its_tokens_intact
     assert choice["token_ids"] == raw["token_ids"]
     assert len(choice["logprobs"]["content"]) == len(choice["token_ids"])
     assert parsed["usage"]["completion_tokens"] == len(choice["token_ids"])
+    # streamed (inference/builtin/streaming.py): the same call, whole, with its index, and the same finish reason
+    chunks = [c.model_dump()["choices"][0] for c in client.chat.completions.create(**request, stream=True)]
+    [streamed] = chunks[0]["delta"]["tool_calls"]
+    assert (streamed["index"], streamed["function"]) == (0, call["function"]), chunks
+    assert chunks[-1]["finish_reason"] == "tool_calls" and chunks[0]["token_ids"] == choice["token_ids"]
 
 
 def test_a_template_without_tool_calls_sees_the_calls_as_the_blocks_they_came_from(
