@@ -20,8 +20,8 @@ the environment's eval split
 seed 0), R rollouts each, the RL config's [sampling] (max_tokens, temperature). The runs stay in the registry
 (`prime sft list`, `prime rl list`).
 
-`--tiny` swaps SmolLM2 for a tiny random model (`build_tiny_model`) and a few steps: the flow end to end in a minute
-or two (tests/bench/test_sft_then_rl.py); its lifts mean nothing.
+`--tiny` swaps SmolLM2 for a tiny random model (`build_tiny_model`), a few steps, 8 validation rows and one CPU thread
+a process: the flow end to end in a minute or two (tests/bench/test_sft_then_rl.py); its lifts mean nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ SFT_CONFIG = ROOT / "configs" / "sft" / "reverse-text.toml"
 RL_CONFIG = ROOT / "configs" / "rl" / "reverse-text-after-sft.toml"
 ENV_ID = "primeintellect/reverse-text"
 EVAL_METRIC = "eval/reverse-text/reward"
+TINY_VAL_EXAMPLES = 8  # --tiny: the SFT run's validation (at step 0 and the last) on 8 of the 50 held-out rows
 
 
 def main() -> int:
@@ -67,6 +68,10 @@ def main() -> int:
         args.rl_steps = args.rl_steps or 2
         args.eval_n = min(args.eval_n, 4)
         args.sft_rows = min(args.sft_rows, 64)
+        # one CPU thread a process (the runs and evals inherit it; a run's supervisor then leaves the split to
+        # it): a tiny model's matrices are too small to share out, and on a busy machine (CI: 2 cores, two test
+        # workers) threads waiting on each other's cores made the SFT run's steps and validations 5-10x slower
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="sft-then-rl-") as tmp:
         return bench(args, Path(tmp))
 
@@ -100,6 +105,7 @@ def bench(args: argparse.Namespace, tmp: Path) -> int:
     sft_doc["val"]["data"]["name"] = str(val)  # type: ignore[index]
     if args.tiny:
         sft_doc["data"]["seq_len"] = 256  # type: ignore[index]  # the tiny tokenizer spends ~130 tokens a chat
+        sft_doc["val"]["num_examples"] = TINY_VAL_EXAMPLES  # type: ignore[index]  # a val loss, not a figure
     sft_id, sft_wall = train_run("sft", sft_doc, tmp / "sft.toml", "--name", "bench-sft-then-rl")
     sft_steps = int(sft_doc["max_steps"])  # type: ignore[arg-type]
     val_loss = metric_by_step(sft_id, "val/loss")
