@@ -22,7 +22,7 @@ from tests.support.rl_runs import fixture_envs, logs, prime, start, wait_final, 
 
 pytestmark = pytest.mark.slow
 __all__ = ["fixture_envs"]  # autouse: the run's processes find the tiny-chars environment
-STEPS = 40
+STEPS = 24  # the five kills land by step ~16 (each 1-2 steps into an attempt); the rest run through to the end
 INTERVAL = 2
 KILLS = 5
 
@@ -90,7 +90,7 @@ def test_kill_9_five_times_and_the_run_still_completes(learnable_model_dir: Path
             assert steps and steps[0] == resumed[attempt - 2] + 1, (attempt, steps, resumed)
     final = [e.step for e in final_timeline(events) if e.kind == "metrics" and e.source == "trainer"]
     assert final == list(range(1, STEPS + 1))
-    # [checkpoints].keep_cloud (default 5) is the local retention: the newest 5 of the ~20 written
+    # [checkpoints].keep_cloud (default 5) is the local retention: the newest 5 of the ~12 written
     assert sorted(step_dirs(run.checkpoints_dir)) == list(range(STEPS - 8, STEPS + 1, INTERVAL))
     # [adapters]: every 10th step's adapter, and the last 4
-    assert sorted(step_dirs(run.adapters_dir)) == [10, 20, 30, 37, 38, 39, 40]
+    assert sorted(step_dirs(run.adapters_dir)) == [10, 20, 21, 22, 23, 24]
