@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,21 +22,49 @@ from tests.support.sft_runs import start_sft, write_dataset, write_sft_config
 pytestmark = pytest.mark.slow
 __all__ = ["fixture_envs"]  # autouse: the RL run's processes find the tiny-chars environment
 
+STEPS = 8
+
 
 def losses(run: Run) -> dict[int, float]:
     return {step: m["loss/mean"] for step, m in metrics(run, "trainer").items() if "loss/mean" in m}
 
 
-def test_sft_trains_validates_and_its_model_starts_an_rl_run(tiny_model_dir: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    data = write_dataset(tmp_path / "chats.jsonl")
-    config = write_sft_config(tmp_path / "sft.toml", tiny_model_dir, data, steps=8,
-                              extra='[wandb]\nproject = "sft-test"\n')
-    run = start_sft(config, "--name", "warm-up")
-    status = wait_final(run)
+@dataclass(frozen=True)
+class Uninterrupted:
+    """The module's one uninterrupted SFT run (`STEPS` steps, a checkpoint every 2, validation every 4, W&B
+    offline), in a PRIME_LAB_HOME of its own: `home`, and `data`, the dataset it trained on."""
+
+    run: Run
+    home: Path
+    data: Path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Uninterrupted:
+    """The run the first test checks whole, and the reference the kill -9 and two-process tests compare their
+    losses with, step for step (each built its own reference run before: two trainer start-ups more, the cost of
+    an SFT run of a tiny model). Its learning rate is constant (no warmup) and validation takes no training state,
+    so its steps are those of any run of its config with fewer steps; [wandb] only mirrors the events."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    home = root / "prime-lab-home"
+    home.mkdir()
+    data = write_dataset(root / "chats.jsonl")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PRIME_LAB_HOME", str(home))
+        env.setenv("WANDB_MODE", "offline")
+        env.delenv("WANDB_API_KEY", raising=False)
+        config = write_sft_config(root / "sft.toml", tiny_model_dir, data, steps=STEPS,
+                                  extra='[wandb]\nproject = "sft-test"\n')
+        run = start_sft(config, "--name", "warm-up")
+        status = wait_final(run)
     assert status["state"] == "completed", status.get("reason", "") + logs(run)
+    return Uninterrupted(run, home, data)
+
+
+def test_sft_trains_validates_and_its_model_starts_an_rl_run(tiny_model_dir: Path, uninterrupted: Uninterrupted,
+                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = uninterrupted.run
+    monkeypatch.setenv("PRIME_LAB_HOME", str(uninterrupted.home))  # the CLI's views below find the run there
     # the W&B mirror (offline) holds every step, released as the trainer moves on
     mirrored = json.loads((run.dir / "wandb" / "run.json").read_text())
     assert mirrored["logged"] == 8 and list((run.dir / "wandb").rglob("*.wandb")), logs(run)
@@ -98,12 +127,12 @@ def test_sft_trains_validates_and_its_model_starts_an_rl_run(tiny_model_dir: Pat
         assert rl_status["model"] == model
 
 
-def test_kill_9_and_restart_resume_where_the_checkpoint_was(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_kill_9_and_restart_resume_where_the_checkpoint_was(tiny_model_dir: Path, uninterrupted: Uninterrupted,
+                                                            tmp_path: Path) -> None:
     """Killed after step 3 (checkpoint at 2), restarted: steps 3.. train again from the checkpoint's data position,
-    optimizer and RNG, so every step's loss equals an uninterrupted run's."""
-    data = write_dataset(tmp_path / "chats.jsonl")
-    config = write_sft_config(tmp_path / "sft.toml", tiny_model_dir, data, steps=6, checkpoint_interval=2)
-    reference = start_sft(config)
+    optimizer and RNG, so every step's loss equals an uninterrupted run's (the module's, of the same config)."""
+    config = write_sft_config(tmp_path / "sft.toml", tiny_model_dir, uninterrupted.data, steps=STEPS,
+                              checkpoint_interval=2)
     run = start_sft(config)
     wait_step(run, 3, timeout=180)
     os.killpg(run.read_status()["pgid"], signal.SIGKILL)
@@ -116,27 +145,25 @@ def test_kill_9_and_restart_resume_where_the_checkpoint_was(tiny_model_dir: Path
     assert restarted.returncode == 0, restarted.stderr
     status = wait_final(run)
     assert status["state"] == "completed", status.get("reason", "") + logs(run)
-    assert wait_final(reference)["state"] == "completed", logs(reference)
 
     timeline = [e for e in final_timeline(run.event_log().events()) if e.kind == "metrics" and e.source == "trainer"
                 and "loss/mean" in e.data]
-    steps = [e.step for e in timeline]
-    assert steps == sorted(set(steps)) == list(range(1, 7))
+    steps = [int(e.step or 0) for e in timeline]  # a metrics event without a step fails the range below
+    assert steps == sorted(set(steps)) == list(range(1, STEPS + 1))
     assert max(e.attempt for e in timeline) == 2
-    want = losses(reference)
+    want = losses(uninterrupted.run)
     got = {e.step: e.data["loss/mean"] for e in timeline}
     assert got == pytest.approx(want, abs=1e-5), (got, want)
     assert (run.model_dir / "config.json").is_file()
 
 
-def test_two_trainer_processes_train_as_one(tiny_model_dir: Path, tmp_path: Path) -> None:
-    data = write_dataset(tmp_path / "chats.jsonl")
-    one = start_sft(write_sft_config(tmp_path / "one.toml", tiny_model_dir, data, steps=2))
-    two = start_sft(write_sft_config(tmp_path / "two.toml", tiny_model_dir, data, steps=2,
+def test_two_trainer_processes_train_as_one(tiny_model_dir: Path, uninterrupted: Uninterrupted,
+                                            tmp_path: Path) -> None:
+    """Two ranks train steps 1 and 2 as one process does: the module's run, of the same config but its steps."""
+    two = start_sft(write_sft_config(tmp_path / "two.toml", tiny_model_dir, uninterrupted.data, steps=2,
                                      extra="[trainer]\nnproc_per_node = 2\n"))
-    for run in (one, two):
-        assert wait_final(run, timeout=400)["state"] == "completed", logs(run)
-    a, b = metrics(one, "trainer"), metrics(two, "trainer")
+    assert wait_final(two, timeout=400)["state"] == "completed", logs(two)
+    a, b = metrics(uninterrupted.run, "trainer"), metrics(two, "trainer")
     for step in (1, 2):
         for key in ("loss/mean", "optim/grad_norm", "progress/num_tokens"):
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-4), (step, key)
