@@ -10,9 +10,10 @@ dropped the classic API.
 Each release gets one virtual environment, `releases_home()/<release>/` (`$PRIME_LAB_HOME/verifiers`, or
 `$PRIME_LAB_VERIFIERS_HOME`), shared by every environment that needs that release: created with pip from the
 package registry, through prime-lab's constraints file (which pins torch; verifiers does not need torch and none
-is installed for it), with the driver's transport (pyzmq, msgpack) beside verifiers. One lock per release
-(`ReleaseEnv.locked`) keeps two processes from creating, installing into or removing the same one at once, and every
-install into it holds verifiers and the transport at their installed versions (a constraints file in its folder).
+is installed for it; a module is compiled to bytecode when first imported, not at install), with the driver's
+transport (pyzmq, msgpack) beside verifiers. One lock per release (`ReleaseEnv.locked`) keeps two processes from
+creating, installing into or removing the same one at once, and every install into it holds verifiers and the
+transport at their installed versions (a constraints file in its folder).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import tomllib
 import urllib.parse
@@ -418,8 +420,14 @@ def release_contents(version: Version) -> ReleaseContents:
     wheel = next(folder.glob(f"verifiers-{version}-*.whl"), None) if folder.is_dir() else None
     if wheel is None:
         folder.mkdir(parents=True, exist_ok=True)
-        done = _pip("download", "-q", "--no-deps", "--only-binary", ":all:", f"verifiers=={version}", "-d",
-                    str(folder), timeout=300)
+        # into a folder of its own, then moved in whole: a process reading the wheels folder at the same time
+        # (another install choosing its release) never finds a wheel pip is still writing
+        with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as partial:
+            done = _pip("download", "-q", "--no-deps", "--only-binary", ":all:", f"verifiers=={version}", "-d",
+                        partial, timeout=300)
+            fetched = next(Path(partial).glob(f"verifiers-{version}-*.whl"), None)
+            if fetched is not None:
+                os.replace(fetched, folder / fetched.name)
         wheel = next(folder.glob(f"verifiers-{version}-*.whl"), None)
         if done.returncode != 0 or wheel is None:
             raise ReleaseError(pip_failed(done, f"cannot download verifiers {version} from the package registry"))
@@ -635,8 +643,10 @@ class ReleaseEnv:
             if made.returncode != 0:
                 raise ReleaseError(f"cannot create a virtual environment in {self.folder}: "
                                    f"{_last_lines(made.stderr or made.stdout)}")
+            # --no-compile: each module is compiled when it is first imported, not every module of verifiers'
+            # dependencies (pyarrow, pandas, sympy, ...) now, most of which no environment imports (half the time)
             try:
-                done = self.pip("install", "-q", f"verifiers=={self.release}", *TRANSPORT)
+                done = self.pip("install", "-q", "--no-compile", f"verifiers=={self.release}", *TRANSPORT)
             except ReleaseError:
                 shutil.rmtree(self.folder, ignore_errors=True)
                 raise

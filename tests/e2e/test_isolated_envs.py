@@ -19,6 +19,7 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -35,25 +36,36 @@ from tests.support.rl_runs import logs, metrics, start, wait_final, wait_step, w
 pytestmark = pytest.mark.slow
 prime = partial(cli.prime, timeout=900)
 BESIDE = VF_ENVS / "vf_legacy_sort"  # needs verifiers 0.3.x, the release beside prime-lab: on the path, in-process
-INSTALLS = {  # registry name -> the installs it holds (fixture folder, extra arguments)
-    "releases": [("vf_fruit_task", ()), ("vf_guess_game", ()), ("vf_step_down", ())],
-    "driver": [("vf_guess_game", ("--verifiers", "0.1.9.post3"))],
+Install = tuple[str, tuple[str, ...]]  # a fixture folder, extra arguments of `prime env install`
+# registry name -> the installs it holds, in chains: each chain's one after another, the chains side by side (0.1.12,
+# 0.1.10 and 0.1.9.post3 each created by the first install of its chain)
+INSTALLS: dict[str, list[list[Install]]] = {
+    "releases": [[("vf_fruit_task", ())], [("vf_guess_game", ()), ("vf_step_down", ())]],
+    "driver": [[("vf_guess_game", ("--verifiers", "0.1.9.post3"))]],
 }
 
 
 @pytest.fixture(scope="session")
 def installed(releases_home: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Each registry's installs, done once with `prime env install`: its registry file and what install printed."""
-    out: dict[str, Any] = {}
-    for name, installs in INSTALLS.items():
-        home = tmp_path_factory.mktemp(f"home-{name}")
-        env = {**os.environ, "PRIME_LAB_HOME": str(home), "PRIME_LAB_VERIFIERS_HOME": str(releases_home)}
-        printed = {}
-        for folder, extra in installs:
-            proc = prime("env", "install", str(VF_ENVS / folder), *extra, env=env)
+    """Each registry's installs, done once with `prime env install`: its registry file and what install printed.
+    The chains run at once, as two users' commands may: one release's environment is created, installed into and
+    taken back from by one at a time (its lock), the registry file written under its own."""
+    homes = {name: tmp_path_factory.mktemp(f"home-{name}") for name in INSTALLS}
+
+    def chain(name: str, installs: list[Install]) -> dict[str, Any]:
+        env = {**os.environ, "PRIME_LAB_HOME": str(homes[name]), "PRIME_LAB_VERIFIERS_HOME": str(releases_home)}
+        return {folder: prime("env", "install", str(VF_ENVS / folder), *extra, env=env) for folder, extra in installs}
+
+    with ThreadPoolExecutor(max_workers=sum(len(chains) for chains in INSTALLS.values())) as pool:
+        started = [(name, pool.submit(chain, name, installs)) for name, chains in INSTALLS.items()
+                   for installs in chains]
+        done = [(name, future.result()) for name, future in started]
+    out: dict[str, Any] = {name: {"registry": home / "environments" / "isolated.json", "printed": {}}
+                           for name, home in homes.items()}
+    for name, printed in done:
+        for proc in printed.values():
             assert proc.returncode == 0, proc.stderr[-3000:]
-            printed[folder] = proc
-        out[name] = {"registry": home / "environments" / "isolated.json", "printed": printed}
+        out[name]["printed"].update(printed)
     return out
 
 
@@ -107,6 +119,11 @@ def test_install_picks_each_environments_release(installed: dict[str, Any], rele
     assert "into verifiers 0.1.9.post3's own environment" in step
     # each release's interpreter is its own, shared by the environments that need it
     assert len({r["python"] for r in releases.values()}) == 3
+    # each release's environment was created without compiling every module to bytecode: what an environment
+    # imports is compiled as it is imported (verifiers), what none imports never is (sympy, which math-verify brings)
+    for python in {r["python"] for r in releases.values()}:
+        [site] = Path(python).parents[1].glob("lib/python*/site-packages")
+        assert any((site / "verifiers").rglob("*.pyc")) and not any((site / "sympy").rglob("*.pyc")), site
     assert installed["driver"]["printed"]["vf_guess_game"].stdout.split() == ["vf-guess-game", "vf_guess_game"]
 
     listed = {e["id"]: e for e in json.loads(prime("env", "list", "-o", "json").stdout)}
