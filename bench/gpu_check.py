@@ -65,6 +65,7 @@ SHAPES = ("rl", "rl-varying", "long", "long-ac")
 CLI = "import sys; from prime_lab.workbench.cli import main; sys.exit(main())"  # what the `prime` script runs
 PREPARED = "PRIME_LAB_GPU_CHECK_PREPARED"  # set for the re-run under the prepared PYTHONPATH
 ENV_ID = "primeintellect/reverse-text"
+MOE_MODEL = "tiny-qwen3-moe"  # the moe part's model (a `--build` kind)
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
@@ -247,6 +248,7 @@ class Part:
     problems: list[str] = field(default_factory=list)  # failed checks
     figures: dict[str, Any] = field(default_factory=dict)
     logs: str = ""  # the tails of its logs, where a check failed
+    models_after: tuple[str, ...] = ()  # models of later parts, built with this part's own (one interpreter)
 
     def left(self) -> float:
         return self.timeout - (time.monotonic() - self.started)
@@ -283,7 +285,7 @@ def wait_gone(find: Any, grace: float = LEFTOVER_GRACE_S) -> list[int]:
     """Poll `find()` (live pids) until it is empty or `grace` s passed; what is still there."""
     deadline = time.monotonic() + grace
     while (left := find()) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     return list(left)
 
 
@@ -344,20 +346,27 @@ def part_shapes(part: Part, plan: Plan, work: Path) -> None:
 # --- parts b-d: runs through the CLI ----------------------------------------------------------------------------------
 
 def ensure_model(kind: str, work: Path, part: Part) -> Path:
-    """The model `kind` under work/models (built once, in a process of its own, within the part's time)."""
+    """The model `kind` under work/models (built once, in a process of its own, within the part's time; with it,
+    `part.models_after` not yet built: torch's and transformers' imports are most of a tiny model's build)."""
     dest = work / "models" / kind
     if (dest / "config.json").is_file():
         return dest
-    partial = dest.with_name(kind + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    kinds = list(dict.fromkeys([kind, *part.models_after]))
+    kinds = [k for k in kinds if not (work / "models" / k / "config.json").is_file()]
+    pairs = [(k, work / "models" / f"{k}.partial") for k in kinds]
+    argv = [sys.executable, str(Path(__file__).resolve())]
+    for k, partial in pairs:
+        shutil.rmtree(partial, ignore_errors=True)
+        argv += ["--build", k, str(partial)]
+    what = f"the model{'s' if len(kinds) > 1 else ''} {', '.join(kinds)}"
     try:
-        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--build", kind, str(partial)],
-                              capture_output=True, text=True, timeout=max(1.0, part.left()))
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=max(1.0, part.left()))
     except subprocess.TimeoutExpired:
-        raise PartTimedOut(f"building the model {kind} took more than the part's {part.timeout:g} s") from None
+        raise PartTimedOut(f"building {what} took more than the part's {part.timeout:g} s") from None
     if done.returncode != 0:
-        raise RuntimeError(f"building the model {kind} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
-    partial.rename(dest)
+        raise RuntimeError(f"building {what} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    for k, partial in pairs:
+        partial.rename(work / "models" / k)
     return dest
 
 
@@ -443,7 +452,7 @@ def follow_run(part: Part, run: Any, max_steps: int) -> dict[int, Any]:
             if status.get("state") in FINAL_STATES:
                 ended = True
                 break
-            time.sleep(1.0)
+            time.sleep(0.25)
     finally:
         if not ended:  # timed out or interrupted: the run must not outlive the check (its home is temporary)
             RunRegistry().stop(run.id, grace=15.0)
@@ -527,11 +536,11 @@ def part_sft(part: Part, plan: Plan, work: Path) -> None:
 
 
 def part_moe(part: Part, plan: Plan, work: Path) -> None:
-    model = ensure_model("tiny-qwen3-moe", work, part)
+    model = ensure_model(MOE_MODEL, work, part)
     config = work / "moe.toml"
     lora = f"target_modules = {json.dumps(ATTENTION)}\ntarget_parameters = {json.dumps(EXPERTS)}"
     config.write_text(rl_config(model, plan.moe, lora))
-    part.figures.update(model="tiny-qwen3-moe", batch=plan.moe.batch, group=plan.moe.group)
+    part.figures.update(model=MOE_MODEL, batch=plan.moe.batch, group=plan.moe.group)
     run = start_run(part, "rl", config, work)
     steps = follow_run(part, run, plan.moe.steps)
     check_step1_kl(part, steps)
@@ -544,6 +553,12 @@ def part_moe(part: Part, plan: Plan, work: Path) -> None:
 
 
 RUNNERS = {"shapes": part_shapes, "rl": part_rl, "sft": part_sft, "moe": part_moe}
+
+
+def models_of(plan: Plan, parts: list[str]) -> tuple[str, ...]:
+    """The `--build` kinds `parts` run on."""
+    kinds = {"rl": plan.model, "sft": plan.model, "moe": MOE_MODEL}
+    return tuple(dict.fromkeys(kinds[p] for p in parts if p in kinds))
 
 
 def stop_active_runs() -> list[str]:
@@ -560,8 +575,8 @@ def stop_active_runs() -> list[str]:
     return stopped
 
 
-def run_part(name: str, plan: Plan, work: Path, timeout: float) -> Part:
-    part = Part(name, timeout)
+def run_part(name: str, plan: Plan, work: Path, timeout: float, models_after: tuple[str, ...] = ()) -> Part:
+    part = Part(name, timeout, models_after=models_after)
     print(f"[gpu-check] {name}: started (at most {timeout:g} s)", file=sys.stderr, flush=True)
     try:
         RUNNERS[name](part, plan, work)
@@ -697,13 +712,15 @@ def main(argv: list[str] | None = None) -> int:
                         + ", ".join(f"{k} {v:g}" for k, v in CPU_PLAN.timeouts.items()) + ")")
     parser.add_argument("--keep", action="store_true", help="keep the private PRIME_LAB_HOME (the runs' logs)")
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # the probe's own process
-    parser.add_argument("--build", nargs=2, default=None, help=argparse.SUPPRESS)  # KIND DEST: a model build
+    parser.add_argument("--build", nargs=2, action="append", default=None,
+                        help=argparse.SUPPRESS)  # KIND DEST: a model build (repeated: several, one interpreter)
     args = parser.parse_args(argv)
     if args.probe:
         print(json.dumps(probe()), flush=True)
         return 0
     if args.build:
-        build_model(args.build[0], Path(args.build[1]))
+        for kind, dest in args.build:
+            build_model(kind, Path(dest))
         return 0
     parts = [p for p in args.parts.split(",") if p]
     unknown = [p for p in parts if p not in PARTS]
@@ -759,8 +776,9 @@ def check(plan: Plan, parts: list[str], timeouts: dict[str, float], work: Path, 
 
     report["prime_lab"] = str(Path(prime_lab.__file__).parent)
     report["pythonpath"] = os.environ.get("PYTHONPATH", "")  # what the runs' processes inherit
-    for name in parts:
-        report["parts"][name] = run_part(name, plan, work, timeouts[name]).to_json()
+    for i, name in enumerate(parts):
+        later = models_of(plan, parts[i + 1:]) if plan.mode == "cpu" else ()  # the GPU plan's builds stay apart
+        report["parts"][name] = run_part(name, plan, work, timeouts[name], later).to_json()
         report["wall_s"] = time.monotonic() - started
         report["goals"] = goal_rows(report["parts"])
         report["ok"] = all(p["checked"] for p in report["parts"].values())
