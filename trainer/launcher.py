@@ -74,6 +74,9 @@ POLL_S = 0.25
 UNHEALTHY_AFTER_S = float(os.environ.get("PRIME_LAB_SAMPLER_UNHEALTHY_S", "30"))  # tests shorten it
 HEALTH_EVERY_S = min(5.0, UNHEALTHY_AFTER_S / 3)
 STOP_GRACE_S = 120.0  # the trainer may be mid-step on a slow CPU
+# torchrun's ranks still running this long after the run's final model (SFT) or checkpoint (RL) was written are
+# ended: rarely, a rank hangs in gloo's teardown once rank 0 has exited, and torchrun would wait on it for ever
+RANKS_END_S = float(os.environ.get("PRIME_LAB_RANKS_END_S", "60"))  # tests shorten it
 EXTERNAL_TIMEOUT_S = 30.0
 MIRROR_FINISH_S = 150.0  # the W&B mirror's finish() waits up to 120 s for uploads
 TRAINER_READY = "trainer ready"  # how the trainer's log line begins once its model is on the device (trainer/train.py)
@@ -179,6 +182,9 @@ class Supervisor:
         self.devices: dict[str, ChildDevices] = {}  # each local process's GPUs, environment and memory share
         self.vllm_roles: list[str] = []  # the local processes that are vLLM engines on a GPU
         self.trainer_ready = False  # the trainer has said "trainer ready" (its model is on the device)
+        self.written_at: float | None = None  # when torchrun's run was first seen with its final output written
+        self.ranks_ended = False  # torchrun and its ranks were killed once that output was written (trainer: 0)
+        self.started_at = time.time()  # what an earlier attempt wrote is older
         self.topology = Topology()  # likewise
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.reaper: ReaperHandle | None = None
@@ -618,7 +624,9 @@ class Supervisor:
             self.follow_events()
             if self.stop.set:
                 return "stopped"
-            trainer = self.children["trainer"].poll()
+            trainer = 0 if self.ranks_ended else self.children["trainer"].poll()
+            if trainer is None and self.final_output_written():
+                trainer = self.end_lingering_ranks()
             if trainer is not None and trainer != 0:
                 raise LaunchFailed(self.reason("trainer", trainer))
             if "orchestrator" not in self.children:  # SFT, or a node other than 0 (its ranks end when node 0's do)
@@ -643,6 +651,39 @@ class Supervisor:
                 last_health = time.monotonic()
             self.check_samplers(healthy_at, probe)
             time.sleep(POLL_S)
+
+    def final_output_written(self) -> bool:
+        """Under torchrun on node 0: the trainer has written, in this attempt, all it writes (an SFT run's model
+        folder, an RL run's last checkpoint; both put in place whole), so its ranks have only the process group's
+        teardown left."""
+        if not self.topology.distributed or self.topology.node_rank != 0:
+            return False
+        final = self.run.model_dir if self.sft else \
+            self.run.checkpoints_dir / f"step_{self.config.max_steps}" / "trainer_state.pt"
+        try:
+            return final.stat().st_mtime >= self.started_at
+        except OSError:
+            return False
+
+    def end_lingering_ranks(self) -> int | None:
+        """None while torchrun may still end by itself (RANKS_END_S after the final output was first seen);
+        then its ranks and torchrun are killed and the trainer counts as ended well (0): nothing is left unwritten."""
+        now = time.monotonic()
+        if self.written_at is None:
+            self.written_at = now
+        if now - self.written_at < RANKS_END_S:
+            return None
+        torchrun = self.children["trainer"]
+        ranks = worker_pids(torchrun.pid)
+        self.log(f"trainer rank(s) {', '.join(map(str, ranks)) or '-'} still running {RANKS_END_S:g} s after the "
+                 "run's final output was written; ended them", "WARNING")
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        torchrun.kill()
+        torchrun.wait()
+        self.ranks_ended = True
+        return 0
 
     def check_samplers(self, healthy_at: list[float], probe: bool) -> None:
         """Raise LaunchFailed when a local sampler server has exited, or (`probe`: ask /health now) has not answered
