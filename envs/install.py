@@ -659,8 +659,15 @@ def choose_release(target: Path, requested: str | None = None, isolate: bool = F
     from packaging.version import InvalidVersion, Version
 
     from prime_lab.envs import releases
+    from prime_lab.envs.v1 import taskset_marks
     from prime_lab.envs.verifiers_adapter import installed_release
 
+    marks = taskset_marks(target)
+    if marks:
+        raise InstallError(f"{target} is a verifiers v1 taskset (verifiers 0.4's API: {'; '.join(marks[:2])}), "
+                           "which prime-lab does not run yet: it runs classic environments (a load_environment "
+                           f"function) at verifiers {releases.DRIVABLE_FROM} to before {releases.FIRST_UNDRIVABLE}. "
+                           "`prime env init NAME` writes one")
     beside = installed_release()
     declared = releases.declared_specifier(target)
     if requested is not None:

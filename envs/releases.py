@@ -238,7 +238,7 @@ def _sources(target: Path) -> Iterator[tuple[str, str]]:
                     yield name, wheel.read(name).decode("utf-8", errors="replace")
 
 
-def _trees(target: Path) -> Iterator[tuple[str, ast.Module]]:
+def parsed_sources(target: Path) -> Iterator[tuple[str, ast.Module]]:
     for name, source in _sources(target):
         with contextlib.suppress(SyntaxError, ValueError):
             yield name, ast.parse(source)
@@ -251,7 +251,7 @@ def _is_verifiers(module: str) -> bool:
 def verifiers_imports(target: Path) -> list[VerifiersImport]:
     """Every `import verifiers.X` and `from verifiers[.X] import ...` in the package's source."""
     found: list[VerifiersImport] = []
-    for name, tree in _trees(target):
+    for name, tree in parsed_sources(target):
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 found += [VerifiersImport(a.name, (), f"{name}:{node.lineno}") for a in node.names
@@ -262,7 +262,7 @@ def verifiers_imports(target: Path) -> list[VerifiersImport]:
     return found
 
 
-def _dotted(node: ast.expr) -> list[str] | None:
+def dotted(node: ast.expr) -> list[str] | None:
     """`vf.rubrics.Rubric` as ['vf', 'rubrics', 'Rubric']; None for anything but names and attributes."""
     parts: list[str] = []
     while isinstance(node, ast.Attribute):
@@ -271,25 +271,32 @@ def _dotted(node: ast.expr) -> list[str] | None:
     return [node.id, *parts] if isinstance(node, ast.Name) else None
 
 
+def verifiers_bindings(tree: ast.Module) -> dict[str, str]:
+    """A name the file's imports bind -> the verifiers path it stands for (`vf` -> `verifiers.v1` after `import
+    verifiers.v1 as vf`; `import verifiers.x` binds `verifiers`)."""
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _is_verifiers(alias.name):
+                    bound[alias.asname or "verifiers"] = alias.name if alias.asname else "verifiers"
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and _is_verifiers(node.module):
+            bound.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names if a.name != "*"})
+    return bound
+
+
 def verifiers_calls(target: Path) -> list[VerifiersCall]:
     """Every call with keywords of a name taken from verifiers (`vf.Rubric(parser=...)` after `import verifiers as
     vf`, `Rubric(funcs=...)` after `from verifiers import Rubric`) in the package's source; `**kwargs` passed on is
     no keyword."""
     found: list[VerifiersCall] = []
-    for name, tree in _trees(target):
-        bound: dict[str, str] = {}  # a name in this file -> the verifiers path it stands for
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if _is_verifiers(alias.name):  # `import verifiers.x` binds `verifiers`
-                        bound[alias.asname or "verifiers"] = alias.name if alias.asname else "verifiers"
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and _is_verifiers(node.module):
-                bound.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names if a.name != "*"})
+    for name, tree in parsed_sources(target):
+        bound = verifiers_bindings(tree)
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
             keywords = tuple(k.arg for k in node.keywords if k.arg is not None)
-            parts = _dotted(node.func)
+            parts = dotted(node.func)
             if not keywords or parts is None or parts[0] not in bound:
                 continue
             module, _, called = ".".join([bound[parts[0]], *parts[1:]]).rpartition(".")
@@ -381,7 +388,7 @@ class ReleaseContents:
             return None
         seen.add(cls.name)
         for base in cls.bases:
-            parts = _dotted(base.value if isinstance(base, ast.Subscript) else base)
+            parts = dotted(base.value if isinstance(base, ast.Subscript) else base)
             if parts is None:
                 return None
             if parts[-1] in ("object", "ABC", "Generic", "Protocol"):

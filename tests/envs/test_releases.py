@@ -21,7 +21,7 @@ import pytest
 from packaging.version import Version
 from pydantic import BaseModel
 
-from prime_lab.envs import driver, isolated, loader, releases
+from prime_lab.envs import driver, isolated, loader, releases, v1
 from prime_lab.envs.arguments import EnvArg, EnvironmentLoadError
 from prime_lab.envs.env_server import DRIVER, driver_command, group_request
 from prime_lab.envs.install import InstallError, ReleaseChoice, choose_release
@@ -355,6 +355,64 @@ def test_a_package_without_verifiers_goes_beside_prime_lab(tmp_path: Path) -> No
     """Nothing declared, nothing asked: beside prime-lab, without asking the registry."""
     choice = choose_release(package(tmp_path / "pkg", ["numpy"]))
     assert choice.release is None and choice.reason == "it does not depend on verifiers"
+
+
+V1_TASKSET = {  # the shape `vf-init` 0.4 writes: a Taskset subclass exported from the package, no load_environment
+    "reverse/__init__.py": """
+        from reverse.taskset import ReverseTaskset
+
+        __all__ = ["ReverseTaskset"]
+        """,
+    "reverse/taskset.py": """
+        import verifiers.v1 as vf
+
+
+        class ReverseTask(vf.Task[vf.TaskData]):
+            @vf.reward(weight=1.0)
+            async def exact(self, trace: vf.Trace) -> float:
+                return 1.0
+
+
+        class ReverseTaskset(vf.Taskset[ReverseTask, vf.TasksetConfig]):
+            def load(self) -> list[ReverseTask]:
+                return []
+        """,
+}
+
+
+def test_a_v1_taskset_is_refused_in_one_line_before_any_release_is_made(tmp_path: Path) -> None:
+    """verifiers 0.4's tasksets (envs/v1.py): named as such, with where they were recognised, before the registry
+    or pip is asked (an install of one tried 0.3.1's environment for 80 s and then blamed the release)."""
+    target = package(tmp_path / "pkg", ["verifiers"], V1_TASKSET)
+    for requested in (None, "0.3.1"):
+        with pytest.raises(InstallError) as refused:
+            choose_release(target, requested=requested)
+        words = str(refused.value)
+        assert words.startswith(f"{target} is a verifiers v1 taskset (verifiers 0.4's API: class ReverseTaskset("
+                                "verifiers.v1.Taskset) at reverse/taskset.py:10)"), words
+        assert "classic environments (a load_environment function)" in words and "\n" not in words
+    # only an import of verifiers.v1 (its Taskset imported by name and subclassed in another file: still a mark)
+    target = package(tmp_path / "imports", ["verifiers"], {"t/__init__.py": "from verifiers import v1\n"})
+    assert v1.taskset_marks(target) == ["from verifiers import v1 at t/__init__.py:1"]
+    by_name = package(tmp_path / "by-name", ["verifiers"], {"t/__init__.py": """
+        from verifiers.v1 import Taskset as Base
+
+        class Mine(Base):
+            pass
+        """})
+    assert v1.taskset_marks(by_name) == ["class Mine(verifiers.v1.Taskset) at t/__init__.py:3"]
+
+
+def test_a_classic_environment_that_uses_verifiers_v1_stays_classic(tmp_path: Path) -> None:
+    """Releases 0.1.14 - 0.3.x carry both APIs: a package with load_environment is classic whatever else it uses."""
+    classic = package(tmp_path / "pkg", ["verifiers"], {**V1_TASKSET, "reverse/env.py": """
+        import verifiers as vf
+
+        def load_environment(**kwargs):
+            return vf.SingleTurnEnv(dataset=[])
+        """})
+    assert v1.taskset_marks(classic) == []
+    assert v1.taskset_marks(package(tmp_path / "plain", ["verifiers"], {"p.py": GAME})) == []
 
 
 GAME = """
