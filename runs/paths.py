@@ -2,6 +2,7 @@
 
 `PRIME_LAB_HOME` (default `~/.prime-lab`) holds `runs/` and `models/`. `PRIME_LAB_MODELS` moves the models folder
 on its own (tests share one materialised model folder across a session while each test gets an empty home).
+`cache_dir` holds what can be computed again (model outlines for the LoRA target checks).
 `constraints_file` finds the checkout's `constraints.txt`, which every pip install prime-lab runs goes through.
 """
 
@@ -20,6 +21,15 @@ from urllib.parse import unquote, urlparse
 
 def lab_home() -> Path:
     return Path(os.environ.get("PRIME_LAB_HOME") or Path.home() / ".prime-lab").expanduser()
+
+
+def cache_dir() -> Path:
+    """What prime-lab can always compute again, kept between runs: `$PRIME_LAB_CACHE`, else `$XDG_CACHE_HOME/prime-lab`
+    (`~/.cache/prime-lab`)."""
+    given = os.environ.get("PRIME_LAB_CACHE")
+    if given:
+        return Path(given).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "prime-lab"
 
 
 def runs_dir() -> Path:

@@ -19,7 +19,8 @@ pytest_plugins = ["tests.plugins.models", "tests.plugins.releases", "tests.plugi
 
 
 @pytest.fixture(autouse=True)
-def lab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def lab_home(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+             monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An empty PRIME_LAB_HOME for this test (models materialised once per session live elsewhere)."""
     home = tmp_path / "prime-lab-home"
     home.mkdir()
@@ -28,6 +29,11 @@ def lab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     # ~/.cache, or where PRIME_LAB_SANDBOX_IMAGES already points; root's where uid 65534 reaches (/var/tmp).
     images = os.environ.get("PRIME_LAB_SANDBOX_IMAGES") or str(Path.home() / ".cache" / "prime-lab-test-sandbox-images")
     monkeypatch.setenv("PRIME_LAB_SANDBOX_IMAGES", images)
+    # What prime-lab can compute again (runs/paths.py cache_dir: model outlines) is shared by the session's tests, as
+    # a user's runs share ~/.cache/prime-lab (the xdist workers' run folder, or the session's temp folder)
+    base = tmp_path_factory.getbasetemp()
+    monkeypatch.setenv("PRIME_LAB_CACHE", str((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+                                              / "prime-lab-cache"))
     yield home
     if (home / "sandboxes").is_dir():  # what a test (or a process it ran) left: root's live in a shared /var/tmp
         from prime_lab.sandbox import local

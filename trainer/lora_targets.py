@@ -8,17 +8,28 @@ after a dot):
 
 peft refuses targets that match nothing only when *no* target matches, so a misspelt expert name would silently
 train the attention alone. The trainer refuses any target that matches nothing (`check_targets`), naming what the
-model has; `prime rl validate` does the same when the run's model is already on this machine
-(`local_target_problems`: the model is built on the meta device, no weight is read).
+model has; `prime rl validate` and `prime rl run` do the same when the run's model is already on this machine
+(`local_target_problems`). Both read a `ModelOutline` (module names, which are Linear layers, parameter names and
+dimensions). The local check builds the model on the meta device (no weight is read) once per model configuration:
+its outline is kept in `cache_dir()/model-outlines/`, keyed by the config.json's bytes and the installed
+transformers and torch releases (what `from_config` builds depends on nothing else), so a later check reads a JSON
+file instead of importing torch and transformers (`prime rl validate` on a tiny model: 4.4 s, then 0.4 s).
 
 torch and transformers are imported inside the functions.
 """
 
 from __future__ import annotations
 
-import functools
+import hashlib
+import importlib.metadata
+import json
 import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from prime_lab.runs.atomic import write_json_atomic
+from prime_lab.runs.paths import cache_dir
 
 _LAYER_PREFIX = re.compile(r"^.*?\.\d+\.")  # "model.layers.0." in "model.layers.0.mlp.experts.gate_up_proj"
 
@@ -27,34 +38,58 @@ def _matches(name: str, target: str) -> bool:
     return name == target or name.endswith("." + target)
 
 
-def linear_layer_names(model: Any) -> list[str]:
+@dataclass(frozen=True)
+class ModelOutline:
+    """What the target checks read of a model: its modules' names, those of its Linear layers, and its parameters'
+    names with their number of dimensions, in the model's order."""
+
+    modules: tuple[str, ...]
+    linear: tuple[str, ...]
+    parameters: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, model: Any) -> ModelOutline:
+        import torch
+
+        named = list(model.named_modules())
+        return cls(tuple(n for n, _ in named), tuple(n for n, m in named if isinstance(m, torch.nn.Linear)),
+                   tuple((n, p.dim()) for n, p in model.named_parameters()))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"modules": self.modules, "linear": self.linear, "parameters": self.parameters}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelOutline:
+        return cls(tuple(map(str, data["modules"])), tuple(map(str, data["linear"])),
+                   tuple((str(n), int(d)) for n, d in data["parameters"]))
+
+
+def linear_layer_names(outline: ModelOutline) -> list[str]:
     """The short names of the model's Linear layers (what `target_modules` usually names), sorted."""
-    import torch
-
-    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    return sorted({n.rsplit(".", 1)[-1] for n in outline.linear})
 
 
-def expert_parameter_names(model: Any) -> list[str]:
+def expert_parameter_names(outline: ModelOutline) -> list[str]:
     """The model's 3-D parameters (fused MoE experts) by their name inside a layer, e.g. `mlp.experts.down_proj`,
     in the model's order."""
-    names = [_LAYER_PREFIX.sub("", n) for n, p in model.named_parameters() if p.dim() >= 3]
+    names = [_LAYER_PREFIX.sub("", n) for n, dim in outline.parameters if dim >= 3]
     return list(dict.fromkeys(names))
 
 
-def target_problems(model: Any, target_modules: list[str], target_parameters: list[str],
+def target_problems(outline: ModelOutline, target_modules: list[str], target_parameters: list[str],
                     model_name: str) -> list[tuple[str, str]]:
-    """(`[lora]` key, message) for each of the two settings naming something that matches nothing in `model`."""
+    """(`[lora]` key, message) for each of the two settings naming something that matches nothing in the model."""
     problems: list[tuple[str, str]] = []
-    modules = [n for n, _ in model.named_modules()]
-    parameters = [n for n, _ in model.named_parameters()]
-    experts = expert_parameter_names(model)
+    modules = outline.modules
+    parameters = [n for n, _ in outline.parameters]
+    experts = expert_parameter_names(outline)
     has = f"its 3-D expert parameters are {', '.join(experts)}" if experts else "it has no 3-D expert parameters"
     missing = [t for t in target_modules if not any(_matches(n, t) for n in modules)]
     if missing:
         parameter_like = [t for t in missing if any(_matches(n, t) for n in parameters)]
         hint = (f"; {', '.join(parameter_like)} {'is a parameter' if len(parameter_like) == 1 else 'are parameters'}"
                 ", not a module: name it in target_parameters" if parameter_like else "")
-        linears = ", ".join(linear_layer_names(model)[:12])
+        linears = ", ".join(linear_layer_names(outline)[:12])
         problems.append(("target_modules", f"{', '.join(missing)} not found in {model_name}; its linear layers are "
                                            f"{linears}, and {has} (for target_parameters){hint}"))
     missing = [t for t in target_parameters if not any(_matches(n, t) for n in parameters)]
@@ -66,7 +101,7 @@ def target_problems(model: Any, target_modules: list[str], target_parameters: li
 
 def check_targets(model: Any, target_modules: list[str], target_parameters: list[str], model_name: str) -> None:
     """Raise ValueError naming each `[lora]` target that matches nothing in `model`, and what the model has."""
-    problems = target_problems(model, target_modules, target_parameters, model_name)
+    problems = target_problems(ModelOutline.of(model), target_modules, target_parameters, model_name)
     if problems:
         raise ValueError("; ".join(f"[lora].{key}: {message}" for key, message in problems))
 
@@ -81,16 +116,41 @@ def local_target_problems(model_spec: str, target_modules: list[str],
     if folder is None:
         return []
     try:
-        model = _meta_model(str(folder), (folder / "config.json").stat().st_mtime_ns)
-    except (OSError, ValueError, KeyError, ImportError):  # a model transformers cannot build here: the trainer says why
+        outline = local_outline(folder)
+    except Exception:  # a model transformers cannot build here (its config refused, too): the trainer says why
         return []
-    return target_problems(model, target_modules, target_parameters, model_spec)
+    return target_problems(outline, target_modules, target_parameters, model_spec)
 
 
-@functools.lru_cache(maxsize=4)
-def _meta_model(folder: str, config_mtime_ns: int) -> Any:
-    """The model of `folder` built on the meta device (its modules and parameter shapes, no memory for weights);
-    cached while its config.json is unchanged (the editor validates on every change)."""
+def outline_key(config: bytes) -> str:
+    """The cache key of a model configuration: its config.json's bytes and the transformers and torch releases."""
+    versions = []
+    for package in ("transformers", "torch"):
+        try:
+            versions.append(importlib.metadata.version(package))
+        except importlib.metadata.PackageNotFoundError:
+            versions.append("")
+    return hashlib.sha256(config + "\0".join(["", *versions]).encode()).hexdigest()[:32]
+
+
+def local_outline(folder: Path) -> ModelOutline:
+    """The outline of the model in `folder`: from the cache, else built on the meta device and kept there (a cache
+    that cannot be written is skipped)."""
+    cached = cache_dir() / "model-outlines" / f"{outline_key((folder / 'config.json').read_bytes())}.json"
+    try:
+        return ModelOutline.from_json(json.loads(cached.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    outline = ModelOutline.of(_meta_model(str(folder)))
+    try:
+        write_json_atomic(cached, outline.to_json(), indent=None)
+    except OSError:
+        pass
+    return outline
+
+
+def _meta_model(folder: str) -> Any:
+    """The model of `folder` built on the meta device: its modules and parameter shapes, no memory for weights."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
