@@ -141,8 +141,8 @@ def test_streamed_answers_are_the_whole_answers_in_chunks(builtin_server: Builti
     temperature 0 the same text, token ids, logprobs and finish reason as the JSON answer, for each of n choices;
     the usage chunk where asked; counted in /metrics as answered."""
     client = client_for(builtin_server)
-    fields: dict[str, Any] = {"model": builtin_server.model_name, "messages": MESSAGES, "max_tokens": 6, "temperature": 0, "n": 2,
-              "logprobs": True, "extra_body": {"return_token_ids": True}}
+    fields: dict[str, Any] = {"model": builtin_server.model_name, "messages": MESSAGES, "max_tokens": 6,
+                              "temperature": 0, "n": 2, "logprobs": True, "extra_body": {"return_token_ids": True}}
     whole = client.chat.completions.create(**fields).model_dump()
     answered = f'prime_lab_requests_total{{route="chat",model="{builtin_server.model_name}"}}'
     before = counters(builtin_server).get(answered, 0)
