@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -316,8 +316,11 @@ class _Seen:
     rank: int | None = None  # a trainer rank's RANK (None: not read, or not a rank)
     torchrun: bool = False  # torchrun itself (its ranks are its children)
     fresh: bool = True  # not sampled yet: its CPU % is its average since it started
-    settled: bool = False  # its command line was read once it was SETTLE_S old (a process just forked still shows
-    # its parent's until it runs its own program: read it again at the next sample)
+    settled: bool = False  # its command line was read SETTLE_S after this sampler first saw it (a process just forked
+    # still shows its parent's until it runs its own program: read it again at the next sample). Measured from first
+    # sight on the monotonic clock, not from psutil's create_time: that is boot time plus ticks, and boot time drifts
+    # from time.time() (measured here: a process 1 ms old read as 1.0 s old, so every process looked settled)
+    first_seen: float = field(default_factory=time.monotonic)
 
 
 class GpuReader:
@@ -544,7 +547,7 @@ class SystemSampler:
     def _read_command(self, seen: _Seen) -> None:
         """What its command line says: a role, torchrun, a trainer rank's RANK."""
         psutil, process = self._psutil, seen.process
-        seen.settled = time.time() - process.create_time() >= SETTLE_S
+        seen.settled = time.monotonic() - seen.first_seen >= SETTLE_S
         try:
             cmdline = process.cmdline()
         except psutil.AccessDenied:

@@ -140,13 +140,22 @@ def test_each_process_of_the_tree_gets_its_role(tree: Tree) -> None:
                                                                                grandchild["inference-2"]]
 
 
+MIRROR = "prime_lab.monitors.wandb_mirror"
+
+
 def test_a_process_seen_before_it_runs_its_program_gets_its_role_after(monkeypatch: pytest.MonkeyPatch) -> None:
     """A process just forked shows its parent's command line until it runs its own (here: execs the mirror's).
     The child execs when the test says so, not after a sleep: on a loaded machine (another test beside this one)
     a Python child's start alone took longer than the sampler's settle time. The settle time is widened to 10 s
-    so that the exec always falls inside it; what is checked is the same: read again until settled."""
+    so that the exec always falls inside it; what is checked is the same: read again until settled. The sampler's
+    wall clock is set 30 s ahead of psutil's process ages (boot time plus ticks), which drift from time.time() (here:
+    a process 1 ms old read as 1.0 s old, so every process looked settled at once): settling counts from first
+    sight. The wait is for the exec'd command line itself: the child's first one holds the same words inside its
+    `-c` code (a fresh-clone run read it before the exec, in 0.06 s)."""
     monkeypatch.setattr(system_metrics, "SETTLE_S", 10.0)
-    later = f"os.execv(sys.executable, [sys.executable, '-c', {SLEEP!r}, '-m', 'prime_lab.monitors.wandb_mirror'])"
+    ahead = SimpleNamespace(time=lambda: time.time() + 30, monotonic=time.monotonic)
+    monkeypatch.setattr(system_metrics, "time", ahead)
+    later = f"os.execv(sys.executable, [sys.executable, '-c', {SLEEP!r}, '-m', {MIRROR!r}])"
     code = f"import os, sys; print(flush=True); sys.stdin.readline(); {later}"
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
@@ -157,7 +166,7 @@ def test_a_process_seen_before_it_runs_its_program_gets_its_role_after(monkeypat
         child.stdin.write(b"\n")
         child.stdin.flush()
         deadline = time.monotonic() + 30
-        while "wandb_mirror" not in " ".join(psutil.Process(child.pid).cmdline()) and time.monotonic() < deadline:
+        while psutil.Process(child.pid).cmdline()[-2:] != ["-m", MIRROR] and time.monotonic() < deadline:
             time.sleep(0.01)
         roles += [p["role"] for p in sampler.processes() if p["pid"] == child.pid]
         assert roles == ["other", "mirror"]
