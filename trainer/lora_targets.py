@@ -20,6 +20,7 @@ torch and transformers are imported inside the functions.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -135,13 +136,19 @@ def outline_key(config: bytes) -> str:
 
 def local_outline(folder: Path) -> ModelOutline:
     """The outline of the model in `folder`: from the cache, else built on the meta device and kept there (a cache
-    that cannot be written is skipped)."""
-    cached = cache_dir() / "model-outlines" / f"{outline_key((folder / 'config.json').read_bytes())}.json"
+    that cannot be written is skipped). Held in this process too while config.json is unchanged: the editor
+    validates on every change, with or without a cache it can write."""
+    return _outline(str(folder), outline_key((folder / "config.json").read_bytes()))
+
+
+@functools.lru_cache(maxsize=4)
+def _outline(folder: str, key: str) -> ModelOutline:
+    cached = cache_dir() / "model-outlines" / f"{key}.json"
     try:
         return ModelOutline.from_json(json.loads(cached.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    outline = ModelOutline.of(_meta_model(str(folder)))
+    outline = ModelOutline.of(_meta_model(folder))
     try:
         write_json_atomic(cached, outline.to_json(), indent=None)
     except OSError:
