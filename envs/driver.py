@@ -83,10 +83,10 @@ def jsonable(obj: Any) -> Any:
         return jsonable(dump())
     if isinstance(obj, BaseException):
         return f"{type(obj).__name__}: {obj}"
-    item = getattr(obj, "item", None)  # numpy scalars
-    if callable(item):
+    tolist = getattr(obj, "tolist", None)  # numpy arrays and scalars (0.4.1 keeps token ids in arrays)
+    if callable(tolist):
         with contextlib.suppress(Exception):
-            return jsonable(item())
+            return jsonable(tolist())
     return str(obj)
 
 
@@ -110,10 +110,7 @@ def check(module: str) -> dict[str, Any]:
     try:
         importlib.import_module(module)
     except BaseException as exc:  # noqa: BLE001 - any failure to import is the answer
-        missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
-        return {"ok": False, "release": release(), "error": f"{type(exc).__name__}: {exc}",
-                "import_error": isinstance(exc, ImportError | AttributeError), "missing": missing,
-                "where": _where(exc, module), "errors": error_chain(exc), "arguments": {}}
+        return failure(exc, module, {})
     load_fn = getattr(sys.modules[module], "load_environment", None)
     if not callable(load_fn):
         return {"ok": False, "release": release(), "import_error": False, "missing": None, "where": "",
@@ -364,8 +361,9 @@ class Driver:
     0.1.8 and 0.1.9 run a group with their own `run_group`; 0.1.5 - 0.1.7, which have none, a rollout at a time
     (`classic_rollout`), the group's rollouts at once."""
 
-    def __init__(self, module: str, args: dict[str, Any], address: str) -> None:
-        self.env = load(module, args)
+    def __init__(self, module: str, args: dict[str, Any], address: str, runner: Any = None) -> None:
+        self.runner = runner  # a v1 taskset's (driver_v1.Runner): it runs the groups
+        self.env = load(module, args) if runner is None else None
         self.address = address
         self.clients: dict[tuple[str, str], Any] = {}
         self.tasks: dict[tuple[bytes, bytes], asyncio.Task[None]] = {}  # requests at work, by (client, request id)
@@ -380,6 +378,8 @@ class Driver:
         return self.clients[key]
 
     async def run_group(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.runner is not None:
+            return list(await self.runner.run_group(request))
         inputs = request.get("group_inputs") or [request["input"]]
         columns = list(request.get("state_columns") or [])
         client = self.client(request.get("client_config") or {})
@@ -454,12 +454,48 @@ class Driver:
                 task = asyncio.create_task(self.answer(socket, client_id, request_id, payload))
                 self.tasks[key] = task
                 task.add_done_callback(functools.partial(self.forget, key))
+        if self.runner is not None:
+            await self.runner.close()
         socket.close()
         context.term()
 
 
+def v1_driver() -> Any:
+    """driver_v1.py (beside this file, loaded by path) when this interpreter's verifiers is a v1 release (0.4 on,
+    whose package holds no classic API), else None."""
+    try:
+        if tuple(int(part) for part in release().split(".")[:2]) < (0, 4):
+            return None
+    except ValueError:
+        return None
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "driver_v1.py")
+    spec = importlib.util.spec_from_file_location("_prime_lab_driver_v1", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    module.jsonable = jsonable  # type: ignore[attr-defined]
+    module.offline_uv()
+    return module
+
+
+def failure(exc: BaseException, module: str, load_args: dict[str, Any]) -> dict[str, Any]:
+    """What a failed `check` or `describe` writes (prime-lab says it, with what to do)."""
+    return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "where": _where(exc, module), "release": release(),
+            "import_error": isinstance(exc, ImportError | AttributeError),
+            "missing": getattr(exc, "name", None) if isinstance(exc, ImportError) else None,
+            "errors": error_chain(exc), "arguments": load_arguments(module, load_args)}
+
+
 def serve(module: str, args: dict[str, Any], address: str, log_dir: str) -> None:
     end_group_with_parent()
+    v1 = v1_driver()
+    if v1 is not None:
+        print(f"driver: verifiers {release()} serving the v1 taskset {module} (prime-lab's driver_v1)", flush=True)
+        asyncio.run(Driver(module, args, address, runner=v1.Runner(module, args)).serve())
+        return
     cls = verifiers_server()
     if cls is not None:
         run_verifiers_server(cls, module, args, address, log_dir)
@@ -472,18 +508,16 @@ def main(argv: list[str]) -> int:
     local_sandboxes()
     if command in ("check", "describe"):  # the answer goes to a file: the environment may print on stdout
         *args, out = rest
-        if command == "check":
-            result = check(module)
-        else:
-            load_args: dict[str, Any] = {}
-            try:
+        v1 = v1_driver()
+        load_args: dict[str, Any] = {}
+        try:
+            if command == "check":
+                result = check(module) if v1 is None else v1.check(module, release())
+            else:
                 load_args = json.loads(args[0])
-                result = describe(module, load_args)
-            except BaseException as exc:  # noqa: BLE001 - reported to prime-lab, which says what to do
-                result = {"error": f"{type(exc).__name__}: {exc}", "where": _where(exc, module),
-                          "release": release(),
-                          "missing": getattr(exc, "name", None) if isinstance(exc, ImportError) else None,
-                          "errors": error_chain(exc), "arguments": load_arguments(module, load_args)}
+                result = describe(module, load_args) if v1 is None else v1.describe(module, load_args, release())
+        except BaseException as exc:  # noqa: BLE001 - reported to prime-lab, which says what to do
+            result = failure(exc, module, load_args)
         with open(out, "w", encoding="utf-8") as handle:
             json.dump(result, handle)
         return 0

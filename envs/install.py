@@ -662,14 +662,11 @@ def choose_release(target: Path, requested: str | None = None, isolate: bool = F
     from prime_lab.envs.v1 import taskset_marks
     from prime_lab.envs.verifiers_adapter import installed_release
 
+    declared = releases.declared_specifier(target)
     marks = taskset_marks(target)
     if marks:
-        raise InstallError(f"{target} is a verifiers v1 taskset (verifiers 0.4's API: {'; '.join(marks[:2])}), "
-                           "which prime-lab does not run yet: it runs classic environments (a load_environment "
-                           f"function) at verifiers {releases.DRIVABLE_FROM} to before {releases.FIRST_UNDRIVABLE}. "
-                           "`prime env init NAME` writes one")
+        return v1_choice(target, marks, declared, requested)
     beside = installed_release()
-    declared = releases.declared_specifier(target)
     if requested is not None:
         try:
             version = Version(requested)
@@ -718,6 +715,29 @@ def choose_release(target: Path, requested: str | None = None, isolate: bool = F
                            f"{words}. Fix the import or the declaration, or install it with --verifiers VERSION")
     why = f"the newest release that satisfies {said} (declared)" + (" and has what it imports" if ruled_out else "")
     return ReleaseChoice(passing[0], tuple(passing), why, tuple(ruled_out))
+
+
+def v1_choice(target: Path, marks: list[str], declared: str | None, requested: str | None) -> ReleaseChoice:
+    """A verifiers v1 taskset runs at the tested v1 release (releases.V1_RELEASE), or at the one asked for within
+    releases.V1_RANGE, in that release's own environment (driver_v1.py drives it)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    what = f"a verifiers v1 taskset ({marks[0]})"
+    if requested is None:
+        release, how = releases.V1_RELEASE, "the v1 release prime-lab is tested with"
+    else:
+        try:
+            Version(requested)
+        except InvalidVersion:
+            raise InstallError(f"--verifiers {requested}: not a release (e.g. {releases.V1_RELEASE})") from None
+        if not releases.v1_release(requested):
+            raise InstallError(f"{target} is {what}: it runs at verifiers{releases.V1_RANGE} (e.g. "
+                               f"{releases.V1_RELEASE}), not {requested}")
+        release, how = requested, "asked for with --verifiers"
+    outside = (f" (outside what it declares, verifiers{declared})" if declared and
+               not SpecifierSet(declared).contains(release, prereleases=True) else "")
+    return ReleaseChoice(release, (release,), f"{what}: verifiers {release}, {how}{outside}")
 
 
 def _site_packages(folder: Path) -> list[str]:

@@ -46,7 +46,20 @@ from prime_lab.envs.installed import canonical
 from prime_lab.runs.paths import constraints_file, lab_home
 
 DRIVABLE_FROM, FIRST_UNDRIVABLE = Version("0.1.5"), Version("0.4")
+# verifiers v1 tasksets (verifiers 0.4's API: envs/v1.py, driver_v1.py) run at one tested release of this range
+V1_RANGE, V1_RELEASE = SpecifierSet(">=0.4,<0.5"), "0.4.0"
 TRANSPORT = ("pyzmq>=25", "msgpack>=1.0")  # what driver.py needs beside verifiers (0.1.5 - 0.1.9 do not bring them)
+# A v1 release's environment also holds uv and a folder of wheels for the harness program's own dependencies (its
+# PEP 723 header), so that `uv sync --script` prepares the program offline (driver_v1.py points uv at them)
+V1_TOOLS = ("uv",)
+V1_WHEELS = "uv-wheels"
+CHAT_PROGRAM_DEPS = """\
+import json, tomllib
+from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
+block = CHAT_PROGRAM_SOURCE.split("# /// script", 1)[1].split("# ///", 1)[0]
+header = tomllib.loads("\\n".join(line[2:] for line in block.splitlines() if line.startswith("# ")))
+print(json.dumps(header.get("dependencies", [])))
+"""
 READY = ".prime-lab-ready"  # written last: a folder without it is a half-built environment, built again
 HOLDS = "prime-lab-holds.txt"  # in a release's folder: the constraints every install into it runs with
 
@@ -129,7 +142,16 @@ def available_releases() -> list[Version]:
 
 
 def drivable(version: Version) -> bool:
+    """A release whose classic API (`load_environment`) prime-lab drives."""
     return DRIVABLE_FROM <= version < FIRST_UNDRIVABLE and not version.is_prerelease
+
+
+def v1_release(version: Version | str) -> bool:
+    """A release of the range verifiers v1 tasksets run at (driver_v1.py)."""
+    try:
+        return V1_RANGE.contains(Version(str(version)), prereleases=False)
+    except InvalidVersion:
+        return False
 
 
 def candidates(specifier: str, releases: Iterable[Version]) -> list[Version]:
@@ -652,8 +674,12 @@ class ReleaseEnv:
                                    f"{_last_lines(made.stderr or made.stdout)}")
             # --no-compile: each module is compiled when it is first imported, not every module of verifiers'
             # dependencies (pyarrow, pandas, sympy, ...) now, most of which no environment imports (half the time)
+            v1 = v1_release(self.release)
             try:
-                done = self.pip("install", "-q", "--no-compile", f"verifiers=={self.release}", *TRANSPORT)
+                done = self.pip("install", "-q", "--no-compile", f"verifiers=={self.release}", *TRANSPORT,
+                                *(V1_TOOLS if v1 else ()))
+                if done.returncode == 0 and v1:
+                    done = self.harness_wheels()
             except ReleaseError:
                 shutil.rmtree(self.folder, ignore_errors=True)
                 raise
@@ -663,6 +689,18 @@ class ReleaseEnv:
                                                     "virtual environment"))
             (self.folder / READY).write_text(self.release + "\n")
             return True
+
+    def harness_wheels(self) -> subprocess.CompletedProcess[str]:
+        """Download, for this interpreter, the wheels of what verifiers v1's chat program (the `null` and `bash`
+        harnesses' program) declares in its PEP 723 header into `V1_WHEELS`: `uv sync --script` installs from
+        them, offline, when a rollout prepares the program."""
+        read = subprocess.run([str(self.python), "-I", "-c", CHAT_PROGRAM_DEPS], capture_output=True, text=True,
+                              timeout=300, check=False)
+        if read.returncode != 0:
+            return read
+        deps = [str(d) for d in json.loads(read.stdout.strip().splitlines()[-1])]
+        return _pip("download", "-q", "--only-binary", ":all:", "-d", str(self.folder / V1_WHEELS), *deps,
+                    python=str(self.python), timeout=900)
 
     def installed(self) -> dict[str, str]:
         """What is installed in it: canonical distribution name -> version."""

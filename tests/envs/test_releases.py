@@ -380,17 +380,25 @@ V1_TASKSET = {  # the shape `vf-init` 0.4 writes: a Taskset subclass exported fr
 }
 
 
-def test_a_v1_taskset_is_refused_in_one_line_before_any_release_is_made(tmp_path: Path) -> None:
-    """verifiers 0.4's tasksets (envs/v1.py): named as such, with where they were recognised, before the registry
-    or pip is asked (an install of one tried 0.3.1's environment for 80 s and then blamed the release)."""
+def test_a_v1_taskset_goes_to_the_tested_v1_release_without_asking_the_registry(tmp_path: Path) -> None:
+    """verifiers 0.4's tasksets (envs/v1.py): recognised from the source before the registry or pip is asked (an
+    install of one tried 0.3.1's environment for 80 s and then blamed the release), and placed at the tested v1
+    release, or the one asked for within the v1 range; a classic release asked for is refused in one line."""
     target = package(tmp_path / "pkg", ["verifiers"], V1_TASKSET)
-    for requested in (None, "0.3.1"):
+    choice = choose_release(target)
+    assert choice.release == releases.V1_RELEASE and choice.candidates == (releases.V1_RELEASE,)
+    assert choice.reason == ("a verifiers v1 taskset (class ReverseTaskset(verifiers.v1.Taskset) at "
+                             "reverse/taskset.py:10): verifiers 0.4.0, the v1 release prime-lab is tested with")
+    assert choose_release(target, requested="0.4.1").release == "0.4.1"
+    declared = package(tmp_path / "declared", ["verifiers>=0.4.1,<0.5"], V1_TASKSET)
+    assert choose_release(declared).reason.endswith("(outside what it declares, verifiers<0.5,>=0.4.1)")
+    for requested, words in (("0.3.1", "it runs at verifiers<0.5,>=0.4 (e.g. 0.4.0), not 0.3.1"),
+                             ("0.5.0", "not 0.5.0"), ("nope", "--verifiers nope: not a release")):
         with pytest.raises(InstallError) as refused:
             choose_release(target, requested=requested)
-        words = str(refused.value)
-        assert words.startswith(f"{target} is a verifiers v1 taskset (verifiers 0.4's API: class ReverseTaskset("
-                                "verifiers.v1.Taskset) at reverse/taskset.py:10)"), words
-        assert "classic environments (a load_environment function)" in words and "\n" not in words
+        assert words in str(refused.value) and "\n" not in str(refused.value)
+    assert releases.v1_release("0.4.0") and releases.v1_release("0.4.9") and not releases.v1_release("0.4.1.dev86")
+    assert not releases.v1_release("0.3.1") and not releases.v1_release("0.5") and not releases.v1_release("x")
     # only an import of verifiers.v1 (its Taskset imported by name and subclassed in another file: still a mark)
     target = package(tmp_path / "imports", ["verifiers"], {"t/__init__.py": "from verifiers import v1\n"})
     assert v1.taskset_marks(target) == ["from verifiers import v1 at t/__init__.py:1"]

@@ -1,0 +1,353 @@
+"""The driver of a verifiers v1 taskset (verifiers 0.4's API), run in the release's own interpreter.
+
+driver.py hands over to this file, loaded by path, when the interpreter's verifiers is a v1 release
+(releases.V1_RANGE); like driver.py it imports only the standard library, verifiers and what verifiers imports, never
+prime-lab. The same three commands and the same protocol, so that installing, describing, restarting, watching and
+reaping a v1 environment is what it is for every other release:
+
+- `check MODULE`: the package's exported `vf.Taskset` subclass; its config's own fields are the environment's
+  arguments (name, default, required, type) and its docstring the summary.
+- `describe MODULE ARGS`: the environment built as `vf-eval` builds it (`resolve_env_config` with the `null`
+  harness on a local `subprocess` runtime, unless the taskset brings its own harness; `load_environment`), its tasks
+  as rows (the prompt as messages, the system prompt first; `answer` where the task has one; the task's dumped data
+  in `info["v1_task"]`, which a rollout rebuilds the task from, as verifiers' own env server does), its reward
+  functions' names and weights as the rubric, its metrics' names.
+- `serve`: `Runner.run_group` runs a group's rollouts with `env.run_slot` inside `env.serving()` (held for the
+  server's life) and turns each `Episode` into the rollout output prime-lab reads: per sampled node of the trace a
+  trajectory step (prompt ids: the ids of the nodes before it and its own unmasked header; completion ids and
+  logprobs: its masked, sampled ids), the reward, each reward's score and each metric, the finish reasons, timings
+  and errors. A request that asks for token ids and logprobs (an RL run) goes through verifiers' train client,
+  which renders chat to ids itself and calls the server's `/inference/v1/generate` (the tokenizer read from the
+  folder the server names as its model's `root` in /v1/models); any other through its eval client (`/v1/chat/
+  completions`). GEPA's system prompt (the row's system message) reaches the task through `task.with_system_prompt`.
+
+What does not run here is refused in one line: a task or harness that needs a container (an image), an environment
+of several agents, a trace compacted into several branches. The harness program (a PEP 723 script) is prepared by
+`uv sync --script` from the wheels the release's environment was made with (releases.py `V1_WHEELS`): uv is pointed
+at them and at an empty index, never at the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import json
+import os
+import sys
+import urllib.request
+from typing import Any
+
+V1_WHEELS = "uv-wheels"  # releases.py V1_WHEELS: the harness program's wheels, in the release's folder
+RUNTIME = {"type": "subprocess"}
+HARNESS = {"id": "null"}
+jsonable: Any = None  # driver.py's (plain data of pydantic models, numpy arrays, ...): set when it loads this file
+
+
+class Refused(RuntimeError):
+    """What this driver does not run, in one line."""
+
+
+def offline_uv() -> None:
+    """uv, which verifiers runs to prepare the harness program, installs from the release's wheel folder and an
+    empty index, keeps its cache in the release's folder and downloads no Python (verifiers forces UV_OFFLINE=false;
+    uv does not honour UV_NO_INDEX, an empty default index it does)."""
+    prefix = sys.prefix
+    empty = os.path.join(prefix, "uv-empty-index")
+    os.makedirs(empty, exist_ok=True)
+    os.environ.setdefault("UV_FIND_LINKS", os.path.join(prefix, V1_WHEELS))
+    os.environ.setdefault("UV_DEFAULT_INDEX", "file://" + empty)
+    os.environ.setdefault("UV_CACHE_DIR", os.path.join(prefix, "uv-cache"))
+    os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+    os.environ["PATH"] = os.path.join(prefix, "bin") + os.pathsep + os.environ.get("PATH", "")
+
+
+def vf() -> Any:
+    import verifiers.v1 as v1
+
+    return v1
+
+
+def taskset_class(module: str) -> type:
+    """The one `vf.Taskset` subclass the package exports (its `__all__`, else its names)."""
+    mod = importlib.import_module(module)
+    names = getattr(mod, "__all__", None) or [n for n in dir(mod) if not n.startswith("_")]
+    found = [obj for obj in (getattr(mod, n, None) for n in names)
+             if inspect.isclass(obj) and issubclass(obj, vf().Taskset) and obj is not vf().Taskset]
+    if not found:
+        raise Refused(f"module '{module}' exports no verifiers.v1.Taskset subclass (list it in __all__)")
+    return found[0]
+
+
+def config_fields(cls: type) -> list[list[Any]]:
+    """The taskset config's own fields (not TasksetConfig's): [name, default, required, type] each."""
+    from verifiers.v1.utils.loaders import concrete_type
+
+    config = concrete_type(cls, vf().TasksetConfig, origin=vf().Taskset) or vf().TasksetConfig
+    base = set(vf().TasksetConfig.model_fields)
+    rows = []
+    for name, field in config.model_fields.items():
+        if name in base:
+            continue
+        required = field.is_required()
+        annotation = getattr(field.annotation, "__name__", str(field.annotation))
+        rows.append([name, None if required else jsonable(field.get_default(call_default_factory=True)), required,
+                     annotation])
+    return rows
+
+
+def check(module: str, release: str) -> dict[str, Any]:
+    cls = taskset_class(module)
+    doc = inspect.getdoc(sys.modules[module]) or inspect.getdoc(cls) or ""
+    if doc == inspect.getdoc(vf().Taskset):
+        doc = ""
+    return {"ok": True, "release": release, "api": "v1", "doc": " ".join(doc.split("\n\n")[0].split()),
+            "file": getattr(sys.modules[module], "__file__", None), "any_args": False, "args": config_fields(cls)}
+
+
+def env_config(module: str, args: dict[str, Any]) -> Any:
+    """verifiers' EnvConfig for the taskset: its arguments, the `null` harness (or the taskset's own) on a local
+    `subprocess` runtime."""
+    from verifiers.v1.utils.loaders import default_harness_id
+
+    harness = {"id": default_harness_id(module)} if default_harness_id(module) == module else dict(HARNESS)
+    config = vf().resolve_env_config({"taskset": {"id": module, **args},
+                                      "agent": {"harness": harness, "runtime": dict(RUNTIME)}})
+    return config
+
+
+def build(module: str, args: dict[str, Any]) -> Any:
+    env = vf().load_environment(env_config(module, args))
+    refuse_unrunnable(env)
+    return env
+
+
+def refuse_unrunnable(env: Any) -> None:
+    """One line for what cannot run on this machine: an environment of several agents, a harness or task that
+    needs a container."""
+    agents = [name for name, field in type(env.config).model_fields.items()
+              if inspect.isclass(field.annotation) and issubclass(field.annotation, vf().AgentConfig)]
+    if len(agents) != 1:
+        raise Refused(f"{type(env).__name__} has {len(agents)} agent roles ({', '.join(agents) or 'none'}): "
+                      "prime-lab runs single-agent v1 environments only")
+    harness = getattr(env, "agent", None) or getattr(env, "harness", None)
+    for part in (harness, getattr(harness, "harness", None)):
+        if part is not None and getattr(part, "NEEDS_CONTAINER", False):
+            raise Refused(f"the harness {type(part).__name__} needs a container, which prime-lab does not start; "
+                          "use the null harness")
+
+
+def needs_container(task: Any) -> str | None:
+    if getattr(type(task), "NEEDS_CONTAINER", False):
+        return f"its task type {type(task).__name__} needs a container (NEEDS_CONTAINER)"
+    image = getattr(task.data, "image", None)
+    if image:
+        return f"task {task.data.id or task.data.idx} asks for the container image {image}"
+    return None
+
+
+def prompt_messages(data: Any) -> list[dict[str, Any]]:
+    prompt = data.prompt
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else jsonable(list(prompt or []))
+    if data.system_prompt and not any(m.get("role") == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": data.system_prompt})
+    return messages
+
+
+def describe(module: str, args: dict[str, Any], release: str, limit: int = 10000) -> dict[str, Any]:
+    env = build(module, args)
+    taskset = env.taskset
+    if not taskset.bounded:
+        taskset = taskset.take(limit)
+    rows = []
+    for number, task in enumerate(taskset):
+        why = needs_container(task)
+        if why is not None:
+            raise Refused(f"{module}: {why}; prime-lab runs v1 tasks on a local runtime, without containers")
+        data = task.data
+        rows.append({"example_id": data.idx if data.idx is not None else number, "prompt": prompt_messages(data),
+                     "answer": jsonable(getattr(data, "answer", "") or ""), "task": module,
+                     "info": {"v1_task": jsonable(data), "v1_id": data.id}})
+    tasks = list(taskset.take(1)) if rows else []
+    rewards = tasks[0].hooks("reward") if tasks else []
+    system_prompt = rows[0]["prompt"][0]["content"] if rows and rows[0]["prompt"][0].get("role") == "system" \
+        else None
+    return {"release": release, "api": "v1", "system_prompt": system_prompt, "sampling_args": {},
+            "message_type": "chat", "takes_system_prompt": True, "parser": {"format": ""},
+            "rubric": {"names": [f.__name__ for f in rewards],
+                       "weights": [float(getattr(f, "_vf_weight", 1.0)) for f in rewards]},
+            "metrics": [f.__name__ for f in tasks[0].hooks("metric")] if tasks else [],
+            "timeout_seconds": None, "tools": [], "dataset": rows, "eval_dataset": None}
+
+
+# serve -------------------------------------------------------------------------------------------------------------
+
+def model_folder(base_url: str, model: str) -> str | None:
+    """The folder the server at `base_url` loaded `model` from (its /v1/models `root`, as vLLM and prime-lab's
+    server give it), where the train client's renderer reads the tokenizer, offline; None when it names none."""
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=30) as answer:
+            listed = json.loads(answer.read())
+    except (OSError, ValueError):
+        return None
+    for entry in listed.get("data") or []:
+        root = entry.get("root")
+        if isinstance(root, str) and os.path.isdir(root) and entry.get("id") in (model, None) or \
+                isinstance(root, str) and os.path.isdir(root) and len(listed.get("data") or []) == 1:
+            return root
+    roots = [e.get("root") for e in listed.get("data") or [] if isinstance(e.get("root"), str)]
+    return next((r for r in roots if os.path.isdir(r)), None)
+
+
+def wants_tokens(sampling: dict[str, Any]) -> bool:
+    extra = sampling.get("extra_body") or {}
+    return bool(sampling.get("logprobs")) and bool(extra.get("return_token_ids"))
+
+
+def sampling_config(sampling: dict[str, Any], train: bool) -> Any:
+    """verifiers' SamplingConfig from the request's sampling args (the train client asks for logprobs and ids
+    itself; its generate route takes no extra_body)."""
+    known = {k: v for k, v in sampling.items() if k in ("temperature", "top_p", "max_tokens", "stop", "seed")}
+    extra = {k: v for k, v in (sampling.get("extra_body") or {}).items() if k != "return_token_ids"}
+    if not train and extra:
+        known["extra_body"] = extra
+    elif train:
+        known.update({k: v for k, v in extra.items() if k in ("min_tokens", "top_k", "repetition_penalty")})
+    return vf().SamplingConfig(**known)
+
+
+def node_ids(node: Any) -> list[int]:
+    return [int(i) for i in jsonable(node.token_ids if node.token_ids is not None else [])]
+
+
+def trajectory(trace: Any, finish: dict[int, str | None]) -> list[dict[str, Any]]:
+    """One step per sampled node: the messages before it and its message; its tokens where the client kept them
+    (prompt ids: every id before the node on its branch and its unmasked header; completion ids: its sampled ids)."""
+    nodes = list(trace.nodes)
+    steps = []
+    for index, node in enumerate(nodes):
+        if not node.sampled:
+            continue
+        chain: list[Any] = []
+        parent = node.parent
+        while parent is not None:
+            chain.insert(0, nodes[parent])
+            parent = nodes[parent].parent
+        tokens = None
+        ids = node_ids(node)
+        if ids and node.mask is not None:
+            mask = [bool(m) for m in jsonable(node.mask)]
+            first = mask.index(True) if True in mask else len(mask)
+            before = [i for n in chain for i in node_ids(n)]
+            completion = [i for i, m in zip(ids, mask, strict=False) if m]
+            logprobs = [float(x) for x in jsonable(node.logprobs or [])]
+            tokens = {"prompt_ids": before + ids[:first], "prompt_mask": [0] * (len(before) + first),
+                      "completion_ids": completion, "completion_mask": [1] * len(completion),
+                      "completion_logprobs": logprobs}
+        steps.append({"prompt": [jsonable(n.message) for n in chain], "completion": [jsonable(node.message)],
+                      "response": {"message": {"finish_reason": finish.get(index)}}, "tokens": tokens})
+    return steps
+
+
+def episode_output(episode: Any, row: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """An Episode as the rollout output prime-lab reads (verifiers' classic RolloutOutput fields)."""
+    out: dict[str, Any] = {"example_id": row.get("example_id"), "prompt": row.get("prompt"), "completion": [],
+                           "answer": row.get("answer", ""), "task": row.get("task"), "info": row.get("info") or {},
+                           "reward": 0.0, "metrics": {}, "is_truncated": False, "stop_condition": None,
+                           "timing": {"total_ms": seconds * 1000}, "error": None, "trajectory": []}
+    trainable = [t for t in episode.traces if getattr(t.agent, "trainable", True)]
+    errors = [f"{e.type}: {e.message}" if hasattr(e, "message") else str(e) for e in episode.errors]
+    if len(trainable) > 1:
+        errors.append(f"an episode of {len(trainable)} agents' traces: prime-lab trains single-agent episodes only")
+    if not trainable:
+        out["error"] = "; ".join(errors) or "the episode has no trace"
+        return out
+    trace = trainable[0]
+    if len(trace.branches) > 1:
+        errors.append(f"a trace compacted into {len(trace.branches)} branches: not supported yet")
+    finish = {call.node: call.finish_reason for call in trace.calls if call.node is not None}
+    steps = trajectory(trace, finish)
+    scores = {name: float(r.score) for name, r in trace.rewards.items()}
+    timing = trace.timing
+    phases = {}
+    for phase in ("setup", "agent", "finalize", "scoring"):
+        span = getattr(timing, phase, None)
+        if span is not None and getattr(span, "end", None) and getattr(span, "start", None):
+            phases[f"{phase}_ms"] = (span.end - span.start) * 1000
+    model = getattr(getattr(timing, "agent", None), "model", None)
+    if model is not None and getattr(model, "duration", None) is not None:
+        phases["generation_ms"] = float(model.duration) * 1000
+    if not trace.ok and trace.last_error is not None:
+        error = trace.last_error
+        errors.append(f"{getattr(error, 'type', type(error).__name__)}: {getattr(error, 'message', error)}")
+    out.update(completion=[s["completion"][0] for s in steps] or
+               [jsonable(n.message) for n in trace.nodes if jsonable(n.message).get("role") != "user"][-1:],
+               reward=float(trace.reward), metrics={**scores, **{k: float(v) for k, v in trace.metrics.items()}},
+               is_truncated=bool(trace.is_truncated), stop_condition=trace.stop_condition,
+               timing={**out["timing"], **phases}, trajectory=steps,
+               error="; ".join(dict.fromkeys(errors)) if errors and not (episode.ok and trace.ok) else None)
+    return out
+
+
+class Runner:
+    """A group's rollouts through verifiers v1 (`run_group` of driver.py's server)."""
+
+    def __init__(self, module: str, args: dict[str, Any]) -> None:
+        self.module = module
+        self.env = build(module, args)
+        self.task_cls = type(self.env.taskset).task_type()
+        self.data_cls = self.task_cls.data_type()
+        self.serving: contextlib.AsyncExitStack | None = None
+        self.folders: dict[tuple[str, str], str | None] = {}
+
+    async def open(self) -> None:
+        if self.serving is None:
+            self.serving = contextlib.AsyncExitStack()
+            await self.serving.enter_async_context(self.env.serving())
+
+    async def close(self) -> None:
+        if self.serving is not None:
+            await self.serving.aclose()
+            self.serving = None
+
+    def task(self, row: dict[str, Any]) -> Any:
+        data = (row.get("info") or {}).get("v1_task")
+        if not isinstance(data, dict):
+            raise Refused("the row carries no v1 task (info.v1_task): describe the environment again")
+        task = self.task_cls(self.data_cls.model_validate(data), self.env.config.taskset.task)
+        system = next((m.get("content") for m in row.get("prompt") or [] if m.get("role") == "system"), None)
+        if isinstance(system, str) and system != (task.data.system_prompt or None):
+            task = task.with_system_prompt(system)  # GEPA's candidate prompt
+        why = needs_container(task)
+        if why is not None:
+            raise Refused(f"{self.module}: {why}; prime-lab runs v1 tasks on a local runtime, without containers")
+        return task
+
+    def context(self, request: dict[str, Any]) -> Any:
+        config = request.get("client_config") or {}
+        base_url, key_var = str(config.get("api_base_url")), str(config.get("api_key_var") or "PRIME_LAB_NO_KEY")
+        sampling = dict(request.get("sampling_args") or {})
+        train = wants_tokens(sampling)
+        if train:
+            where = (base_url, request["model"])
+            if where not in self.folders:
+                self.folders[where] = model_folder(base_url, request["model"])
+            client = vf().TrainClientConfig(base_url=base_url, api_key_var=key_var,
+                                            renderer_model_name=self.folders[where])
+        else:
+            client = vf().EvalClientConfig(base_url=base_url, api_key_var=key_var)
+        return vf().ModelContext(model=request["model"], client=client, sampling=sampling_config(sampling, train))
+
+    async def rollout(self, row: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        (slot,) = self.env.slots(self.task(row), 1)
+        episode = await self.env.run_slot(slot, ctx)
+        return episode_output(episode, row, loop.time() - start)
+
+    async def run_group(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        await self.open()
+        rows = request.get("group_inputs") or [request["input"]]
+        ctx = self.context(request)
+        return list(await asyncio.gather(*(self.rollout(row, ctx) for row in rows)))
