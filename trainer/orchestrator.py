@@ -208,10 +208,16 @@ def batch_metrics(groups: list[Group], step: int, fill_seconds: float) -> dict[s
         "batch/async_level": float(max(step - 1 - g.version for g in groups)),
     }
     by_env: dict[str, list[float]] = {}
+    scores: dict[str, list[float]] = {}  # each reward function's score and each metric, by environment
     for g in groups:
         by_env.setdefault(g.env, []).extend(r.reward for r in g.rollouts)
+        for r in g.rollouts:
+            for name, value in r.metrics.items():
+                if isinstance(value, int | float):
+                    scores.setdefault(f"metrics/{g.env}/{name}", []).append(float(value))
     for env, values in by_env.items():
         metrics[f"reward/{env}"] = sum(values) / len(values)
+    metrics.update({name: sum(values) / len(values) for name, values in scores.items()})
     return metrics
 
 

@@ -106,3 +106,8 @@ def test_batch_metrics() -> None:
     # 6 tokens over the 2 s from the first group's start (12 - 1 s) to the last one's end (13), however quickly the
     # batch filled
     assert m["perf/tokens_per_s"] == 3.0 and m["rollout/generation_time"] == 0.001 and m["batch/async_level"] == 2.0
+    # each reward function's score and each metric, per environment: the mean over its rollouts
+    scored = group("x", [1.0, 0.0], 3)
+    scored.rollouts[0].metrics, scored.rollouts[1].metrics = {"exact": 1.0, "chars": 4.0}, {"exact": 0.0}
+    m = batch_metrics([scored, group("y", [0.5], 2)], step=5, fill_seconds=0.001)
+    assert {k: v for k, v in m.items() if k.startswith("metrics/")} == {"metrics/x/exact": 0.5, "metrics/x/chars": 4.0}
