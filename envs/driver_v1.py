@@ -111,10 +111,12 @@ def env_config(module: str, args: dict[str, Any]) -> Any:
     `subprocess` runtime."""
     from verifiers.v1.utils.loaders import default_harness_id
 
-    harness = {"id": default_harness_id(module)} if default_harness_id(module) == module else dict(HARNESS)
-    config = vf().resolve_env_config({"taskset": {"id": module, **args},
-                                      "agent": {"harness": harness, "runtime": dict(RUNTIME)}})
-    return config
+    if default_harness_id(module) == module:
+        raise Refused(f"{module} brings its own harness, whose program would run on this machine outside a sandbox: "
+                      "prime-lab runs v1 tasksets with verifiers' null harness (the model answers; the taskset's "
+                      "tools and rewards do the rest)")
+    return vf().resolve_env_config({"taskset": {"id": module, **args},
+                                    "agent": {"harness": dict(HARNESS), "runtime": dict(RUNTIME)}})
 
 
 def build(module: str, args: dict[str, Any]) -> Any:
@@ -281,8 +283,9 @@ def episode_output(episode: Any, row: dict[str, Any], seconds: float) -> dict[st
     if not trace.ok and trace.last_error is not None:
         error = trace.last_error
         errors.append(f"{getattr(error, 'type', type(error).__name__)}: {getattr(error, 'message', error)}")
-    out.update(completion=[s["completion"][0] for s in steps] or
-               [jsonable(n.message) for n in trace.nodes if jsonable(n.message).get("role") != "user"][-1:],
+    messages = [jsonable(n.message) for n in trace.nodes]
+    first = next((i for i, n in enumerate(trace.nodes) if n.sampled), len(messages))
+    out.update(prompt=messages[:first] or out["prompt"], completion=messages[first:],
                reward=float(trace.reward), metrics={**scores, **{k: float(v) for k, v in trace.metrics.items()}},
                is_truncated=bool(trace.is_truncated), stop_condition=trace.stop_condition,
                timing={**out["timing"], **phases}, trajectory=steps,

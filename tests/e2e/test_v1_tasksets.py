@@ -1,0 +1,151 @@
+"""verifiers v1 tasksets (verifiers 0.4's API) as a user runs them: installed into verifiers 0.4.0's own environment
+(created here with pip from the package registry, with uv and the harness program's wheels, once per session or
+reused from `$PRIME_LAB_VERIFIERS_HOME`), then evaluated, optimised with GEPA and trained through envs/driver_v1.py:
+the `null` harness on a local subprocess runtime, its program prepared by uv offline (no index but an empty folder).
+
+tests/fixtures/verifiers_envs: v1_reverse (two weighted rewards and a metric), v1_container (tasks that ask for a
+container image: refused).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prime_lab.envs import releases
+from tests.envs.verifiers_standins import VF_ENVS
+from tests.support import cli
+from tests.support.rl_runs import logs, metrics, start, wait_final
+
+pytestmark = pytest.mark.slow
+prime = partial(cli.prime, timeout=900)
+FIXTURES = ("v1_reverse", "v1_container")
+
+
+@pytest.fixture(scope="session")
+def v1_installed(releases_home: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The v1 fixtures installed with `prime env install`, one after the other (the first creates 0.4.0's
+    environment): the registry file and what each install printed."""
+    home = tmp_path_factory.mktemp("home-v1")
+    env = {**os.environ, "PRIME_LAB_HOME": str(home), "PRIME_LAB_VERIFIERS_HOME": str(releases_home)}
+    printed = {name: prime("env", "install", str(VF_ENVS / name), env=env) for name in FIXTURES}
+    for proc in printed.values():
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"registry": home / "environments" / "isolated.json", "printed": printed}
+
+
+@pytest.fixture
+def v1_envs(v1_installed: dict[str, Any], lab_home: Path, releases_home: Path,
+            monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    target = lab_home / "environments" / "isolated.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(v1_installed["registry"].read_bytes())
+    monkeypatch.setenv("PRIME_LAB_VERIFIERS_HOME", str(releases_home))
+    records: dict[str, Any] = json.loads(target.read_text())["environments"]
+    return records
+
+
+def results(folder: Path) -> list[dict[str, Any]]:
+    [found] = list(folder.rglob("results.jsonl"))
+    return [json.loads(line) for line in found.read_text().splitlines()]
+
+
+def test_a_v1_taskset_installs_evaluates_and_runs_gepa(v1_installed: dict[str, Any], v1_envs: dict[str, Any],
+                                                      releases_home: Path, builtin_server: Any,
+                                                      tmp_path: Path) -> None:
+    """Installed at the tested v1 release with its arguments read from its config; `prime env list` says so; an
+    evaluation scores as its rubric says (0.7 exact + 0.3 short), with its metric, the system prompt given reaching
+    the model, offline; a GEPA run on it completes."""
+    printed = v1_installed["printed"]["v1_reverse"].stderr
+    assert ("a verifiers v1 taskset (class ReverseTaskset(verifiers.v1.Taskset) at v1_reverse/taskset.py:29): "
+            f"verifiers {releases.V1_RELEASE}, the v1 release prime-lab is tested with") in printed, printed
+    record = v1_envs["v1-reverse"]
+    assert record["release"] == releases.V1_RELEASE and record["module"] == "v1_reverse"
+    assert [a[:3] for a in record["args"]] == [["num_tasks", 4, False]]
+    folder = releases_home / releases.V1_RELEASE
+    assert (folder / "bin" / "uv").is_file() and any((folder / releases.V1_WHEELS).glob("openai-*.whl"))
+    listed = prime("env", "list", "--output", "json")
+    assert listed.returncode == 0, listed.stderr
+    [row] = [r for r in json.loads(listed.stdout) if r["id"] == "v1-reverse"]
+    assert row["verifiers"] == releases.V1_RELEASE
+
+    (tmp_path / "system.txt").write_text("Reply in one word.")
+    proc = prime("eval", "run", "v1-reverse", "-b", builtin_server.base_url, "-m", builtin_server.model_name,
+                 "-n", "3", "-r", "2", "-t", "8", "-a", '{"num_tasks": 3}', "--system-prompt-file",
+                 str(tmp_path / "system.txt"), "-S", '{"min_tokens": 1}', cwd=tmp_path,
+                 env={**os.environ, "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+                      "NO_PROXY": "127.0.0.1,localhost"})  # nothing leaves this machine
+    assert proc.returncode == 0, proc.stderr
+    rows = results(tmp_path / "outputs")
+    assert len(rows) == 6 and [r["error"] for r in rows] == [None] * 6, rows[0]["error"]
+    assert sorted({r["answer"] for r in rows}) == ["elppa", "enots", "revir"]  # num_tasks=3 reached the taskset
+    for row in rows:
+        reply = row["completion"][-1]["content"]
+        assert row["metrics"]["exact"] == float(row["answer"] in reply)
+        assert row["metrics"]["short"] == float(len(reply.strip()) <= 24) and row["metrics"]["reply_chars"] > 0
+        assert row["reward"] == pytest.approx(0.7 * row["metrics"]["exact"] + 0.3 * row["metrics"]["short"])
+        assert row["prompt"][0] == {"role": "system", "content": "Reply in one word."}
+
+    gepa = prime("gepa", "run", "v1-reverse", "-b", builtin_server.base_url, "-m", builtin_server.model_name,
+                 "-B", "10", "-n", "3", "-N", "3", "-t", "8", "--minibatch-size", "2", "-o", str(tmp_path / "gepa"),
+                 cwd=tmp_path)
+    assert gepa.returncode == 0, gepa.stderr
+    assert "metric calls 10/10" in gepa.stdout + gepa.stderr
+    assert (tmp_path / "gepa" / "gepa" / "best_prompt.txt").is_file()
+
+
+def test_a_v1_taskset_trains_through_the_generate_route(v1_envs: dict[str, Any], tiny_model_dir: Path,
+                                                       tmp_path: Path) -> None:
+    """3 RL steps on the built-in server: verifiers' train client renders the chat to ids and samples through
+    /inference/v1/generate; the trainer's first step sees the sampler's logprobs (mismatch KL < 1e-3), and each
+    reward's score reaches the run's metrics."""
+    config = tmp_path / "rl.toml"
+    config.write_text(f"""
+model = "{tiny_model_dir}"
+max_steps = 3
+batch_size = 8
+rollouts_per_example = 4
+learning_rate = 1e-2
+
+[[env]]
+id = "v1-reverse"
+
+[sampling]
+max_tokens = 8
+seed = 0
+
+[inference]
+backend = "builtin"
+
+[lora]
+r = 8
+alpha = 16
+target_modules = ["q_proj", "v_proj"]
+""")
+    run = start(config)
+    status = wait_final(run, timeout=600)
+    assert status["state"] == "completed", status.get("reason", "") + logs(run)
+    trainer, orchestrator = metrics(run, "trainer"), metrics(run, "orchestrator")
+    assert trainer[1]["policy/kl"] < 1e-3, trainer[1]
+    assert sorted(trainer) == [1, 2, 3] and orchestrator[1]["env/v1-reverse/errored"] == 0
+    step = orchestrator[1]
+    assert step["reward/v1-reverse"] == pytest.approx(0.7 * step["metrics/v1-reverse/exact"]
+                                                     + 0.3 * step["metrics/v1-reverse/short"])
+    rollout = json.loads((run.dir / "rollouts" / "step_1.jsonl").read_text().splitlines()[0])
+    assert sum(rollout["loss_mask"]) > 0 and len(rollout["input_ids"]) == len(rollout["sampler_logprobs"])
+    assert "serving the v1 taskset v1_reverse" in (run.dir / "logs" / "env-v1-reverse.log").read_text()
+
+
+def test_a_taskset_that_asks_for_a_container_is_refused_in_one_line(v1_envs: dict[str, Any], builtin_server: Any,
+                                                                     tmp_path: Path) -> None:
+    proc = prime("eval", "run", "v1-container", "-b", builtin_server.base_url, "-m", builtin_server.model_name,
+                 "-n", "1", "-r", "1", cwd=tmp_path)
+    assert proc.returncode != 0
+    error = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1 and "task ls asks for the container image python:3.11-slim" in error[0], proc.stderr
+    assert "Traceback" not in proc.stderr
