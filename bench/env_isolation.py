@@ -1,7 +1,7 @@
 """What running an environment in its own interpreter costs per rollout group: in-process against isolated.
 
     .venv/bin/python bench/env_isolation.py [--groups 50] [--group-size 4] [--warmup 3] [--max-tokens 16]
-                                            [--home DIR] [--verifiers-home DIR]
+                                            [--home DIR] [--verifiers-home DIR] [--v1]
 
 One environment, one verifiers release on both sides, so that only the isolation differs: the fixture
 tests/fixtures/verifiers_envs/vf_reverse_text (single-turn; declares verifiers>=0.1.12), at the release installed
@@ -32,6 +32,15 @@ ms per group on each side (mean, median, p90) and, last:
 
 (means; R = Y / X). Exits non-zero with its message when `prime env install` fails (no package registry), or when
 any rollout fails.
+
+`--v1`, the v1 row: the same task written both ways, a verifiers v1 taskset (tests/fixtures/verifiers_envs/
+v1_reverse: reverse a word, rewards exact 0.7 and short 0.3) installed into verifiers 0.4.0's environment and run
+through driver_v1.py (verifiers' null harness: a chat program started per rollout on a local subprocess runtime,
+its model calls through verifiers' interception server and train client), against its classic twin (the same rows,
+rewards and weights as a `load_environment` module) in this process at the release beside prime-lab. The model is
+prime-lab's built-in server on a tiny random model built in the bench's home (verifiers' train client renders to
+token ids and needs the generate route and a tokenizer, which the stand-in has not), the same server for both
+sides. The last line reads `classic in-process: X ms/group  v1: Y ms/group  overhead: ... (ratio R)`.
 """
 
 from __future__ import annotations
@@ -199,41 +208,128 @@ class Side:
                 f"p90 {p90:.2f}, min {times[0]:.2f}; load {self.load_s:.2f} s)")
 
 
-def check(side: Side, rollouts: list[Rollout], size: int) -> None:
-    """Every rollout completed, scored, with the stand-in's token ids: the group did what a real one does."""
+def check(side: Side, rollouts: list[Rollout], size: int, rewarded: bool = True) -> None:
+    """Every rollout completed, scored (`rewarded`: the stand-in's reply earns a reward), with the model's token ids:
+    the group did what a real one does."""
     failed = [r.error for r in rollouts if r.error]
     if failed or len(rollouts) != size:
         raise BenchError(f"{side.name}: {len(failed)} of {len(rollouts)} rollouts failed (group of {size}): "
                          f"{failed[0] if failed else 'wrong count'}")
-    lacking = [r for r in rollouts if not r.turns or not r.turns[0].completion_token_ids or r.reward <= 0]
+    lacking = [r for r in rollouts if not r.turns or not r.turns[0].completion_token_ids or rewarded and r.reward <= 0]
     if lacking:
         raise BenchError(f"{side.name}: a rollout came back without token ids or reward: {lacking[0]}")
 
 
 async def one_group(side: Side, client: openai.AsyncOpenAI, row: dict[str, Any], size: int,
-                    sampling: SamplingArgs) -> float:
+                    sampling: SamplingArgs, model: str) -> float:
     start = time.perf_counter()
-    rollouts = await side.env.run_group(client, MODEL, [row] * size, sampling)
+    rollouts = await side.env.run_group(client, model, [row] * size, sampling)
     ms = (time.perf_counter() - start) * 1000
-    check(side, rollouts, size)
+    check(side, rollouts, size, rewarded=model == MODEL)
     return ms
 
 
-async def measure(sides: list[Side], base_url: str, groups: int, size: int, warmup: int, max_tokens: int) -> None:
+async def measure(sides: list[Side], base_url: str, groups: int, size: int, warmup: int, max_tokens: int,
+                  model: str = MODEL) -> None:
     client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=120)
     sampling = SamplingArgs(max_tokens=max_tokens, temperature=1.0, rl_fields=True)
     rows = {id(s): s.env.get_eval_dataset(1)[0] for s in sides}
     try:
         for k in range(warmup):
             for side in sides:
-                ms = await one_group(side, client, rows[id(side)], size, sampling)
+                ms = await one_group(side, client, rows[id(side)], size, sampling, model)
                 if k == 0:
                     side.first_ms = ms
         for _ in range(groups):
             for side in sides:
-                side.group_ms.append(await one_group(side, client, rows[id(side)], size, sampling))
+                side.group_ms.append(await one_group(side, client, rows[id(side)], size, sampling, model))
     finally:
         await client.close()
+
+
+# The v1 row --------------------------------------------------------------------------------------------------------
+
+V1_FIXTURE = ROOT / "tests" / "fixtures" / "verifiers_envs" / "v1_reverse"
+V1_ID, TWIN_ID = "v1-reverse", "v1-reverse-classic"
+CLASSIC_TWIN = '''"""v1_reverse's task in verifiers' classic API (bench/env_isolation.py --v1 writes it)."""
+import verifiers as vf
+from datasets import Dataset
+
+WORDS = ["apple", "river", "stone", "cloud", "light", "tiger", "piano", "maple"]
+
+
+def load_environment(num_tasks: int = 4) -> vf.Environment:
+    rows = [{"question": f"Reverse the word '{w}'. Reply with the reversed word only.", "answer": w[::-1]}
+            for w in WORDS[:num_tasks]]
+
+    def reply(completion) -> str:
+        return (completion[-1].get("content") or "").strip() if completion else ""
+
+    def exact(completion, answer, **kwargs) -> float:
+        return float(answer in reply(completion))
+
+    def short(completion, **kwargs) -> float:
+        return float(len(reply(completion)) <= 24)
+
+    return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[exact, short],
+                                                                               weights=[0.7, 0.3]))
+'''
+
+
+def run_v1(args: argparse.Namespace, home: Path) -> int:
+    """The v1 row: the v1 taskset through driver_v1.py against its classic twin in this process, on prime-lab's
+    built-in server."""
+    from prime_lab.envs import load_environment
+    from prime_lab.inference.builtin.launcher import BuiltinServerSettings, start_builtin_server
+    from prime_lab.models import build_tiny_model
+
+    twin = home / "classic"
+    twin.mkdir(exist_ok=True)
+    (twin / "v1_reverse_classic.py").write_text(CLASSIC_TWIN)
+    sys.path.insert(0, str(twin))
+    print(f"{V1_ID} ({V1_FIXTURE.relative_to(ROOT)}) through driver_v1.py against its classic twin in-process; "
+          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}", flush=True)
+    server = None
+    try:
+        start = time.perf_counter()
+        classic = load_environment(TWIN_ID)
+        if not isinstance(classic, VerifiersEnvironment):
+            raise BenchError(f"'{TWIN_ID}' loaded as {type(classic).__name__}, not in-process")
+        sides = [Side("classic in-process", classic, time.perf_counter() - start)]
+        start = time.perf_counter()
+        done = subprocess.run([PRIME, "env", "install", str(V1_FIXTURE)], capture_output=True, text=True,
+                              env=os.environ.copy(), check=False, timeout=1800)
+        if done.returncode != 0:
+            raise BenchError(f"prime env install {V1_FIXTURE} failed (exit {done.returncode}):\n"
+                             f"{(done.stderr or done.stdout).strip()}")
+        print(f"prime env install: {time.perf_counter() - start:.1f} s", flush=True)
+        start = time.perf_counter()
+        v1 = load_environment(V1_ID)
+        if not isinstance(v1, IsolatedEnvironment):
+            raise BenchError(f"'{V1_ID}' loaded as {type(v1).__name__}, not as an IsolatedEnvironment")
+        sides.append(Side("v1", v1, time.perf_counter() - start))
+        model_dir = build_tiny_model(home / "models" / "tiny-qwen3")
+        server = start_builtin_server(BuiltinServerSettings(model=model_dir, served_model_name="tiny-qwen3",
+                                                            max_model_len=2048), log_path=home / "server.log",
+                                      timeout=300)
+        print(f"built-in server at {server.base_url} (tiny-qwen3); {args.groups} groups of {args.group_size} "
+              f"rollouts after {args.warmup} warm-up group(s) per side, sides taking turns", flush=True)
+        asyncio.run(measure(sides, server.base_url, args.groups, args.group_size, args.warmup, args.max_tokens,
+                            model="tiny-qwen3"))
+    except (BenchError, EnvironmentLoadError) as exc:
+        print(f"bench/env_isolation.py: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stop_servers()
+        if server is not None:
+            server.stop()
+    inside, outside = sides
+    print(f"v1 first group (starts its server, prepares the harness program): {outside.first_ms / 1000:.2f} s")
+    print(inside.summary())
+    print(outside.summary())
+    print(f"classic in-process: {inside.mean():.2f} ms/group  v1: {outside.mean():.2f} ms/group  "
+          f"overhead: {outside.mean() - inside.mean():+.2f} ms/group (ratio {outside.mean() / inside.mean():.2f})")
+    return 0
 
 
 # Main --------------------------------------------------------------------------------------------------------------
@@ -243,6 +339,8 @@ def run(args: argparse.Namespace, home: Path) -> int:
     if args.verifiers_home is not None:
         os.environ["PRIME_LAB_VERIFIERS_HOME"] = str(args.verifiers_home.expanduser().resolve())
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # the in-process load's dataset maps
+    if args.v1:
+        return run_v1(args, home)
     try:
         release = importlib.metadata.version("verifiers")
     except importlib.metadata.PackageNotFoundError:
@@ -296,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verifiers-home", type=Path, default=None,
                         help="where releases' virtual environments live (PRIME_LAB_VERIFIERS_HOME; default: that "
                              "variable, else <home>/verifiers)")
+    parser.add_argument("--v1", action="store_true",
+                        help="the v1 row: a verifiers v1 taskset through driver_v1.py against its classic twin")
     args = parser.parse_args(argv)
     if args.groups < 1 or args.group_size < 1 or args.warmup < 1:
         parser.error("--groups, --group-size and --warmup must be at least 1")
