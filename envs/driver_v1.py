@@ -29,13 +29,18 @@ at them and at an empty index, never at the network.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import importlib
 import inspect
 import json
 import os
+import shutil
+import signal
+import socket
 import sys
+import tempfile
 import urllib.request
 from typing import Any
 
@@ -43,6 +48,7 @@ V1_WHEELS = "uv-wheels"  # releases.py V1_WHEELS: the harness program's wheels, 
 RUNTIME = {"type": "subprocess"}
 HARNESS = {"id": "null"}
 jsonable: Any = None  # driver.py's (plain data of pydantic models, numpy arrays, ...): set when it loads this file
+FORKSERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver_v1.py")
 
 
 class Refused(RuntimeError):
@@ -61,6 +67,136 @@ def offline_uv() -> None:
     os.environ.setdefault("UV_CACHE_DIR", os.path.join(prefix, "uv-cache"))
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
     os.environ["PATH"] = os.path.join(prefix, "bin") + os.pathsep + os.environ.get("PATH", "")
+
+
+# The harness program, forked from a warm interpreter ------------------------------------------------------------
+
+def uv_program(argv: list[str]) -> tuple[str, str, str, list[str]] | None:
+    """(venv, interpreter, script, arguments) of a uv-prepared program's argv as verifiers' `prepare_uv_script`
+    builds it (`sh -c ACTIVATE uv-script VENV INTERPRETER SCRIPT ARGS...`); None for any other command."""
+    if len(argv) >= 7 and argv[0] == "sh" and argv[1] == "-c" and argv[3] == "uv-script" and argv[6].endswith(".py"):
+        return argv[4], argv[5], argv[6], list(argv[7:])
+    return None
+
+
+async def read_all(fd: int) -> bytes:
+    """A pipe's whole content, read on the event loop (not in a worker thread: verifiers' train client renders in
+    the loop's default executor, which blocked reads of several rollouts' programs would fill)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 30)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
+    try:
+        return await reader.read()
+    finally:
+        transport.close()
+
+
+class ForkServer:
+    """forkserver_v1.py for one program (interpreter and script), started at its first run, for the driver's life."""
+
+    servers: dict[tuple[str, str], ForkServer] = {}
+
+    def __init__(self, interpreter: str, script: str) -> None:
+        self.folder = tempfile.mkdtemp(prefix="prime-lab-fork-")
+        self.path = os.path.join(self.folder, "socket")
+        self.interpreter, self.script = interpreter, script
+        self.process: asyncio.subprocess.Process | None = None
+        self.lock = asyncio.Lock()
+
+    @classmethod
+    async def get(cls, interpreter: str, script: str) -> ForkServer:
+        server = cls.servers.setdefault((interpreter, script), cls(interpreter, script))
+        async with server.lock:
+            if server.process is None or server.process.returncode is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(server.path)
+                server.process = await asyncio.create_subprocess_exec(
+                    interpreter, "-I", FORKSERVER, server.path, script, stdout=asyncio.subprocess.PIPE)
+                assert server.process.stdout is not None
+                if (await server.process.stdout.readline()).strip() != b"ready":
+                    raise RuntimeError(f"the harness program's fork server ({interpreter} {FORKSERVER}) did not start")
+        return server
+
+    async def run(self, args: list[str], env: dict[str, str], cwd: str) -> tuple[int, str, str]:
+        """`INTERPRETER SCRIPT ARGS` in `cwd` with exactly `env`: its exit status, stdout and stderr. Cancelled, the
+        run's process group is killed, as verifiers' subprocess runtime kills its program's."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.path)
+            header = json.dumps({"argv": args, "env": env, "cwd": cwd}).encode() + b"\n"
+            sent = sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [out_w, err_w]))])
+            sock.sendall(header[sent:])
+        except OSError:
+            sock.close()
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        pid = 0
+        try:
+            pid = int((await reader.readline()).split()[1])
+            out, err, status = await asyncio.gather(read_all(out_r), read_all(err_r), reader.readline())
+        except BaseException:
+            if pid:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+            raise
+        finally:
+            writer.close()
+        words = status.split()
+        code = int(words[1]) if len(words) == 2 and words[0] == b"exit" else 1
+        return code, out.decode(errors="replace"), err.decode(errors="replace")
+
+    @classmethod
+    async def stop_all(cls) -> None:
+        for server in cls.servers.values():
+            if server.process is not None and server.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    server.process.kill()
+                await server.process.wait()
+            shutil.rmtree(server.folder, ignore_errors=True)
+        cls.servers.clear()
+
+
+def forking_runtime() -> None:
+    """verifiers' `subprocess` runtime, its harness program forked from a fork server (forkserver_v1.py) instead of
+    started afresh per rollout: the same environment (the host's minus names with API_KEY, the runtime's, uv's
+    activation), folder, output and exit status. verifiers 0.4.0 chooses a runtime's class through
+    `verifiers.v1.runtimes._runtime_cls`, looked up at each call: rebound here for `type = "subprocess"`; a release
+    without it keeps its own runtime."""
+    import verifiers.v1.runtimes as runtimes
+    from verifiers.v1.runtimes import ProgramResult
+    from verifiers.v1.runtimes.subprocess import SubprocessRuntime
+
+    chooser = getattr(runtimes, "_runtime_cls", None)
+    if chooser is None or getattr(chooser, "prime_lab", False):
+        return
+
+    class ForkingSubprocessRuntime(SubprocessRuntime):  # type: ignore[misc, valid-type]
+        async def run(self, argv: list[str], env: dict[str, str]) -> Any:
+            program = uv_program(argv)
+            if program is None:
+                return await super().run(argv, env)
+            venv, interpreter, script, args = program
+            full = {k: v for k, v in os.environ.items() if "API_KEY" not in k.upper()}
+            full.update(self.process_env(env))
+            home = full.get("HOME", os.path.expanduser("~"))
+            full.update(VIRTUAL_ENV=venv, PATH=f"{venv}/bin:{home}/.local/bin:{full.get('PATH', '')}",
+                        UV_INSTALL_DIR=f"{home}/.local/bin", UV_RUN_RECURSION_DEPTH="1")
+            server = await ForkServer.get(interpreter, script)
+            code, out, err = await server.run(args, full, str(self.workdir))
+            return ProgramResult(exit_code=code, stdout=out, stderr=err)
+
+    def choose(config: Any) -> Any:
+        return ForkingSubprocessRuntime if getattr(config, "type", None) == "subprocess" else chooser(config)
+
+    choose.prime_lab = True  # type: ignore[attr-defined]
+    runtimes._runtime_cls = choose
 
 
 def vf() -> Any:
@@ -298,6 +434,7 @@ class Runner:
 
     def __init__(self, module: str, args: dict[str, Any]) -> None:
         self.module = module
+        forking_runtime()
         self.env = build(module, args)
         self.task_cls = type(self.env.taskset).task_type()
         self.data_cls = self.task_cls.data_type()
@@ -313,6 +450,7 @@ class Runner:
         if self.serving is not None:
             await self.serving.aclose()
             self.serving = None
+        await ForkServer.stop_all()
 
     def task(self, row: dict[str, Any]) -> Any:
         data = (row.get("info") or {}).get("v1_task")
