@@ -199,6 +199,33 @@ def forking_runtime() -> None:
     runtimes._runtime_cls = choose
 
 
+def token_id_logprobs() -> None:
+    """verifiers 0.4's train client reads a generate answer with renderers, whose parser (0.1.12) takes a logprob
+    entry only as `{"token": "token_id:<id>", ...}` (prime-lab's server's shape); vLLM 0.32's own route writes
+    `{"token_id": <id>, ...}` instead. Both name the same token: the parser is given entries of vLLM's shape in the
+    shape it reads (an entry naming another token is still refused)."""
+    try:
+        import renderers.client as client
+    except ImportError:
+        return
+    parse = getattr(client, "_parse_completion_logprobs", None)
+    if parse is None or getattr(parse, "prime_lab", False):
+        return
+
+    def parse_either(choice: Any, completion_ids: list[int]) -> Any:
+        logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+        content = logprobs.get("content") if isinstance(logprobs, dict) else None
+        if isinstance(logprobs, dict) and isinstance(content, list):
+            named = [{**e, "token": f"token_id:{e['token_id']}"}
+                     if isinstance(e, dict) and "token" not in e and isinstance(e.get("token_id"), int) else e
+                     for e in content]
+            choice = {**choice, "logprobs": {**logprobs, "content": named}}
+        return parse(choice, completion_ids)
+
+    parse_either.prime_lab = True  # type: ignore[attr-defined]
+    client._parse_completion_logprobs = parse_either
+
+
 def vf() -> Any:
     import verifiers.v1 as v1
 
@@ -435,6 +462,7 @@ class Runner:
     def __init__(self, module: str, args: dict[str, Any]) -> None:
         self.module = module
         forking_runtime()
+        token_id_logprobs()
         self.env = build(module, args)
         self.task_cls = type(self.env.taskset).task_type()
         self.data_cls = self.task_cls.data_type()

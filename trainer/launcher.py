@@ -36,7 +36,7 @@ from pathlib import Path
 
 from prime_lab.envs.judges import JudgeConfig
 from prime_lab.inference.backend import BackendChoice
-from prime_lab.inference.vllm import vllm_installed
+from prime_lab.inference.vllm import vllm_installed, vllm_release
 from prime_lab.models.store import experts_of
 from prime_lab.monitors.alerts import SANDBOX_NOTICE, AlertMonitor
 from prime_lab.monitors.wandb_mirror import mirror_argv, wanted
@@ -80,6 +80,24 @@ RANKS_END_S = float(os.environ.get("PRIME_LAB_RANKS_END_S", "60"))  # tests shor
 EXTERNAL_TIMEOUT_S = 30.0
 MIRROR_FINISH_S = 150.0  # the W&B mirror's finish() waits up to 120 s for uploads
 TRAINER_READY = "trainer ready"  # how the trainer's log line begins once its model is on the device (trainer/train.py)
+
+
+def v1_sampling_problem(env_ids: list[str], backend: str, vllm: str | None) -> str | None:
+    """Why a run's vLLM sampler cannot serve its verifiers v1 tasksets (installed at a v1 release: their RL rollouts
+    sample through /inference/v1/generate, which vLLM serves from 0.32), in one line; None when it can."""
+    from prime_lab.envs import isolated, releases
+    from prime_lab.inference.vllm import GENERATE_FROM, serves_generate
+
+    if backend != "vllm" or serves_generate(vllm):
+        return None
+    v1 = [env_id for env_id in env_ids
+          if (record := isolated.record_for(env_id)) is not None and releases.v1_release(record.release)]
+    if not v1:
+        return None
+    first = ".".join(str(part) for part in GENERATE_FROM)
+    return (f"{', '.join(v1)}: verifiers v1 taskset(s), whose RL rollouts sample through /inference/v1/generate, "
+            f"which vLLM {vllm} does not serve (vLLM {first} on does); upgrade vLLM or set [inference] backend = "
+            '"builtin"')
 
 
 class LaunchFailed(RuntimeError):
@@ -352,6 +370,9 @@ class Supervisor:
             choice = choose_backend(requested, external_url=", ".join(inf.base_urls) or url)
         except BackendUnavailableError as exc:
             raise LaunchFailed(str(exc)) from exc
+        problem = v1_sampling_problem([e.id for e in self.rl.env], choice.backend, vllm_release())
+        if problem is not None:
+            raise LaunchFailed(problem)
         if choice.backend == "vllm" and self.config.lora.enabled and experts_of(self.model_path) \
                 and not cuda_available():
             raise LaunchFailed(f"vLLM's CPU build cannot serve LoRA on a Mixture-of-Experts model "

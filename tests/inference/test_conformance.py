@@ -227,3 +227,35 @@ def test_both_engines_answer_with_the_same_shape(builtin_server: RunningServer, 
     models = both(lambda s: httpx.get(s.base_url + "/models", timeout=30).json())
     assert {"id", "object", "created", "owned_by", "root", "parent", "max_model_len"} <= key_paths(models[0]["data"][0])
     assert key_paths(models[0]) <= key_paths(models[1])
+
+
+def test_generate_route_answers_as_the_chat_route_for_the_same_prompt(engine: RunningServer) -> None:
+    """`POST /inference/v1/generate` (tokens in, tokens out: what verifiers 0.4's train client samples a v1 taskset's
+    RL rollouts through; vLLM serves it under `--enable-scale-out`, which our vLLM command line carries from 0.32):
+    at temperature 0, the chat route's token ids, logprobs (as `token_id:<id>`) and finish reason."""
+    chatted = rl_chat(engine, temperature=0.0)
+    body = {"model": engine.model_name, "token_ids": chatted["prompt_token_ids"],
+            "sampling_params": {"max_tokens": 8, "temperature": 0.0, "logprobs": 1, "skip_special_tokens": False}}
+    response = httpx.post(engine.root_url + "/inference/v1/generate", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    ours, theirs = response.json()["choices"][0], chatted["choices"][0]
+    assert ours["token_ids"] == theirs["token_ids"] and ours["finish_reason"] == theirs["finish_reason"]
+    content = ours["logprobs"]["content"]
+    # each entry names its token: `token_id` (vLLM 0.32), and `token` as `token_id:<id>` (ours; renderers' shape)
+    assert [entry["token_id"] for entry in content] == ours["token_ids"]
+    if "token" in content[0]:
+        assert [entry["token"] for entry in content] == [f"token_id:{t}" for t in ours["token_ids"]]
+    assert [entry["logprob"] for entry in content] == pytest.approx(
+        [entry["logprob"] for entry in theirs["logprobs"]["content"]], abs=LOGPROB_TOLERANCE)
+    # what verifiers 0.4's train client reads it with (renderers), as driver_v1.py gives it to it: either shape
+    import renderers.client as renderers_client
+
+    from prime_lab.envs.driver_v1 import token_id_logprobs
+
+    token_id_logprobs()
+    assert renderers_client._parse_completion_logprobs(ours, ours["token_ids"]) == pytest.approx(
+        [entry["logprob"] for entry in content])
+    wrong = {**ours, "logprobs": {"content": [{**e, "token_id": e["token_id"] + 1} for e in content]}}
+    if "token" not in content[0]:
+        with pytest.raises(renderers_client.MalformedGenerateResponseError):  # an entry naming another token
+            renderers_client._parse_completion_logprobs(wrong, ours["token_ids"])

@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 
 from prime_lab.inference.control import load_adapter_payload
-from prime_lab.inference.vllm import API_SERVER_MODULE, VLLM_LORA_RANKS, VLLMSettings, vllm_argv, vllm_installed
+from prime_lab.inference.vllm import (
+    API_SERVER_MODULE,
+    VLLM_LORA_RANKS,
+    VLLMSettings,
+    serves_generate,
+    vllm_argv,
+    vllm_installed,
+    vllm_release,
+)
 
 pytestmark = pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed")
 
@@ -62,6 +70,8 @@ def test_a_gpu_start_with_every_option_parses_as_meant(parser: argparse.Argument
     assert args.dtype == "bfloat16" and args.logprobs_mode == "processed_logprobs"
     assert args.tensor_parallel_size == 2 and args.data_parallel_size == 2
     assert args.gpu_memory_utilization == 0.45 and args.enable_prefix_caching is False
+    # /inference/v1/generate on (verifiers 0.4's train client): the installed release is known to serve it
+    assert serves_generate(vllm_release()) and args.enable_scale_out is True
 
 
 def test_a_cpu_start_and_a_full_weights_start_parse_as_meant(parser: argparse.ArgumentParser, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from prime_lab.inference.vllm import (
     VLLM_LORA_RANKS,
     VLLMSettings,
     VLLMSettingsError,
+    serves_generate,
     start_vllm,
     vllm_argv,
     vllm_env,
@@ -132,3 +133,11 @@ def test_external_needs_a_url_and_unknown_backends_are_named() -> None:
         choose_backend("external")
     with pytest.raises(BackendUnavailableError, match="auto, builtin, vllm, external"):
         choose_backend("sglang")
+
+
+def test_the_generate_route_is_asked_for_where_the_release_serves_it() -> None:
+    """vLLM serves /inference/v1/generate (a v1 taskset's RL sampling) from 0.32, under --enable-scale-out: asked
+    for there, never of an older release, whose parser would refuse the flag."""
+    assert serves_generate("0.32.0") and serves_generate("0.33.1+cpu") and serves_generate("1.0")
+    assert not serves_generate("0.31.2") and not serves_generate("0.10.1") and not serves_generate(None)
+    assert not serves_generate("nightly")
