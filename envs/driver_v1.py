@@ -365,6 +365,14 @@ def model_folder(base_url: str, model: str) -> str | None:
     return next((r for r in roots if os.path.isdir(r)), None)
 
 
+def train_renderer(folder: str | None) -> dict[str, Any] | None:
+    """The train client's renderer for a model served from `folder`: its chat template, with Hermes-style
+    `<tool_call>` blocks parsed from what it writes, as prime-lab's server and vLLM's `hermes` parser read them
+    (renderers maps Hub names only; its fallback for a folder has no tool parser and refuses every request that offers
+    tools, as a taskset's toolset does). None (renderers' own choice) for a model named by its Hub id."""
+    return None if folder is None else {"name": "default", "tool_parser": "qwen3"}
+
+
 def wants_tokens(sampling: dict[str, Any]) -> bool:
     extra = sampling.get("extra_body") or {}
     return bool(sampling.get("logprobs")) and bool(extra.get("return_token_ids"))
@@ -503,7 +511,8 @@ class Runner:
             if where not in self.folders:
                 self.folders[where] = model_folder(base_url, request["model"])
             client = vf().TrainClientConfig(base_url=base_url, api_key_var=key_var,
-                                            renderer_model_name=self.folders[where])
+                                            renderer_model_name=self.folders[where],
+                                            renderer=train_renderer(self.folders[where]))
         else:
             client = vf().EvalClientConfig(base_url=base_url, api_key_var=key_var)
         return vf().ModelContext(model=request["model"], client=client, sampling=sampling_config(sampling, train))
