@@ -6,7 +6,9 @@ importing it), a README and a test. Its environment is a small complete task (wr
 with partial credit on the way: a task SmolLM2-135M half knows, so its reward starts above 0 and RL lifts it; data
 generated in code, so it runs offline) to change into yours, written in prime-lab's protocol or, with
 `verifiers=True`, in verifiers' classic API (`import verifiers as vf`, `datasets.Dataset` data) so that it also
-runs under verifiers.
+runs under verifiers. With `v1=True` it is a verifiers v1 taskset (verifiers 0.4's API, the shape `vf-init` 0.4.0
+writes: a package folder whose `__init__` exports one `vf.Taskset`, the reward a weighted `@vf.reward` method),
+which `prime env install` puts into verifiers 0.4's own release environment.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from prime_lab.envs.installed import ENTRY_POINT_GROUP, canonical, module_name
 
 VERIFIERS_REQUIREMENT = "verifiers>=0.1.12,<0.4"  # the classic API with async rollouts (as prime-lab's extra)
+V1_REQUIREMENT = "verifiers>=0.4,<0.5"  # the v1 API, at the release range prime-lab drives it at
 _NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
 
 
@@ -53,11 +56,13 @@ def check_name(raw: str) -> tuple[str, str]:
     return name, module
 
 
-def write_package(raw_name: str, parent: Path, *, verifiers: bool = False, force: bool = False) -> NewPackage:
+def write_package(raw_name: str, parent: Path, *, verifiers: bool = False, v1: bool = False,
+                  force: bool = False) -> NewPackage:
     """Write the package into `parent/<name>`; an existing file is overwritten only with `force`."""
+    refuse_both(verifiers, v1)
     name, module = check_name(raw_name)
     folder = parent / name
-    contents = package_contents(name, module, verifiers=verifiers)
+    contents = package_contents(name, module, verifiers=verifiers, v1=v1)
     existing = [rel for rel in contents if (folder / rel).exists()]
     if existing and not force:
         raise ScaffoldError(f"{folder} already has {', '.join(existing)}; pass -f/--force to overwrite them")
@@ -70,8 +75,18 @@ def write_package(raw_name: str, parent: Path, *, verifiers: bool = False, force
     return NewPackage(name, module, folder, tuple(written))
 
 
-def package_contents(name: str, module: str, *, verifiers: bool = False) -> dict[str, str]:
-    """The package's files (path relative to its folder -> text) for a checked `name` and its `module`."""
+def refuse_both(verifiers: bool, v1: bool) -> None:
+    if verifiers and v1:
+        raise ScaffoldError("--v1 and --verifiers ask for two APIs: --verifiers writes verifiers' classic API "
+                            "(releases before 0.4), --v1 a verifiers 0.4 taskset; pass one of them")
+
+
+def package_contents(name: str, module: str, *, verifiers: bool = False, v1: bool = False) -> dict[str, str]:
+    """The package's files (path relative to its folder -> text) for a checked `name` and its `module`: prime-lab's
+    protocol, verifiers' classic API (`verifiers`) or a verifiers v1 taskset (`v1`, verifiers 0.4)."""
+    refuse_both(verifiers, v1)
+    if v1:
+        return v1_contents(name, module)
     return {
         "pyproject.toml": _PYPROJECT.format(
             name=name, module=module, group=ENTRY_POINT_GROUP,
@@ -291,3 +306,182 @@ Arguments of `load_environment` (`-a '{{"seed": 1}}'`): `num_train_examples` (20
 
 _README_DATA_ARG = (", `dataset_name` (a local folder of json, jsonl, csv or parquet files with `question` and "
                     "`answer` columns, instead of the generated rows)")
+
+# ------------------------------------------------------------------------------------------------------------
+# a verifiers v1 taskset (verifiers 0.4): the same task, in the shape `vf-init` 0.4.0 writes
+
+
+def class_prefix(module: str) -> str:
+    """`my_env` -> `MyEnv`: the stem of the taskset's class names (MyEnvTaskset, MyEnvTask, ...)."""
+    return "".join(part[:1].upper() + part[1:] for part in module.split("_") if part)
+
+
+def v1_contents(name: str, module: str) -> dict[str, str]:
+    """The v1 package's files (path relative to its folder -> text): pyproject (hatchling, verifiers>=0.4,<0.5),
+    `MODULE/__init__.py` exporting the taskset, `MODULE/taskset.py`, `MODULE/scoring.py` (the words and the reward
+    as plain Python, no verifiers import), a README and a test of scoring.py that runs without verifiers."""
+    def fill(template: str) -> str:
+        return (template.replace("{name}", name).replace("{module}", module)
+                .replace("{Cls}", class_prefix(module)).replace("{words}", _WORDS))
+
+    return {
+        "pyproject.toml": fill(_V1_PYPROJECT).replace("{dependencies}", json.dumps([V1_REQUIREMENT])),
+        f"{module}/__init__.py": fill(_V1_INIT),
+        f"{module}/taskset.py": fill(_V1_TASKSET),
+        f"{module}/scoring.py": fill(_V1_SCORING),
+        "README.md": fill(_V1_README),
+        f"tests/test_{module}.py": fill(_V1_TEST),
+    }
+
+
+_V1_PYPROJECT = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "{name}"
+version = "0.1.0"
+description = "A word in capital letters, in <answer> tags (a verifiers v1 taskset: replace it with your task)."
+requires-python = ">=3.11"
+dependencies = {dependencies}
+
+[project.optional-dependencies]
+test = ["pytest"]
+
+[tool.hatch.build.targets.wheel]
+packages = ["{module}"]
+"""
+
+_V1_INIT = '''\
+from {module}.taskset import {Cls}Taskset
+
+__all__ = ["{Cls}Taskset"]
+'''
+
+_V1_TASKSET = '''\
+"""{name}: write a word in capital letters; reward 1 for it inside <answer> tags, partial credit on the way
+(a verifiers v1 taskset: verifiers 0.4's API).
+
+A starting point: change the words, the system prompt and the reward (scoring.py), then `prime env install .` and
+`prime eval run {name}`. Each task is a `TaskData` row (its prompt, its system prompt, its answer); each
+`@vf.reward` method of the task scores the final reply, weighted (the episode's reward is the weighted sum); a
+`@vf.metric` is recorded beside it. The partial credit is what makes it learnable: a reward that is 0 on every
+rollout gives RL nothing to reinforce.
+"""
+
+import verifiers.v1 as vf
+
+from {module}.scoring import SYSTEM_PROMPT, make_words, question, score
+
+
+class {Cls}Data(vf.TaskData):
+    answer: str
+
+
+class {Cls}Task(vf.Task[{Cls}Data]):
+    @vf.reward(weight=1.0)
+    async def capitalized(self, trace: vf.Trace) -> float:
+        return score(trace.last_reply or "", self.data.answer)
+
+    @vf.metric
+    async def reply_chars(self, trace: vf.Trace) -> float:
+        return float(len(trace.last_reply or ""))
+
+
+class {Cls}Config(vf.TasksetConfig):
+    num_tasks: int = 200
+    """How many tasks to build."""
+    seed: int = 0
+    """The same words for the same seed."""
+
+
+class {Cls}Taskset(vf.Taskset[{Cls}Task, {Cls}Config]):
+    def load(self) -> list[{Cls}Task]:
+        return [
+            {Cls}Task(
+                {Cls}Data(prompt=question(word), answer=word.upper(), id=f"w{i}", system_prompt=SYSTEM_PROMPT),
+                self.config.task,
+            )
+            for i, word in enumerate(make_words(self.config.num_tasks, self.config.seed))
+        ]
+'''
+
+_V1_SCORING = '''\
+"""{name}'s words and reward as plain Python: no verifiers import, so tests/ checks them without verifiers 0.4
+(taskset.py builds its tasks and scores its replies with them)."""
+
+import random
+import re
+
+{words}
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def make_words(count: int, seed: int) -> list[str]:
+    """`count` words, the same for the same seed."""
+    rng = random.Random(seed)
+    return [rng.choice(WORDS) for _ in range(count)]
+
+
+def question(word: str) -> str:
+    return f"Capitalize every letter: {word}"
+
+
+def score(reply: str, answer: str) -> float:
+    """1.0 for the word in capitals inside the tags; 0.5 for it in capitals anywhere; 0.2 for it in any case."""
+    tagged = _ANSWER.findall(reply)
+    if tagged and tagged[-1].strip() == answer:
+        return 1.0
+    if answer in reply:
+        return 0.5
+    return 0.2 if answer.lower() in reply.lower() else 0.0
+'''
+
+_V1_TEST = '''\
+"""The taskset's words and reward, without a model (run: pytest).
+
+scoring.py is loaded from its file: importing the package imports the taskset, which needs verifiers 0.4 (it is
+there once `prime env install .` has put the package into verifiers 0.4's own environment)."""
+
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "{module}_scoring", Path(__file__).resolve().parents[1] / "{module}" / "scoring.py")
+assert _spec is not None and _spec.loader is not None
+scoring = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(scoring)
+
+
+def test_the_words_are_the_same_for_a_seed_and_each_question_names_its_word() -> None:
+    words = scoring.make_words(5, seed=0)
+    assert len(words) == 5 and words == scoring.make_words(5, seed=0) and set(words) <= set(scoring.WORDS)
+    assert scoring.question("apple").rsplit(" ", 1)[-1] == "apple"
+
+
+def test_the_reward_is_one_in_tags_and_partial_on_the_way() -> None:
+    assert scoring.score("<answer>APPLE</answer>", "APPLE") == 1.0
+    assert scoring.score("It is APPLE.", "APPLE") == 0.5
+    assert scoring.score("<answer>apple</answer>", "APPLE") == 0.2
+    assert scoring.score("<answer>PEAR</answer>", "APPLE") == 0.0
+'''
+
+_V1_README = """\
+# {name}
+
+A word in capital letters: the model answers inside `<answer>` tags; the reward is 1 for the word in capitals there,
+0.5 for it in capitals anywhere, 0.2 for it in any case (the partial credit that lets RL learn). A verifiers v1
+taskset (verifiers 0.4's API): `{module}/taskset.py` builds the tasks (`{Cls}Taskset.load`) and scores the final
+reply with `{Cls}Task`'s weighted `@vf.reward` methods; the words, the system prompt and the reward's logic are
+plain Python in `{module}/scoring.py`. Change them into your task.
+
+```bash
+prime env install .                  # into verifiers 0.4's own environment (made once; runs offline after)
+prime env list                       # {name}, API v1
+prime eval run {name} -n 5 -r 3      # the null harness on a local subprocess runtime; SmolLM2 served locally
+python -m pytest tests               # the words and the reward, without a model or verifiers
+```
+
+The taskset's config (`-a '{"seed": 1}'`): `num_tasks` (200), `seed` (0).
+"""
