@@ -45,3 +45,14 @@ def taskset_marks(target: Path) -> list[str]:
         marks = [f"{found.words()} at {found.where}" for found in releases.verifiers_imports(target)
                  if found.module.startswith("verifiers.v1") or found.module == "verifiers" and "v1" in found.names]
     return marks
+
+
+def api_of(release: str) -> str:
+    """`v1` for an environment that runs at verifiers `release` 0.4 or later (a v1 taskset: 0.4 has no other API),
+    `classic` for an earlier release and for prime-lab's own protocol (`release` '')."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return "v1" if release and Version(release).release[:2] >= (0, 4) else "classic"
+    except InvalidVersion:
+        return "classic"

@@ -85,6 +85,41 @@ def test_env_init_writes_a_package_and_refuses_to_overwrite_or_collide(tmp_path:
     assert builtin.returncode == 0 and "also a built-in; once installed, its ids load this package" in builtin.stderr
 
 
+def test_env_init_v1_writes_a_verifiers_v1_taskset_and_refuses_it_with_verifiers(tmp_path: Path) -> None:
+    proc = prime("env", "init", "my-caps", "--v1", "-p", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    folder = tmp_path / "my-caps"
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) == \
+        ["README.md", "my_caps/__init__.py", "my_caps/scoring.py", "my_caps/taskset.py", "pyproject.toml",
+         "tests/test_my_caps.py"]
+    assert "class MyCapsTaskset(vf.Taskset[MyCapsTask, MyCapsConfig]):" in (folder / "my_caps/taskset.py").read_text()
+    assert f"next: prime env install {folder} && prime eval run my-caps" in proc.stderr
+    both = prime("env", "init", "other-caps", "--v1", "--verifiers", "-p", str(tmp_path), cwd=tmp_path)
+    assert both.returncode == 1 and not (tmp_path / "other-caps").exists()
+    assert both.stderr.strip().count("\n") == 0 and "--v1 and --verifiers ask for two APIs" in both.stderr
+
+
+def test_env_list_says_each_environment_s_api(site: Path, tmp_path: Path) -> None:
+    """A v1 taskset (an isolated environment at verifiers 0.4.0) is `v1`; one at 0.3.1, one beside prime-lab and
+    the built-ins are `classic`: a column of the table and `api` in the JSON rows."""
+    from prime_lab.envs.isolated import IsolatedRecord, save_record
+
+    for name, release in (("caps-v1", "0.4.0"), ("caps-old", "0.3.1")):
+        save_record(IsolatedRecord(name=name, module=name.replace("-", "_"), distribution=name, version="0.1.0",
+                                   release=release, python=str(tmp_path / release / "bin" / "python"),
+                                   target=str(tmp_path), reason="a test's"))
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    proc = prime("env", "list", "-o", "json", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    api = {row["id"]: row["api"] for row in json.loads(proc.stdout)}
+    assert api["caps-v1"] == "v1" and api["caps-old"] == "classic" and api["reverse-text"] == "classic"
+    assert api["primeintellect/gsm8k"] == "classic"
+    table = prime("env", "list", cwd=tmp_path, env={**env, "COLUMNS": "250"}).stdout.splitlines()
+    assert table[0].split()[:4] == ["ID", "SOURCE", "API", "RUNS"], table[:3]
+    [row] = [line for line in table if line.split()[:1] == ["caps-v1"]]
+    assert " v1 " in row and "verifiers 0.4.0" in row, row
+
+
 def test_env_install_refuses_what_is_not_a_package(tmp_path: Path) -> None:
     missing = prime("env", "install", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert missing.returncode == 1 and "no such folder or file" in missing.stderr

@@ -35,7 +35,8 @@ def list_envs(
     output: OutputFormat = OUTPUT_OPTION,
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Whole descriptions (a failing import's message)."),
 ) -> None:
-    """Installed and built-in environments, each with its load_environment() arguments and defaults.
+    """Installed and built-in environments, each with its API (classic, or v1: a verifiers 0.4 taskset) and its
+    arguments and defaults.
 
     An installed environment takes precedence over a built-in of the same name: the built-in's row says so."""
     from rich.table import Column
@@ -43,13 +44,15 @@ def list_envs(
     from prime_lab.envs.envs_hub import hub_id_of
     from prime_lab.envs.judges import how_wired
     from prime_lab.envs.loader import environments
+    from prime_lab.envs.v1 import api_of
 
     infos = environments()
     hub = {i.id: hub_id_of(i.distribution, i.version) if i.distribution else "" for i in infos}
     if output is OutputFormat.json:
         print_json([{"id": i.id, "source": i.source, "module": i.module, "distribution": i.distribution or None,
                      "version": i.version or None, "hub_id": hub[i.id] or None, "shadowed_by": i.shadowed_by or None,
-                     "verifiers": i.release or None, "interpreter": i.interpreter or None, "description": i.doc,
+                     "api": api_of(i.release), "verifiers": i.release or None, "interpreter": i.interpreter or None,
+                     "description": i.doc,
                      "args": [{"name": a.name, "default": a.default, "required": a.required,
                                "annotation": a.annotation} for a in i.args],
                      "judge": how_wired(i.args) or None}
@@ -57,14 +60,15 @@ def list_envs(
         return
     wired = [how_wired(info.args) for info in infos]
     judged = any(wired)  # the column only where an environment here takes an LLM judge
-    rows = [(info.id, info.where() + (f" (Hub: {hub[info.id]})" if hub[info.id] else ""),
+    rows = [(info.id, info.where() + (f" (Hub: {hub[info.id]})" if hub[info.id] else ""), api_of(info.release),
              runs_on(info.release, info.interpreter, verbose),
              info.doc.split(": ", 1)[-1] if verbose else short_description(info.doc.split(": ", 1)[-1]),
              ", ".join(a.name if a.required else f"{a.name}={a.default!r}" for a in info.args
                        if a.name != "system_prompt"), *([how] if judged else []))
             for info, how in zip(infos, wired, strict=True)]
-    print_table((Column("ID", no_wrap=True), "SOURCE", Column("RUNS ON", ratio=1), Column("DESCRIPTION", ratio=1),
-                 Column("ARGS", ratio=1), *([Column("JUDGE WIRED BY", ratio=1)] if judged else [])), rows,
+    print_table((Column("ID", no_wrap=True), "SOURCE", "API", Column("RUNS ON", ratio=1),
+                 Column("DESCRIPTION", ratio=1), Column("ARGS", ratio=1),
+                 *([Column("JUDGE WIRED BY", ratio=1)] if judged else [])), rows,
                 styles=["dim" if info.shadowed_by else None for info in infos])
 
 
@@ -89,14 +93,17 @@ def init(
     path: Path = typer.Option(Path("."), "-p", "--path", help="Folder to create the package in (as PATH/NAME)."),
     verifiers: bool = typer.Option(False, "--verifiers",
                                    help="Write it in verifiers' classic API (import verifiers as vf)."),
+    v1: bool = typer.Option(False, "--v1", help="Write a verifiers v1 taskset (verifiers 0.4's API: a vf.Taskset "
+                                                "with weighted @vf.reward methods), run at verifiers 0.4."),
     force: bool = typer.Option(False, "-f", "--force", help="Overwrite the package's files if they exist."),
 ) -> None:
-    """Write a new environment package: pyproject, a module with load_environment(), a README and a test."""
+    """Write a new environment package: pyproject, a module with load_environment() (with --v1: a package exporting
+    a vf.Taskset), a README and a test."""
     from prime_lab.envs.loader import builtin_environments
     from prime_lab.envs.scaffold import ScaffoldError, write_package
 
     try:
-        package = write_package(name, path, verifiers=verifiers, force=force)
+        package = write_package(name, path, verifiers=verifiers, v1=v1, force=force)
     except ScaffoldError as exc:
         fail(str(exc))
     except OSError as exc:
