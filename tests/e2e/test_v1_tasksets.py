@@ -3,14 +3,16 @@
 reused from `$PRIME_LAB_VERIFIERS_HOME`), then evaluated, optimised with GEPA and trained through envs/driver_v1.py:
 the `null` harness on a local subprocess runtime, its program prepared by uv offline (no index but an empty folder).
 
-tests/fixtures/verifiers_envs: v1_reverse (two weighted rewards and a metric), v1_container (tasks that ask for a
-container image: refused).
+tests/fixtures/verifiers_envs: v1_reverse (two weighted rewards and a metric), v1_dialogue (an `Env.run()` that sends
+two follow-ups: three assistant turns), v1_tools (a task's MCP toolset), v1_container (tasks that ask for a container
+image: refused).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from tests.support.rl_runs import logs, metrics, start, wait_final
 
 pytestmark = pytest.mark.slow
 prime = partial(cli.prime, timeout=900)
-FIXTURES = ("v1_reverse", "v1_container")
+FIXTURES = ("v1_reverse", "v1_dialogue", "v1_tools", "v1_container")
 
 
 @pytest.fixture(scope="session")
@@ -95,15 +97,39 @@ def test_a_v1_taskset_installs_evaluates_and_runs_gepa(v1_installed: dict[str, A
                  "-B", "10", "-n", "3", "-N", "3", "-t", "8", "--minibatch-size", "2", "-o", str(tmp_path / "gepa"),
                  cwd=tmp_path)
     assert gepa.returncode == 0, gepa.stderr
-    assert "metric calls 10/10" in gepa.stdout + gepa.stderr
+    calls = re.search(r"metric calls (\d+)/10", gepa.stdout)  # the budget spent on the taskset's rollouts
+    assert calls is not None and 1 <= int(calls.group(1)) <= 10, gepa.stdout
     assert (tmp_path / "gepa" / "gepa" / "best_prompt.txt").is_file()
+
+
+def test_a_multi_turn_taskset_and_one_with_an_mcp_toolset_evaluate(v1_envs: dict[str, Any], builtin_server: Any,
+                                                                   tmp_path: Path) -> None:
+    """v1_dialogue: its Env.run() holds one interaction of three turns (the env's two follow-ups as the user's);
+    v1_tools: its toolset's MCP server starts per rollout and its tool reaches the model's requests."""
+    for folder in ("dialogue", "tools"):
+        (tmp_path / folder).mkdir()
+    proc = prime("eval", "run", "v1-dialogue", "-b", builtin_server.base_url, "-m", builtin_server.model_name,
+                 "-n", "2", "-r", "1", "-t", "8", "-S", '{"min_tokens": 1}', cwd=tmp_path / "dialogue")
+    assert proc.returncode == 0, proc.stderr
+    for row in results(tmp_path / "dialogue" / "outputs"):
+        assert row["error"] is None, row["error"]
+        assert [m["role"] for m in row["completion"]] == ["assistant", "user", "assistant", "user", "assistant"]
+        assert [m["content"] for m in row["completion"][1::2]] == ["Now name its colour in one word.",
+                                                                  "Last one: where does it live? One word."]
+        assert row["metrics"]["assistant_turns"] == 3 and row["metrics"]["every_turn"] == 1.0
+        assert row["reward"] == pytest.approx(0.8 + 0.2 * row["metrics"]["brief"])
+    proc = prime("eval", "run", "v1-tools", "-b", builtin_server.base_url, "-m", builtin_server.model_name,
+                 "-n", "1", "-r", "2", "-t", "8", cwd=tmp_path / "tools")
+    assert proc.returncode == 0, proc.stderr
+    rows = results(tmp_path / "tools" / "outputs")
+    assert [r["error"] for r in rows] == [None, None] and [r["metrics"]["tools_listed"] for r in rows] == [1.0, 1.0]
 
 
 def test_a_v1_taskset_trains_through_the_generate_route(v1_envs: dict[str, Any], tiny_model_dir: Path,
                                                        tmp_path: Path) -> None:
-    """3 RL steps on the built-in server: verifiers' train client renders the chat to ids and samples through
-    /inference/v1/generate; the trainer's first step sees the sampler's logprobs (mismatch KL < 1e-3), and each
-    reward's score reaches the run's metrics."""
+    """3 RL steps on the built-in server over a single-turn and a multi-turn taskset: verifiers' train client
+    renders the chat to ids and samples through /inference/v1/generate; the trainer's first step sees the sampler's
+    logprobs (mismatch KL < 1e-3), and each reward's score reaches the run's metrics."""
     config = tmp_path / "rl.toml"
     config.write_text(f"""
 model = "{tiny_model_dir}"
@@ -114,6 +140,9 @@ learning_rate = 1e-2
 
 [[env]]
 id = "v1-reverse"
+
+[[env]]
+id = "v1-dialogue"
 
 [sampling]
 max_tokens = 8
@@ -132,10 +161,16 @@ target_modules = ["q_proj", "v_proj"]
     assert status["state"] == "completed", status.get("reason", "") + logs(run)
     trainer, orchestrator = metrics(run, "trainer"), metrics(run, "orchestrator")
     assert trainer[1]["policy/kl"] < 1e-3, trainer[1]
-    assert sorted(trainer) == [1, 2, 3] and orchestrator[1]["env/v1-reverse/errored"] == 0
-    step = orchestrator[1]
-    assert step["reward/v1-reverse"] == pytest.approx(0.7 * step["metrics/v1-reverse/exact"]
-                                                     + 0.3 * step["metrics/v1-reverse/short"])
+    assert sorted(trainer) == [1, 2, 3]
+    assert all("reward/v1-reverse" in step or "reward/v1-dialogue" in step for step in orchestrator.values())
+    assert any("reward/v1-dialogue" in step for step in orchestrator.values()), orchestrator
+    for step in orchestrator.values():
+        assert step.get("env/v1-reverse/errored", 0) == 0 and step.get("env/v1-dialogue/errored", 0) == 0
+        if "reward/v1-reverse" in step:
+            assert step["reward/v1-reverse"] == pytest.approx(0.7 * step["metrics/v1-reverse/exact"]
+                                                             + 0.3 * step["metrics/v1-reverse/short"])
+        if "reward/v1-dialogue" in step:  # every turn of the multi-turn episode ran and was trained on
+            assert step["metrics/v1-dialogue/assistant_turns"] == 3
     rollout = json.loads((run.dir / "rollouts" / "step_1.jsonl").read_text().splitlines()[0])
     assert sum(rollout["loss_mask"]) > 0 and len(rollout["input_ids"]) == len(rollout["sampler_logprobs"])
     assert "serving the v1 taskset v1_reverse" in (run.dir / "logs" / "env-v1-reverse.log").read_text()
