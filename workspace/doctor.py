@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from prime_lab.envs.installed import ENTRY_POINT_GROUP, module_name
-from prime_lab.envs.loader import EnvironmentLoadError, resolve
+from prime_lab.envs.loader import INSTALLED, ISOLATED, EnvironmentLoadError, resolve
+from prime_lab.envs.v1 import taskset_marks
 from prime_lab.models.presets import PRESETS, Availability
 from prime_lab.problems.toml_lines import KeyLocator, KeyPath, dotted
 from prime_lab.problems.validation import Validation
@@ -324,6 +325,10 @@ def _environment(folder: Path, package: Path, module: str) -> Finding:
     if package.is_dir() and not ((search / f"{module}.py").is_file() or (search / module / "__init__.py").is_file()):
         return Finding("environment", "fail", f"no module {module} ({module}.py or {module}/__init__.py) in the "
                        "package folder", file=rel)
+    marks = taskset_marks(package) if package.is_dir() else []
+    if marks:  # verifiers 0.4's API: it imports only in 0.4's own release environment, not in this interpreter
+        return Finding("environment", "ok", f"a verifiers v1 taskset ({marks[0]}), run at verifiers 0.4 in its own "
+                       f"environment{_install_hint(folder, package, module)}", file=rel)
     try:
         proc = subprocess.run([*child_python(), "-c", _IMPORT_CHECK, str(search.resolve()), module],
                               capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S, cwd=search)
@@ -360,6 +365,6 @@ def _install_hint(folder: Path, package: Path, module: str) -> str:
         where = resolve(package.name)
     except EnvironmentLoadError:
         where = None
-    if where is not None and where.module == module and where.source == "installed":
+    if where is not None and where.module == module and where.source in (INSTALLED, ISOLATED):
         return "; installed"
     return f"; not installed, so configs cannot name it yet: prime env install {_rel(folder, package)}"

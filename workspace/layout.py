@@ -18,7 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from prime_lab.envs.installed import canonical, module_name
-from prime_lab.envs.scaffold import ScaffoldError, check_name, package_contents
+from prime_lab.envs.scaffold import ScaffoldError, check_name, package_contents, refuse_both
 
 CONFIG_KINDS = ("rl", "sft", "gepa", "eval")
 FOLDERS = ("configs", *(f"configs/{kind}" for kind in CONFIG_KINDS), "environments")
@@ -80,9 +80,11 @@ def config_templates() -> Iterator[tuple[str, bytes]]:
             yield path.relative_to(root).as_posix(), path.read_bytes()
 
 
-def setup_workspace(folder: Path, *, force: bool = False, verifiers: bool = False) -> SetupResult:
+def setup_workspace(folder: Path, *, force: bool = False, verifiers: bool = False, v1: bool = False) -> SetupResult:
     """Create (or complete) the workspace in `folder`; with `force`, files that differ from the templates are
-    overwritten. `verifiers` writes the example environment in verifiers' classic API."""
+    overwritten. `verifiers` writes the example environment in verifiers' classic API, `v1` as a verifiers v1
+    taskset (verifiers 0.4); both at once are refused (ScaffoldError), before anything is written."""
+    refuse_both(verifiers, v1)
     actions: list[Action] = []
     for rel in (".", *FOLDERS):
         path = folder / rel
@@ -91,7 +93,7 @@ def setup_workspace(folder: Path, *, force: bool = False, verifiers: bool = Fals
             actions.append(Action(path, Change.CREATED))
     for rel, data in config_templates():
         actions.append(_write(folder / rel, data, force))
-    actions += _example_environment(folder / "environments", force=force, verifiers=verifiers)
+    actions += _example_environment(folder / "environments", force=force, verifiers=verifiers, v1=v1)
     actions.append(ensure_gitignore(folder))
     return SetupResult(folder, tuple(actions))
 
@@ -109,7 +111,7 @@ def _write(path: Path, data: bytes, force: bool) -> Action:
     return Action(path, Change.CREATED)
 
 
-def _example_environment(parent: Path, *, force: bool, verifiers: bool) -> list[Action]:
+def _example_environment(parent: Path, *, force: bool, verifiers: bool, v1: bool) -> list[Action]:
     """`prime env init my-env` into `environments/`: written whole when its folder is new; file by file as any
     template (kept, or overwritten with `force`) when it exists."""
     folder = parent / EXAMPLE_ENVIRONMENT
@@ -120,7 +122,7 @@ def _example_environment(parent: Path, *, force: bool, verifiers: bool) -> list[
             check_name(name)  # another installed module of that name would shadow the example
         except ScaffoldError as exc:
             return [Action(folder, Change.SKIPPED, str(exc))]
-    contents = package_contents(name, module, verifiers=verifiers)
+    contents = package_contents(name, module, verifiers=verifiers, v1=v1)
     return [_write(folder / rel, text.encode("utf-8"), force) for rel, text in contents.items()]
 
 

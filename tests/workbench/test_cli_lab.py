@@ -4,6 +4,7 @@ workbench (in process, with the app replaced: a terminal UI cannot run under pyt
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,13 @@ def test_setup_writes_a_workspace_then_changes_nothing_and_force_overwrites(tmp_
     forced = prime("lab", "setup", str(folder), "--force", cwd=tmp_path)
     assert forced.returncode == 0 and "overwritten configs/gepa/reverse-text.toml" in forced.stdout
     assert config.read_text() == template
+
+
+def test_setup_offers_the_v1_example_and_refuses_it_with_verifiers_in_one_line(tmp_path: Path) -> None:
+    both = prime("lab", "setup", "ws", "--v1", "--verifiers", cwd=tmp_path)
+    assert both.returncode == 1 and both.stderr.strip().count("\n") == 0, both.stderr
+    assert "--v1 and --verifiers ask for two APIs" in both.stderr and not (tmp_path / "ws").exists()
+    assert "--v1" in prime("lab", "setup", "--help", cwd=tmp_path, env={**os.environ, "COLUMNS": "200"}).stdout
 
 
 def test_doctor_passes_a_fresh_workspace_and_fails_a_broken_one_saying_where(tmp_path: Path) -> None:

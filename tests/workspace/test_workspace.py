@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from prime_lab.envs import load_environment
+from prime_lab.envs.scaffold import ScaffoldError
+from prime_lab.envs.v1 import taskset_marks
 from prime_lab.runs.hub_probe import probed_reason
 from prime_lab.runs.paths import runs_dir
 from prime_lab.workbench.cli.lab import validate_config
@@ -109,6 +111,27 @@ def test_verifiers_flavour_of_the_example_environment(tmp_path: Path) -> None:
     setup_workspace(tmp_path, verifiers=True)
     module = (tmp_path / "environments" / EXAMPLE_ENVIRONMENT / "my_env.py").read_text()
     assert "import verifiers as vf" in module
+
+
+def test_v1_flavour_of_the_example_environment_is_a_taskset_the_doctor_passes(tmp_path: Path) -> None:
+    """`prime lab setup --v1`: the example as a verifiers v1 taskset (what `prime env init --v1` writes); the doctor
+    recognises it without importing it (verifiers 0.4 is not this interpreter's release) and says how it runs."""
+    result = setup_workspace(tmp_path, v1=True)
+    package = tmp_path / "environments" / EXAMPLE_ENVIRONMENT
+    written = {a.path.relative_to(package).as_posix() for a in result.actions if a.path.is_relative_to(package)}
+    assert written == {"pyproject.toml", "README.md", "my_env/__init__.py", "my_env/taskset.py", "my_env/scoring.py",
+                       "tests/test_my_env.py"}
+    assert taskset_marks(package) and not (package / "my_env.py").exists()
+    findings = check_workspace(tmp_path, validate_config)
+    assert not failed(findings), problems(findings)
+    [example] = [f for f in findings if f.check == "environment"]
+    assert example.status == "ok" and example.file == "environments/my-env", example
+    assert example.message.startswith("a verifiers v1 taskset (class MyEnvTaskset(verifiers.v1.Taskset) at "
+                                      "my_env/taskset.py:"), example.message
+    assert "prime env install environments/my-env" in example.message
+    with pytest.raises(ScaffoldError, match="--v1 and --verifiers"):
+        setup_workspace(tmp_path / "both", verifiers=True, v1=True)
+    assert not (tmp_path / "both").exists()
 
 
 def test_setup_keeps_a_users_gitignore_and_adds_only_what_it_lacks(tmp_path: Path) -> None:

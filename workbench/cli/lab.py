@@ -70,15 +70,20 @@ def setup(
     force: bool = typer.Option(False, "-f", "--force", help="Overwrite files that differ from the templates."),
     verifiers: bool = typer.Option(False, "--verifiers",
                                    help="Write the example environment in verifiers' classic API."),
+    v1: bool = typer.Option(False, "--v1", help="Write the example environment as a verifiers v1 taskset "
+                                                "(verifiers 0.4's API)."),
 ) -> None:
     """Write a workspace here or in FOLDER: configs that run on this machine, an example environment, a .gitignore."""
+    from prime_lab.envs.scaffold import ScaffoldError
     from prime_lab.workspace.layout import setup_workspace
     from prime_lab.workspace.machine import survey
 
     if folder.exists() and not folder.is_dir():
         fail(f"{folder} is a file, not a folder")
     try:
-        result = setup_workspace(folder, force=force, verifiers=verifiers)
+        result = setup_workspace(folder, force=force, verifiers=verifiers, v1=v1)
+    except ScaffoldError as exc:
+        fail(str(exc))
     except OSError as exc:
         fail(f"cannot write the workspace: {exc}")
     _print_actions(result)
