@@ -35,7 +35,11 @@ def v1_installed(releases_home: Path, tmp_path_factory: pytest.TempPathFactory) 
     environment): the registry file and what each install printed."""
     home = tmp_path_factory.mktemp("home-v1")
     env = {**os.environ, "PRIME_LAB_HOME": str(home), "PRIME_LAB_VERIFIERS_HOME": str(releases_home)}
+    written = tmp_path_factory.mktemp("scaffold")
+    made = prime("env", "init", "my-v1", "--v1", "-p", str(written), env=env)  # what a user starts from
+    assert made.returncode == 0, made.stderr
     printed = {name: prime("env", "install", str(VF_ENVS / name), env=env) for name in FIXTURES}
+    printed["my-v1"] = prime("env", "install", str(written / "my-v1"), env=env)
     for proc in printed.values():
         assert proc.returncode == 0, proc.stderr[-3000:]
     return {"registry": home / "environments" / "isolated.json", "printed": printed}
@@ -92,6 +96,14 @@ def test_a_v1_taskset_installs_evaluates_and_runs_gepa(v1_installed: dict[str, A
         assert row["metrics"]["short"] == float(len(reply.strip()) <= 24) and row["metrics"]["reply_chars"] > 0
         assert row["reward"] == pytest.approx(0.7 * row["metrics"]["exact"] + 0.3 * row["metrics"]["short"])
         assert row["prompt"][0] == {"role": "system", "content": "Reply in one word."}
+
+    # the package `prime env init NAME --v1` writes installs and evaluates at verifiers 0.4.0
+    proc = prime("eval", "run", "my-v1", "-b", builtin_server.base_url, "-m", builtin_server.model_name, "-n", "2",
+                 "-r", "1", "-t", "8", "-o", str(tmp_path / "scaffolded"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = results(tmp_path / "scaffolded")
+    assert [r["error"] for r in rows] == [None, None] and all("capitalized" in r["metrics"] for r in rows)
+    assert rows[0]["prompt"][0]["role"] == "system"  # its system prompt, from the task's data
 
     gepa = prime("gepa", "run", "v1-reverse", "-b", builtin_server.base_url, "-m", builtin_server.model_name,
                  "-B", "10", "-n", "3", "-N", "3", "-t", "8", "--minibatch-size", "2", "-o", str(tmp_path / "gepa"),
