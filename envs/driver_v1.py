@@ -350,19 +350,21 @@ def describe(module: str, args: dict[str, Any], release: str, limit: int = 10000
 
 def model_folder(base_url: str, model: str) -> str | None:
     """The folder the server at `base_url` loaded `model` from (its /v1/models `root`, as vLLM and prime-lab's
-    server give it), where the train client's renderer reads the tokenizer, offline; None when it names none."""
+    server give it; for a LoRA adapter, its base model's, named by `parent`), where the train client's renderer reads
+    the tokenizer, offline; None when it names none."""
     try:
         with urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=30) as answer:
-            listed = json.loads(answer.read())
-    except (OSError, ValueError):
+            entries = [e for e in json.loads(answer.read()).get("data") or [] if isinstance(e, dict)]
+    except (OSError, ValueError, AttributeError):
         return None
-    for entry in listed.get("data") or []:
-        root = entry.get("root")
-        if isinstance(root, str) and os.path.isdir(root) and entry.get("id") in (model, None) or \
-                isinstance(root, str) and os.path.isdir(root) and len(listed.get("data") or []) == 1:
-            return root
-    roots = [e.get("root") for e in listed.get("data") or [] if isinstance(e.get("root"), str)]
-    return next((r for r in roots if os.path.isdir(r)), None)
+    by_id = {e.get("id"): e for e in entries}
+    entry = by_id.get(model) or (entries[0] if len(entries) == 1 else None)
+    seen: set[str] = set()
+    while entry is not None and entry.get("parent") in by_id and entry.get("parent") not in seen:
+        seen.add(entry["parent"])
+        entry = by_id[entry["parent"]]  # an adapter: its base model's folder holds the tokenizer
+    folders = [e.get("root") for e in ([entry] if entry is not None else []) + entries]
+    return next((f for f in folders if isinstance(f, str) and os.path.isdir(f)), None)
 
 
 def train_renderer(folder: str | None) -> dict[str, Any] | None:
