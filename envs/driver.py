@@ -83,10 +83,11 @@ def jsonable(obj: Any) -> Any:
         return jsonable(dump())
     if isinstance(obj, BaseException):
         return f"{type(obj).__name__}: {obj}"
-    tolist = getattr(obj, "tolist", None)  # numpy arrays and scalars (0.4.1 keeps token ids in arrays)
-    if callable(tolist):
-        with contextlib.suppress(Exception):
-            return jsonable(tolist())
+    for plain in ("tolist", "item"):  # numpy arrays (0.4.1 keeps token ids in them) and scalars
+        convert = getattr(obj, plain, None)
+        if callable(convert):
+            with contextlib.suppress(Exception):
+                return jsonable(convert())
     return str(obj)
 
 

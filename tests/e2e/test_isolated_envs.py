@@ -130,9 +130,9 @@ def test_install_picks_each_environments_release(installed: dict[str, Any], rele
     for name, record in releases.items():
         assert listed[name]["source"] == "isolated" and listed[name]["verifiers"] == record["release"]
         assert listed[name]["interpreter"] == record["python"] and Path(record["python"]).is_file()
-    table = prime("env", "list", env={**os.environ, "COLUMNS": "300"}).stdout
-    fruit = next(line for line in table.splitlines() if "vf-fruit-task" in line)
-    assert f"verifiers 0.1.12 (own: {Path(releases['vf-fruit-task']['python']).parents[1]})" in fruit
+    table = prime("env", "list", "--plain").stdout  # tab-separated, each field whole
+    fruit = next(line.split("\t") for line in table.splitlines() if line.startswith("vf-fruit-task"))
+    assert fruit[2:4] == ["classic", f"verifiers 0.1.12 (own: {Path(releases['vf-fruit-task']['python']).parents[1]})"]
 
 
 def test_install_failure_names_the_releases_tried(releases: dict[str, Any], tmp_path: Path) -> None:

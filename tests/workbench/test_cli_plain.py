@@ -96,9 +96,9 @@ def test_models_and_env_list_under_plain() -> None:
     assert ANSI in prime("env", "list").stdout
     out = prime("env", "list", "--plain").stdout
     envs = {row[0]: row for row in tsv(out)}
-    assert plain_text(out) and envs["ID"] == ["ID", "SOURCE", "RUNS ON", "DESCRIPTION", "ARGS"]
-    assert envs["primeintellect/gsm8k"][1] == "built-in" and envs["primeintellect/gsm8k"][2] == "prime-lab"
-    assert "difficulty='medium'" in envs["primeintellect/gsm8k"][4] and envs["primeintellect/gsm8k"][4].endswith(
+    assert plain_text(out) and envs["ID"] == ["ID", "SOURCE", "API", "RUNS ON", "DESCRIPTION", "ARGS"]
+    assert envs["primeintellect/gsm8k"][1:4] == ["built-in", "classic", "prime-lab"]
+    assert "difficulty='medium'" in envs["primeintellect/gsm8k"][5] and envs["primeintellect/gsm8k"][5].endswith(
         "seed=0")  # whole, where the default table folds and cuts it
 
 
