@@ -105,7 +105,10 @@ class ForkServer:
 
     @classmethod
     async def get(cls, interpreter: str, script: str) -> ForkServer:
-        server = cls.servers.setdefault((interpreter, script), cls(interpreter, script))
+        key = (interpreter, script)
+        if key not in cls.servers:  # one per program: its socket folder made once, not at every run
+            cls.servers[key] = cls(interpreter, script)
+        server = cls.servers[key]
         async with server.lock:
             if server.process is None or server.process.returncode is not None:
                 with contextlib.suppress(FileNotFoundError):
@@ -326,7 +329,9 @@ def describe(module: str, args: dict[str, Any], release: str, limit: int = 10000
     if not taskset.bounded:
         taskset = taskset.take(limit)
     rows = []
+    first = None  # its reward and metric hooks are the rubric (a second pass would load the tasks again)
     for number, task in enumerate(taskset):
+        first = task if first is None else first
         why = needs_container(task)
         if why is not None:
             raise Refused(f"{module}: {why}; prime-lab runs v1 tasks on a local runtime, without containers")
@@ -334,15 +339,14 @@ def describe(module: str, args: dict[str, Any], release: str, limit: int = 10000
         rows.append({"example_id": data.idx if data.idx is not None else number, "prompt": prompt_messages(data),
                      "answer": jsonable(getattr(data, "answer", "") or ""), "task": module,
                      "info": {"v1_task": jsonable(data), "v1_id": data.id}})
-    tasks = list(taskset.take(1)) if rows else []
-    rewards = tasks[0].hooks("reward") if tasks else []
+    rewards = first.hooks("reward") if first is not None else []
     system_prompt = rows[0]["prompt"][0]["content"] if rows and rows[0]["prompt"][0].get("role") == "system" \
         else None
     return {"release": release, "api": "v1", "system_prompt": system_prompt, "sampling_args": {},
             "message_type": "chat", "takes_system_prompt": True, "parser": {"format": ""},
             "rubric": {"names": [f.__name__ for f in rewards],
                        "weights": [float(getattr(f, "_vf_weight", 1.0)) for f in rewards]},
-            "metrics": [f.__name__ for f in tasks[0].hooks("metric")] if tasks else [],
+            "metrics": [f.__name__ for f in first.hooks("metric")] if first is not None else [],
             "timeout_seconds": None, "tools": [], "dataset": rows, "eval_dataset": None}
 
 
