@@ -153,41 +153,40 @@ class BenchError(RuntimeError):
     """Why the bench cannot measure (the install failed, a rollout failed); printed, exit 1."""
 
 
-def load_in_process() -> tuple[GroupEnvironment, float]:
-    """The fixture from its folder on sys.path, in this process (before the isolated install records the id)."""
+def load_in_process(folder: Path = FIXTURE, env_id: str = ENV_ID) -> tuple[GroupEnvironment, float]:
+    """The environment from its folder on sys.path, in this process (before the isolated install records the id)."""
     from prime_lab.envs import load_environment
 
-    sys.path.insert(0, str(FIXTURE))
+    sys.path.insert(0, str(folder))
     start = time.perf_counter()
-    env = load_environment(ENV_ID)
+    env = load_environment(env_id)
     seconds = time.perf_counter() - start
     if not isinstance(env, VerifiersEnvironment):
-        raise BenchError(f"'{ENV_ID}' loaded as {type(env).__name__}, not in-process (VerifiersEnvironment)")
+        raise BenchError(f"'{env_id}' loaded as {type(env).__name__}, not in-process (VerifiersEnvironment)")
     return env, seconds
 
 
-def install_isolated(release: str) -> float:
-    """`prime env install FIXTURE --verifiers RELEASE --isolate` into this process's PRIME_LAB_HOME; the seconds it
-    took."""
+def install_isolated(target: Path = FIXTURE, *extra: str) -> float:
+    """`prime env install TARGET [EXTRA...]` into this process's PRIME_LAB_HOME; the seconds it took."""
     start = time.perf_counter()
-    done = subprocess.run([PRIME, "env", "install", str(FIXTURE), "--verifiers", release, "--isolate"],
-                          capture_output=True, text=True, env=os.environ.copy(), check=False, timeout=1800)
+    done = subprocess.run([PRIME, "env", "install", str(target), *extra], capture_output=True, text=True,
+                          env=os.environ.copy(), check=False, timeout=1800)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
-        raise BenchError(f"prime env install {FIXTURE} --verifiers {release} --isolate failed (exit "
+        raise BenchError(f"prime env install {' '.join([str(target), *extra])} failed (exit "
                          f"{done.returncode}):\n{(done.stderr or done.stdout).strip()}")
     return seconds
 
 
-def load_isolated() -> tuple[GroupEnvironment, float]:
+def load_isolated(env_id: str = ENV_ID) -> tuple[GroupEnvironment, float]:
     from prime_lab.envs import load_environment
 
     start = time.perf_counter()
-    env = load_environment(ENV_ID)
+    env = load_environment(env_id)
     seconds = time.perf_counter() - start
     if not isinstance(env, IsolatedEnvironment):
-        raise BenchError(f"'{ENV_ID}' loaded as {type(env).__name__} after `prime env install --isolate`, not as "
-                         "an IsolatedEnvironment")
+        raise BenchError(f"'{env_id}' loaded as {type(env).__name__} after `prime env install`, not as an "
+                         "IsolatedEnvironment")
     return env, seconds
 
 
@@ -282,35 +281,21 @@ def load_environment(num_tasks: int = 4) -> vf.Environment:
 def run_v1(args: argparse.Namespace, home: Path) -> int:
     """The v1 row: the v1 taskset through driver_v1.py against its classic twin in this process, on prime-lab's
     built-in server."""
-    from prime_lab.envs import load_environment
     from prime_lab.inference.builtin.launcher import BuiltinServerSettings, start_builtin_server
     from prime_lab.models import build_tiny_model, resolve_model
 
     twin = home / "classic"
     twin.mkdir(exist_ok=True)
     (twin / "v1_reverse_classic.py").write_text(CLASSIC_TWIN)
-    sys.path.insert(0, str(twin))
     print(f"{V1_ID} ({V1_FIXTURE.relative_to(ROOT)}) through driver_v1.py against its classic twin in-process; "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}", flush=True)
     server = None
     try:
-        start = time.perf_counter()
-        classic = load_environment(TWIN_ID)
-        if not isinstance(classic, VerifiersEnvironment):
-            raise BenchError(f"'{TWIN_ID}' loaded as {type(classic).__name__}, not in-process")
-        sides = [Side("classic in-process", classic, time.perf_counter() - start)]
-        start = time.perf_counter()
-        done = subprocess.run([PRIME, "env", "install", str(V1_FIXTURE)], capture_output=True, text=True,
-                              env=os.environ.copy(), check=False, timeout=1800)
-        if done.returncode != 0:
-            raise BenchError(f"prime env install {V1_FIXTURE} failed (exit {done.returncode}):\n"
-                             f"{(done.stderr or done.stdout).strip()}")
-        print(f"prime env install: {time.perf_counter() - start:.1f} s", flush=True)
-        start = time.perf_counter()
-        v1 = load_environment(V1_ID)
-        if not isinstance(v1, IsolatedEnvironment):
-            raise BenchError(f"'{V1_ID}' loaded as {type(v1).__name__}, not as an IsolatedEnvironment")
-        sides.append(Side("v1", v1, time.perf_counter() - start))
+        classic, classic_s = load_in_process(twin, TWIN_ID)
+        sides = [Side("classic in-process", classic, classic_s)]
+        print(f"prime env install: {install_isolated(V1_FIXTURE):.1f} s", flush=True)
+        v1, v1_s = load_isolated(V1_ID)
+        sides.append(Side("v1", v1, v1_s))
         name = "tiny-qwen3" if args.model == "tiny" else args.model
         model_dir = build_tiny_model(home / "models" / name) if args.model == "tiny" else resolve_model(args.model)
         server = start_builtin_server(BuiltinServerSettings(model=model_dir, served_model_name=name,
@@ -358,10 +343,10 @@ def run(args: argparse.Namespace, home: Path) -> int:
     try:
         in_process, load_s = load_in_process()
         existed = (venv / ".prime-lab-ready").is_file()
-        install_s = install_isolated(release)
+        install_s = install_isolated(FIXTURE, "--verifiers", release, "--isolate")
         made = "" if existed else ", its virtual environment created"
         print(f"prime env install --isolate: {install_s:.1f} s{made} ({venv}, PRIME_LAB_HOME {home})", flush=True)
-        isolated, isolated_load_s = load_isolated()
+        isolated, isolated_load_s = load_isolated(ENV_ID)
         sides = [Side("in-process", in_process, load_s), Side("isolated", isolated, isolated_load_s)]
         with stand_in_model() as model:
             base_url = f"http://127.0.0.1:{model.server_address[1]}/v1"
