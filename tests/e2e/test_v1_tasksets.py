@@ -22,7 +22,7 @@ import pytest
 from prime_lab.envs import releases
 from tests.envs.verifiers_standins import VF_ENVS
 from tests.support import cli
-from tests.support.rl_runs import logs, metrics, start, wait_final
+from tests.support.rl_runs import logs, metrics, start, wait_final, write_envs_config
 
 pytestmark = pytest.mark.slow
 prime = partial(cli.prime, timeout=900)
@@ -142,32 +142,8 @@ def test_a_v1_taskset_trains_through_the_generate_route(v1_envs: dict[str, Any],
     """3 RL steps on the built-in server over a single-turn and a multi-turn taskset: verifiers' train client
     renders the chat to ids and samples through /inference/v1/generate; the trainer's first step sees the sampler's
     logprobs (mismatch KL < 1e-3), and each reward's score reaches the run's metrics."""
-    config = tmp_path / "rl.toml"
-    config.write_text(f"""
-model = "{tiny_model_dir}"
-max_steps = 3
-batch_size = 8
-rollouts_per_example = 4
-learning_rate = 1e-2
-
-[[env]]
-id = "v1-reverse"
-
-[[env]]
-id = "v1-dialogue"
-
-[sampling]
-max_tokens = 8
-seed = 0
-
-[inference]
-backend = "builtin"
-
-[lora]
-r = 8
-alpha = 16
-target_modules = ["q_proj", "v_proj"]
-""")
+    config = write_envs_config(tmp_path / "rl.toml", tiny_model_dir, {"v1-reverse": {}, "v1-dialogue": {}}, steps=3,
+                               batch_size=8)
     run = start(config)
     status = wait_final(run, timeout=600)
     assert status["state"] == "completed", status.get("reason", "") + logs(run)

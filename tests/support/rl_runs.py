@@ -17,7 +17,8 @@ from prime_lab.runs.registry import FINAL_STATES, Run, RunRegistry
 from tests.support import cli
 
 FIXTURE_ENVS = Path(__file__).resolve().parents[1] / "fixtures" / "envs"
-def write_envs_config(path: Path, model: Path, envs: dict[str, dict[str, Any]], *, steps: int = 2) -> Path:
+def write_envs_config(path: Path, model: Path, envs: dict[str, dict[str, Any]], *, steps: int = 2,
+                      batch_size: int = 16) -> Path:
     """A short LoRA run on `model` over `envs` (id -> load_environment arguments), sampling 8 tokens, on the
     built-in server: what the end-to-end tests of real (verifiers) environments run."""
     def table(args: dict[str, Any]) -> str:
@@ -28,7 +29,7 @@ def write_envs_config(path: Path, model: Path, envs: dict[str, dict[str, Any]], 
     path.write_text(f"""
 model = "{model}"
 max_steps = {steps}
-batch_size = 16
+batch_size = {batch_size}
 rollouts_per_example = 4
 learning_rate = 1e-2
 {tables}
