@@ -637,6 +637,21 @@ class Supervisor:
         tail = log_tail(self.run.log_path(role), 8).strip()
         return f"the {role} exited with code {code}" + (f"; its log ends:\n{tail}" if tail else "")
 
+    def child_failed(self, role: str, code: int) -> LaunchFailed:
+        """The failure of a child that exited with `code`. When a server the run needs has exited too, that is the
+        cause (an orchestrator whose judge was killed fails on its next few groups, often before this loop next
+        looks at the servers), so the failure names the server."""
+        return LaunchFailed(self.dead_server() or self.reason(role, code))
+
+    def dead_server(self) -> str | None:
+        """What to say of the first local server of the run that has exited (None while all of them run)."""
+        for which, server in self.checked_servers():
+            code = server.process.poll()
+            if code is not None:
+                return f"the inference server{which} exited with code {code}; its log ends:\n" \
+                       f"{log_tail(server.log_path, 8)}"
+        return None
+
     def watch(self) -> str:
         """Until the run ends: returns the final state."""
         last_health = time.monotonic()
@@ -649,7 +664,7 @@ class Supervisor:
             if trainer is None and self.final_output_written():
                 trainer = self.end_lingering_ranks()
             if trainer is not None and trainer != 0:
-                raise LaunchFailed(self.reason("trainer", trainer))
+                raise self.child_failed("trainer", trainer)
             if "orchestrator" not in self.children:  # SFT, or a node other than 0 (its ranks end when node 0's do)
                 if trainer == 0:
                     done = int(self.run.read_status().get("step") or 0) >= self.config.max_steps
@@ -658,7 +673,7 @@ class Supervisor:
                 continue
             orchestrator = self.children["orchestrator"].poll()
             if orchestrator is not None and orchestrator != 0:
-                raise LaunchFailed(self.reason("orchestrator", orchestrator))
+                raise self.child_failed("orchestrator", orchestrator)
             if trainer == 0:
                 if int(self.run.read_status().get("step") or 0) < self.config.max_steps:
                     return "stopped"
@@ -709,13 +724,12 @@ class Supervisor:
     def check_samplers(self, healthy_at: list[float], probe: bool) -> None:
         """Raise LaunchFailed when a local sampler server has exited, or (`probe`: ask /health now) has not answered
         /health for UNHEALTHY_AFTER_S seconds; `healthy_at` holds when each one last answered."""
-        for i, (which, server) in enumerate(self.checked_servers()):
-            code = server.process.poll()
-            if code is not None:
-                raise LaunchFailed(f"the inference server{which} exited with code {code}; its log ends:\n"
-                                   f"{log_tail(server.log_path, 8)}")
-            if not probe:
-                continue
+        dead = self.dead_server()
+        if dead is not None:
+            raise LaunchFailed(dead)
+        if not probe:
+            return
+        for i, (_, server) in enumerate(self.checked_servers()):
             now = time.monotonic()
             if server.process.is_healthy(timeout=5.0):
                 healthy_at[i] = now
