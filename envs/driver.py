@@ -91,13 +91,21 @@ def jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def local_sandboxes() -> None:
-    """`import prime_sandboxes` gives prime-lab's local sandboxes (prime-lab's sandbox/shim.py, by path)."""
+def sandbox_package() -> bool:
+    """prime-lab's sandbox folder registered as the package SANDBOX_PACKAGE (False where it is not beside this
+    file)."""
     if not os.path.isfile(os.path.join(SANDBOX_FOLDER, "shim.py")):
-        return
+        return False
     package = types.ModuleType(SANDBOX_PACKAGE)
     package.__path__ = [SANDBOX_FOLDER]
     sys.modules.setdefault(SANDBOX_PACKAGE, package)
+    return True
+
+
+def local_sandboxes() -> None:
+    """`import prime_sandboxes` gives prime-lab's local sandboxes (prime-lab's sandbox/shim.py, by path)."""
+    if not sandbox_package():
+        return
     try:
         importlib.import_module(f"{SANDBOX_PACKAGE}.shim").install()
     except Exception as exc:  # noqa: BLE001 - said in the server's log; the environment still loads
@@ -478,6 +486,7 @@ def v1_driver() -> Any:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     module.jsonable = jsonable  # type: ignore[attr-defined]
+    module.sandbox_package = sandbox_package  # type: ignore[attr-defined]
     module.offline_uv()
     return module
 

@@ -6,9 +6,11 @@ prime-lab. The same three commands and the same protocol, so that installing, de
 reaping a v1 environment is what it is for every other release:
 
 - `check MODULE`: the package's exported `vf.Taskset` subclass; its config's own fields are the environment's
-  arguments (name, default, required, type) and its docstring the summary.
-- `describe MODULE ARGS`: the environment built as `vf-eval` builds it (`resolve_env_config` with the `null`
-  harness on a local `subprocess` runtime, unless the taskset brings its own harness; `load_environment`), its tasks
+  arguments (name, default, required, type), with `harness` ("null" or "bash") after them, and its docstring the
+  summary.
+- `describe MODULE ARGS`: the environment built as `vf-eval` builds it (`resolve_env_config` with the harness the
+  `harness` argument picks, `null` by default or `bash`, on a local `subprocess` runtime, sandboxed for `bash`:
+  SandboxedRuntime; refused where the taskset brings its own harness; `load_environment`), its tasks
   as rows (the prompt as messages, the system prompt first; `answer` where the task has one; the task's dumped data
   in `info["v1_task"]`, which a rollout rebuilds the task from, as verifiers' own env server does), its reward
   functions' names and weights as the rubric, its metrics' names.
@@ -32,22 +34,35 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import contextvars
 import importlib
 import inspect
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Collection
 from typing import Any
 
 V1_WHEELS = "uv-wheels"  # releases.py V1_WHEELS: the harness program's wheels, in the release's folder
 RUNTIME = {"type": "subprocess"}
-HARNESS = {"id": "null"}
+HARNESS_ARG = "harness"  # the argument that picks verifiers' harness (its env.agent.harness.id)
+HARNESSES: dict[str, dict[str, Any]] = {  # what each harness prime-lab runs is configured with
+    "null": {"id": "null"},
+    # the edit tool writes files from the harness program, which runs on this machine: off, so that every change the
+    # model makes goes through its bash commands, which run in the rollout's sandbox
+    "bash": {"id": "bash", "edit": False},
+}
+SANDBOX_PACKAGE = "_prime_lab_sandbox"  # driver.py's: prime-lab's sandbox folder, registered by path
+BASH_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_bash_v1.py")
 jsonable: Any = None  # driver.py's (plain data of pydantic models, numpy arrays, ...): set when it loads this file
+sandbox_package: Any = None  # driver.py's: registers prime-lab's sandbox folder as SANDBOX_PACKAGE (False: not there)
+sandboxed = False  # this driver's environment runs the bash harness: its runtime is SandboxedRuntime
 FORKSERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver_v1.py")
 
 
@@ -71,11 +86,15 @@ def offline_uv() -> None:
 
 # The harness program, forked from a warm interpreter ------------------------------------------------------------
 
-def uv_program(argv: list[str]) -> tuple[str, str, str, list[str]] | None:
+def uv_program(argv: list[str], interpreters: Collection[str] = ()) -> tuple[str | None, str, str, list[str]] | None:
     """(venv, interpreter, script, arguments) of a uv-prepared program's argv as verifiers' `prepare_uv_script`
-    builds it (`sh -c ACTIVATE uv-script VENV INTERPRETER SCRIPT ARGS...`); None for any other command."""
+    builds it: `sh -c ACTIVATE uv-script VENV INTERPRETER SCRIPT ARGS...`, or (venv None: not activated, as the bash
+    harness runs it) `INTERPRETER SCRIPT ARGS...` with an interpreter it prepared (`interpreters`); None for any other
+    command."""
     if len(argv) >= 7 and argv[0] == "sh" and argv[1] == "-c" and argv[3] == "uv-script" and argv[6].endswith(".py"):
         return argv[4], argv[5], argv[6], list(argv[7:])
+    if len(argv) >= 2 and argv[0] in interpreters and argv[1].endswith(".py"):
+        return None, argv[0], argv[1], list(argv[2:])
     return None
 
 
@@ -169,9 +188,9 @@ class ForkServer:
 def forking_runtime() -> None:
     """verifiers' `subprocess` runtime, its harness program forked from a fork server (forkserver_v1.py) instead of
     started afresh per rollout: the same environment (the host's minus names with API_KEY, the runtime's, uv's
-    activation), folder, output and exit status. verifiers 0.4.0 chooses a runtime's class through
-    `verifiers.v1.runtimes._runtime_cls`, looked up at each call: rebound here for `type = "subprocess"`; a release
-    without it keeps its own runtime."""
+    activation where the harness asks for it), folder, output and exit status; and, for the bash harness,
+    SandboxedRuntime. verifiers 0.4.0 chooses a runtime's class through `verifiers.v1.runtimes._runtime_cls`, looked up
+    at each call: rebound here for `type = "subprocess"`; a release without it keeps its own runtime."""
     import verifiers.v1.runtimes as runtimes
     from verifiers.v1.runtimes import ProgramResult
     from verifiers.v1.runtimes.subprocess import SubprocessRuntime
@@ -182,24 +201,129 @@ def forking_runtime() -> None:
 
     class ForkingSubprocessRuntime(SubprocessRuntime):  # type: ignore[misc, valid-type]
         async def run(self, argv: list[str], env: dict[str, str]) -> Any:
-            program = uv_program(argv)
+            program = uv_program(argv, set(self._uv_interpreters.values()))
             if program is None:
                 return await super().run(argv, env)
             venv, interpreter, script, args = program
             full = {k: v for k, v in os.environ.items() if "API_KEY" not in k.upper()}
             full.update(self.process_env(env))
-            home = full.get("HOME", os.path.expanduser("~"))
-            full.update(VIRTUAL_ENV=venv, PATH=f"{venv}/bin:{home}/.local/bin:{full.get('PATH', '')}",
-                        UV_INSTALL_DIR=f"{home}/.local/bin", UV_RUN_RECURSION_DEPTH="1")
+            if venv is not None:  # the activated form: what its `sh -c` line exports
+                home = full.get("HOME", os.path.expanduser("~"))
+                full.update(VIRTUAL_ENV=venv, PATH=f"{venv}/bin:{home}/.local/bin:{full.get('PATH', '')}",
+                            UV_INSTALL_DIR=f"{home}/.local/bin", UV_RUN_RECURSION_DEPTH="1")
             server = await ForkServer.get(interpreter, script)
             code, out, err = await server.run(args, full, str(self.workdir))
             return ProgramResult(exit_code=code, stdout=out, stderr=err)
 
+    class SandboxedRuntime(ForkingSubprocessRuntime):  # type: ignore[misc, valid-type]
+        """The bash harness's runtime: the harness program (verifiers' chat loop) runs on this machine as on
+        ForkingSubprocessRuntime, but the `bash` it runs for each of the model's commands is BASH_SHIM, which runs
+        the command in this rollout's prime-lab sandbox (/app its folder); and everything else run, written or read
+        in the runtime (the task's setup, its rewards' checks) is in that sandbox too. Only preparing the program and
+        writing its first messages happen in the host folder."""
+
+        sandbox: Any = None
+
+        async def start(self) -> None:
+            await super().start()
+            self.sandbox = await asyncio.to_thread(new_sandbox, self.name)
+            shim = self.workdir / ".prime-lab-bin" / "bash"
+            shim.parent.mkdir()
+            shim.write_text(bash_shim(self.sandbox.id))
+            shim.chmod(0o755)
+
+        async def prepare_uv_script(self, *args: Any, **kwargs: Any) -> Any:
+            token = ON_HOST.set(True)
+            try:
+                return await super().prepare_uv_script(*args, **kwargs)
+            finally:
+                ON_HOST.reset(token)
+
+        async def run_program(self, argv: list[str], env: dict[str, str]) -> Any:
+            token = ON_HOST.set(True)
+            path = self.process_env(env).get("PATH", os.environ.get("PATH", ""))
+            try:
+                return await super().run_program(argv, {**env, "PATH": f"{self.workdir}/.prime-lab-bin:{path}"})
+            finally:
+                ON_HOST.reset(token)
+
+        async def run(self, argv: list[str], env: dict[str, str]) -> Any:
+            if ON_HOST.get():
+                return await super().run(argv, env)
+            variables = {k: v for k, v in self.process_env(env).items() if "API_KEY" not in k.upper()}
+            result = await asyncio.to_thread(self.sandbox.execute, shlex.join(argv), env=variables)
+            return ProgramResult(exit_code=result.exit_code, stdout=result.stdout, stderr=result.stderr)
+
+        async def write(self, path: str, data: bytes) -> None:
+            if ON_HOST.get() or path.startswith(PROGRAM_FILES):
+                await super().write(path, data)
+            else:
+                await asyncio.to_thread(self.sandbox.write_file, path, data)
+
+        async def _read(self, path: str, max_bytes: int | None = None) -> bytes:
+            return bytes(await asyncio.to_thread(self.sandbox.read_file, path, 0, max_bytes))
+
+        def cleanup(self) -> None:
+            if self.sandbox is not None:
+                with contextlib.suppress(Exception):
+                    self.sandbox.delete()
+                self.sandbox = None
+            super().cleanup()
+
+        async def teardown(self) -> None:
+            sandbox, self.sandbox = self.sandbox, None
+            if sandbox is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(sandbox.delete)
+            await super().teardown()
+
     def choose(config: Any) -> Any:
-        return ForkingSubprocessRuntime if getattr(config, "type", None) == "subprocess" else chooser(config)
+        if getattr(config, "type", None) != "subprocess":
+            return chooser(config)
+        return SandboxedRuntime if sandboxed else ForkingSubprocessRuntime
 
     choose.prime_lab = True  # type: ignore[attr-defined]
     runtimes._runtime_cls = choose
+
+
+ON_HOST: contextvars.ContextVar[bool] = contextvars.ContextVar("prime_lab_on_host", default=False)
+PROGRAM_FILES = ".vf-initial-messages-"  # what verifiers writes for the harness program to read, in its folder
+
+
+def sandbox_core() -> Any:
+    """prime-lab's sandbox core (sandbox/local.py) and settings, by path."""
+    if not sandbox_package():
+        raise Refused("prime-lab's sandbox folder is not beside this driver: the bash harness has no sandbox to run in")
+    return importlib.import_module(f"{SANDBOX_PACKAGE}.local"), importlib.import_module(f"{SANDBOX_PACKAGE}.settings")
+
+
+def sandbox_problem() -> str | None:
+    """Why the bash harness cannot run here (one line), or None."""
+    local, settings = sandbox_core()
+    if settings.from_environ().isolation != "strong":
+        return None
+    problem = local.isolation_problem()
+    return None if problem is None else (f"the bash harness runs the model's commands in a local sandbox, which "
+                                         f"cannot be isolated on this machine: {problem}. Set [sandbox] isolation = "
+                                         "\"weak\" to run them with rlimits only")
+
+
+def new_sandbox(name: str) -> Any:
+    """A sandbox for one rollout of the bash harness, under the run's `[sandbox]` settings."""
+    local, settings = sandbox_core()
+    chosen = settings.from_environ()
+    image = f"python:{sys.version_info.major}.{sys.version_info.minor}"
+    return local.create(local.SandboxSpec(name=name, image=image, memory_gb=chosen.memory_gb or 2.0,
+                                          disk_size_gb=5.0, network=chosen.network, isolation=chosen.isolation,
+                                          run_dir=chosen.run_dir))
+
+
+def bash_shim(sandbox_id: str) -> str:
+    """The `bash` the harness program finds first on its PATH: BASH_SHIM for `sandbox_id`."""
+    local, _ = sandbox_core()
+    core = os.path.dirname(os.path.abspath(local.__file__))
+    words = [sys.executable, "-I", BASH_SHIM, core, str(local.sandbox_home()), sandbox_id]
+    return "#!/bin/sh\nexec " + " ".join(shlex.quote(w) for w in words) + ' "$@"\n'
 
 
 def token_id_logprobs() -> None:
@@ -268,21 +392,46 @@ def check(module: str, release: str) -> dict[str, Any]:
     doc = inspect.getdoc(sys.modules[module]) or inspect.getdoc(cls) or ""
     if doc == inspect.getdoc(vf().Taskset):
         doc = ""
+    args = config_fields(cls)
+    if HARNESS_ARG not in {row[0] for row in args}:  # a taskset's own field of that name keeps its meaning
+        args.append([HARNESS_ARG, "null", False, "str"])
     return {"ok": True, "release": release, "api": "v1", "doc": " ".join(doc.split("\n\n")[0].split()),
-            "file": getattr(sys.modules[module], "__file__", None), "any_args": False, "args": config_fields(cls)}
+            "file": getattr(sys.modules[module], "__file__", None), "any_args": False, "args": args}
+
+
+def harness_choice(module: str, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The harness the arguments pick (HARNESS_ARG: "null", the default, or "bash") and the taskset's own
+    arguments."""
+    fields = {row[0] for row in config_fields(taskset_class(module))}
+    if HARNESS_ARG in fields:
+        return "null", args
+    rest = {k: v for k, v in args.items() if k != HARNESS_ARG}
+    harness = args.get(HARNESS_ARG, "null")
+    if harness not in HARNESSES:
+        raise Refused(f"{module}: harness {harness!r} is not one prime-lab runs: \"null\" (the model answers; the "
+                      "default) or \"bash\" (the model's commands run in a local sandbox); other harnesses need a "
+                      "container")
+    return str(harness), rest
 
 
 def env_config(module: str, args: dict[str, Any]) -> Any:
-    """verifiers' EnvConfig for the taskset: its arguments, the `null` harness (or the taskset's own) on a local
-    `subprocess` runtime."""
+    """verifiers' EnvConfig for the taskset: its arguments and the harness they pick (`null` unless "bash"; refused
+    where the taskset brings its own) on a local `subprocess` runtime, sandboxed for `bash`."""
+    global sandboxed
     from verifiers.v1.utils.loaders import default_harness_id
 
     if default_harness_id(module) == module:
         raise Refused(f"{module} brings its own harness, whose program would run on this machine outside a sandbox: "
                       "prime-lab runs v1 tasksets with verifiers' null harness (the model answers; the taskset's "
-                      "tools and rewards do the rest)")
-    return vf().resolve_env_config({"taskset": {"id": module, **args},
-                                    "agent": {"harness": dict(HARNESS), "runtime": dict(RUNTIME)}})
+                      "tools and rewards do the rest) or its bash harness (the model's commands in a local sandbox)")
+    harness, rest = harness_choice(module, args)
+    if harness == "bash":
+        problem = sandbox_problem()
+        if problem is not None:
+            raise Refused(problem)
+    sandboxed = harness == "bash"
+    return vf().resolve_env_config({"taskset": {"id": module, **rest},
+                                    "agent": {"harness": dict(HARNESSES[harness]), "runtime": dict(RUNTIME)}})
 
 
 def build(module: str, args: dict[str, Any]) -> Any:

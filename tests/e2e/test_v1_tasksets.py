@@ -5,7 +5,8 @@ the `null` harness on a local subprocess runtime, its program prepared by uv off
 
 tests/fixtures/verifiers_envs: v1_reverse (two weighted rewards and a metric), v1_dialogue (an `Env.run()` that sends
 two follow-ups: three assistant turns), v1_tools (a task's MCP toolset), v1_container (tasks that ask for a container
-image: refused).
+image: refused), v1_bash (for the bash harness: its task writes a note into the runtime, its reward reads the answer
+the model's commands wrote there).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import uuid
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,13 +22,14 @@ from typing import Any
 import pytest
 
 from prime_lab.envs import releases
+from tests.envs.scripted import scripted_endpoint
 from tests.envs.verifiers_standins import VF_ENVS
 from tests.support import cli
 from tests.support.rl_runs import logs, metrics, start, wait_final, write_envs_config
 
 pytestmark = pytest.mark.slow
 prime = partial(cli.prime, timeout=900)
-FIXTURES = ("v1_reverse", "v1_dialogue", "v1_tools", "v1_container")
+FIXTURES = ("v1_reverse", "v1_dialogue", "v1_tools", "v1_container", "v1_bash")
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +75,7 @@ def test_a_v1_taskset_installs_evaluates_and_runs_gepa(v1_installed: dict[str, A
             f"verifiers {releases.V1_RELEASE}, the v1 release prime-lab is tested with") in printed, printed
     record = v1_envs["v1-reverse"]
     assert record["release"] == releases.V1_RELEASE and record["module"] == "v1_reverse"
-    assert [a[:3] for a in record["args"]] == [["num_tasks", 4, False]]
+    assert [a[:3] for a in record["args"]] == [["num_tasks", 4, False], ["harness", "null", False]]
     folder = releases_home / releases.V1_RELEASE
     assert (folder / "bin" / "uv").is_file() and any((folder / releases.V1_WHEELS).glob("openai-*.whl"))
     listed = prime("env", "list", "--output", "json")
@@ -172,3 +175,44 @@ def test_a_taskset_that_asks_for_a_container_is_refused_in_one_line(v1_envs: dic
     error = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert len(error) == 1 and "task ls asks for the container image python:3.11-slim" in error[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_bash_harness_runs_the_models_commands_in_a_sandbox(v1_envs: dict[str, Any], lab_home: Path,
+                                                                tmp_path: Path) -> None:
+    """`harness: "bash"` runs verifiers' bash harness: the model is offered its bash tool, and the command it sends
+    runs in the rollout's local sandbox (/app, where the task's setup wrote its note; the host's files and /tmp are
+    not there), where the reward then reads the answer it wrote; the sandbox is gone after. The default, the null
+    harness, offers no tool and runs the task's own commands in a host folder. The model is scripted: it must call
+    the tool, which no model this suite can run does on cue."""
+    host_file = tmp_path / "host-only.txt"
+    host_file.write_text("a file of the host\n")
+    marker = Path("/tmp") / f"prime-lab-model-{uuid.uuid4().hex}"
+    command = f"cat notes.txt; pwd; echo plum > answer.txt; touch {marker}; cat {host_file}; echo end"
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "bash", "arguments": json.dumps({"command": command})}}
+    with scripted_endpoint([{"content": None, "tool_calls": [call]}, "done"]) as model:
+        proc = prime("eval", "run", "v1-bash", "-b", model.base_url, "-m", "scripted", "-n", "1", "-r", "1",
+                     "-a", '{"harness": "bash"}', "-o", str(tmp_path / "bash"), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert [[t["function"]["name"] for t in r.get("tools") or []] for r in model.requests] == [["bash"], ["bash"]]
+        answered = model.requests[1]["messages"][-1]
+    [row] = results(tmp_path / "bash")
+    assert row["error"] is None and row["reward"] == 1.0 and row["metrics"]["in_app"] == 1.0, row
+    assert answered["role"] == "tool" and answered["content"].startswith("the secret word is plum\n/app\nend\n")
+    assert f"cat: {host_file}: No such file or directory" in answered["content"]
+    assert not marker.exists()
+    assert not list((lab_home / "sandboxes").glob("sbx-*"))
+
+    with scripted_endpoint(["plum"]) as model:
+        proc = prime("eval", "run", "v1-bash", "-b", model.base_url, "-m", "scripted", "-n", "1", "-r", "1",
+                     "-o", str(tmp_path / "null"), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert [r.get("tools") for r in model.requests] == [None]
+    [row] = results(tmp_path / "null")
+    assert row["reward"] == 0.0 and row["metrics"]["in_app"] == 0.0, row
+
+    proc = prime("eval", "run", "v1-bash", "-b", "http://127.0.0.1:9/v1", "-m", "scripted", "-n", "1",
+                 "-a", '{"harness": "codex"}', cwd=tmp_path)
+    error = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert proc.returncode != 0 and len(error) == 1, proc.stderr
+    assert "harness 'codex' is not one prime-lab runs" in error[0] and "Traceback" not in proc.stderr

@@ -2,7 +2,8 @@
 
 Each request pops the next reply from a queue: a string (the assistant's content), `None` (an empty reply), a dict
 (the assistant message itself, e.g. with native `tool_calls`; finish_reason "tool_calls" when it has them), or the
-string "!malformed" (a 200 answer without choices). It records every request body it was sent.
+string "!malformed" (a 200 answer without choices). It records every request body it was sent. A request with
+`stream: true` gets the reply as an event stream of chunks (`streamed`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,23 @@ class ScriptedEndpoint:
                 "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
 
 
+def streamed(reply: dict[str, Any]) -> str:
+    """A reply as the event stream a `stream=true` request gets: one chunk with the whole message as its delta
+    (tool calls with their index), one with the finish reason, then `[DONE]`."""
+    def chunk(choices: list[dict[str, Any]]) -> str:
+        return "data: " + json.dumps({"id": reply["id"], "object": "chat.completion.chunk", "created": 0,
+                                      "model": reply["model"], "choices": choices}) + "\n\n"
+
+    events = []
+    for choice in reply["choices"]:
+        delta = dict(choice["message"])
+        if delta.get("tool_calls"):
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
+        events.append(chunk([{"index": choice["index"], "delta": delta, "finish_reason": None}]))
+        events.append(chunk([{"index": choice["index"], "delta": {}, "finish_reason": choice["finish_reason"]}]))
+    return "".join(events) + "data: [DONE]\n\n"
+
+
 @contextmanager
 def scripted_endpoint(replies: list[str | None | dict[str, Any]]) -> Iterator[ScriptedEndpoint]:
     endpoint = ScriptedEndpoint(replies)
@@ -44,9 +62,10 @@ def scripted_endpoint(replies: list[str | None | dict[str, Any]]) -> Iterator[Sc
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            payload = json.dumps(endpoint.next_reply(body)).encode()
+            reply = endpoint.next_reply(body)
+            payload = (streamed(reply) if body.get("stream") else json.dumps(reply)).encode()
             self.send_response(200)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", "text/event-stream" if body.get("stream") else "application/json")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)

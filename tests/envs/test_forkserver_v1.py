@@ -98,3 +98,9 @@ def test_only_a_uv_prepared_programs_argv_is_forked() -> None:
     assert uv_program(argv) == ("/venv", "/venv/bin/python", "/scripts/abc.py", ["--endpoint", "http://x"])
     assert uv_program(["sh", "-c", "mv a b && uv sync --script b"]) is None
     assert uv_program(["python", "x.py"]) is None
+    # the bash harness runs its program unactivated, `INTERPRETER SCRIPT ARGS`: forked where the runtime prepared that
+    # interpreter, never for another program that happens to be a Python script
+    prepared = {"/venv/bin/python"}
+    assert uv_program(["/venv/bin/python", "/scripts/abc.py", "--bash"], prepared) == \
+        (None, "/venv/bin/python", "/scripts/abc.py", ["--bash"])
+    assert uv_program(["/usr/bin/python3", "/scripts/abc.py"], prepared) is None
