@@ -298,7 +298,14 @@ def sandbox_core() -> Any:
 
 
 def sandbox_problem() -> str | None:
-    """Why the bash harness cannot run here (one line), or None."""
+    """Why the bash harness cannot run here (one line), or None: it needs the runtime chooser this driver rebinds
+    (without it verifiers' own subprocess runtime would run the model's commands on this machine) and a sandbox."""
+    import verifiers.v1.runtimes as runtimes
+
+    if not callable(getattr(runtimes, "_runtime_cls", None)):
+        return ("the bash harness runs here only where prime-lab can give it a sandboxed runtime, through verifiers' "
+                "runtime chooser (verifiers.v1.runtimes._runtime_cls), which this verifiers release does not have: "
+                "install the taskset at verifiers 0.4.0 (--verifiers 0.4.0)")
     local, settings = sandbox_core()
     if settings.from_environ().isolation != "strong":
         return None

@@ -4,17 +4,18 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 
 import prime_lab.envs.driver_v1 as driver_v1
-from prime_lab.envs.driver import jsonable
+from prime_lab.envs.driver import jsonable, sandbox_package
 from prime_lab.envs.driver_v1 import model_folder, trajectory
 
 
@@ -85,3 +86,19 @@ def test_each_sampled_node_is_a_step_whose_prompt_is_everything_before_it(monkey
                                                                            sampled=True, token_ids=None, mask=None,
                                                                            logprobs=None)]
     assert [s["tokens"] for s in trajectory(SimpleNamespace(nodes=bare), {})] == [None]
+
+
+def test_the_bash_harness_is_refused_where_its_runtime_cannot_be_sandboxed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A v1 release without 0.4.0's runtime chooser would run the bash harness on verifiers' own subprocess runtime,
+    the model's commands on this machine: refused, naming the release to use. With the chooser, the sandbox's own
+    check decides (here: weak isolation, which needs no bubblewrap)."""
+    runtimes = ModuleType("verifiers.v1.runtimes")
+    for name, module in (("verifiers", ModuleType("verifiers")), ("verifiers.v1", ModuleType("verifiers.v1")),
+                         ("verifiers.v1.runtimes", runtimes)):
+        monkeypatch.setitem(sys.modules, name, module)
+    problem = driver_v1.sandbox_problem()
+    assert problem is not None and "install the taskset at verifiers 0.4.0" in problem
+    runtimes._runtime_cls = lambda config: None  # type: ignore[attr-defined]
+    monkeypatch.setattr(driver_v1, "sandbox_package", sandbox_package)
+    monkeypatch.setenv("PRIME_LAB_SANDBOX_ISOLATION", "weak")
+    assert driver_v1.sandbox_problem() is None
