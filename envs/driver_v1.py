@@ -23,6 +23,9 @@ reaping a v1 environment is what it is for every other release:
   folder the server names as its model's `root` in /v1/models); any other through its eval client (`/v1/chat/
   completions`). GEPA's system prompt (the row's system message) reaches the task through `task.with_system_prompt`.
 
+A run's judge (`[judge]`, `--judge`: the PRIME_LAB_JUDGE_* variables) is given to every judge config of the
+environment left at Prime Inference's endpoint (`wire_judges`).
+
 What does not run here is refused in one line: a task or harness that needs a container (an image), an environment
 of several agents, a trace compacted into several branches. The harness program (a PEP 723 script) is prepared by
 `uv sync --script` from the wheels the release's environment was made with (releases.py `V1_WHEELS`): uv is pointed
@@ -444,7 +447,49 @@ def env_config(module: str, args: dict[str, Any]) -> Any:
 def build(module: str, args: dict[str, Any]) -> Any:
     env = vf().load_environment(env_config(module, args))
     refuse_unrunnable(env)
+    wired = wire_judges(env.config, os.environ)
+    if wired:
+        print(f"driver: the run's judge {os.environ[JUDGE_MODEL]} at {os.environ[JUDGE_URL]} judges for "
+              f"{', '.join(wired)}", file=sys.stderr, flush=True)
     return env
+
+
+JUDGE_URL, JUDGE_MODEL, JUDGE_KEY = (  # envs/judges.py JUDGE_VARIABLES: the run's judge, which env servers inherit
+    "PRIME_LAB_JUDGE_BASE_URL", "PRIME_LAB_JUDGE_MODEL", "PRIME_LAB_JUDGE_API_KEY")
+
+
+def wire_judges(config: Any, environ: Any) -> list[str]:
+    """Point every judge of the environment's config (a `vf.JudgeConfig` anywhere in it: a task config's `judges`,
+    a config field of the taskset or its tasks) that is left at Prime's inference endpoint at the run's judge
+    (`[judge]`, `--judge`), when it has one: its URL, model and key's variable. A judge whose endpoint the taskset or
+    the user set stays as it is. Returns where each wired judge sits (`taskset.task.judge`, ...)."""
+    url, model = environ.get(JUDGE_URL), environ.get(JUDGE_MODEL)
+    if not url or not model:
+        return []
+    from pydantic import BaseModel
+    from verifiers.v1.configs import client as clients
+
+    prime = {clients.DEFAULT_PRIME_INFERENCE_URL, environ.get("PRIME_INFERENCE_URL"),
+             clients.load_prime_config().get("inference_url")}
+    wired: list[str] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, vf().JudgeConfig):
+            if node.base_url in prime:
+                node.base_url, node.model, node.api_key_var = url, model, JUDGE_KEY
+                wired.append(where)
+        elif isinstance(node, BaseModel):
+            for name in type(node).model_fields:
+                walk(getattr(node, name), f"{where}.{name}" if where else name)
+        elif isinstance(node, list | tuple):
+            for i, item in enumerate(node):
+                walk(item, f"{where}[{i}]")
+        elif isinstance(node, dict):
+            for key, item in node.items():
+                walk(item, f"{where}.{key}")
+
+    walk(config, "")
+    return wired
 
 
 def refuse_unrunnable(env: Any) -> None:

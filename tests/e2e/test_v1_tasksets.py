@@ -6,7 +6,7 @@ the `null` harness on a local subprocess runtime, its program prepared by uv off
 tests/fixtures/verifiers_envs: v1_reverse (two weighted rewards and a metric), v1_dialogue (an `Env.run()` that sends
 two follow-ups: three assistant turns), v1_tools (a task's MCP toolset), v1_container (tasks that ask for a container
 image: refused), v1_bash (for the bash harness: its task writes a note into the runtime, its reward reads the answer
-the model's commands wrote there).
+the model's commands wrote there), v1_judged (scored by a `vf.Judge` whose config is left at Prime's endpoint).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tests.support.rl_runs import logs, metrics, start, wait_final, write_envs_c
 
 pytestmark = pytest.mark.slow
 prime = partial(cli.prime, timeout=900)
-FIXTURES = ("v1_reverse", "v1_dialogue", "v1_tools", "v1_container", "v1_bash")
+FIXTURES = ("v1_reverse", "v1_dialogue", "v1_tools", "v1_container", "v1_bash", "v1_judged")
 
 
 @pytest.fixture(scope="session")
@@ -216,3 +216,22 @@ def test_the_bash_harness_runs_the_models_commands_in_a_sandbox(v1_envs: dict[st
     error = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert proc.returncode != 0 and len(error) == 1, proc.stderr
     assert "harness 'codex' is not one prime-lab runs" in error[0] and "Traceback" not in proc.stderr
+
+
+def test_a_v1_tasksets_judge_is_the_runs_local_judge(v1_envs: dict[str, Any], builtin_server: Any,
+                                                     tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`--judge MODEL` starts a local judge, and the taskset's `vf.JudgeConfig` (left at Prime's endpoint) is pointed
+    at it in the taskset's own interpreter: every rollout's judge call is answered there, nothing leaves the
+    machine."""
+    proc = prime("eval", "run", "v1-judged", "-b", builtin_server.base_url, "-m", builtin_server.model_name,
+                 "-n", "2", "-r", "1", "-t", "4", "--judge", str(tiny_model_dir), "-o", str(tmp_path / "out"),
+                 cwd=tmp_path, env={**os.environ, "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+                                    "NO_PROXY": "127.0.0.1,localhost"})
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "judge: 2 requests, " in out and ", 0 errors, 0 timed out" in out, out
+    rows = results(tmp_path / "out")
+    assert [(r["error"], r["reward"]) for r in rows] == [(None, 1.0), (None, 1.0)], rows[0]["error"]
+    [log] = list((Path(os.environ["PRIME_LAB_HOME"]) / "runs").glob("eval-*/logs/env-v1-judged.log"))
+    assert f"the run's judge {tiny_model_dir} at http://127.0.0.1:" in log.read_text()
+    assert "judges for taskset.task.judge" in log.read_text()
