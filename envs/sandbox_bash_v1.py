@@ -15,36 +15,30 @@ model writes runs on this machine outside the sandbox.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import shlex
 import sys
+import types
+
+PACKAGE = "_prime_lab_sandbox"  # driver.py's SANDBOX_PACKAGE: prime-lab's sandbox folder, registered by path
 
 
-def load(folder: str) -> object:
-    spec = importlib.util.spec_from_file_location("_prime_lab_sandbox_local", os.path.join(folder, "local.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def timeout() -> float:
-    try:
-        value = float(os.environ.get("PRIME_LAB_SANDBOX_TIMEOUT", "") or 300)
-    except ValueError:
-        value = 300.0
-    return value if value > 0 else 300.0
+def load(folder: str) -> tuple[types.ModuleType, types.ModuleType]:
+    """The sandbox core (local.py) and settings (settings.py) of prime-lab's sandbox folder, as driver.py loads it."""
+    package = types.ModuleType(PACKAGE)
+    package.__path__ = [folder]
+    sys.modules.setdefault(PACKAGE, package)
+    return importlib.import_module(f"{PACKAGE}.local"), importlib.import_module(f"{PACKAGE}.settings")
 
 
 def main(argv: list[str]) -> int:
     folder, home, sandbox_id, *args = argv
     os.environ["PRIME_LAB_SANDBOXES"] = home
-    local = load(folder)
+    local, settings = load(folder)
     try:
-        sandbox = local.get(sandbox_id)  # type: ignore[attr-defined]
-        result = sandbox.execute(shlex.join(["bash", *args]), timeout=timeout())
+        sandbox = local.get(sandbox_id)
+        result = sandbox.execute(shlex.join(["bash", *args]), timeout=settings.from_environ().timeout)
     except Exception as exc:  # noqa: BLE001 - the model reads it as the command's error, as from a failed bash
         print(f"bash: the sandbox could not run the command: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 126
